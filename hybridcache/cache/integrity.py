@@ -1,0 +1,67 @@
+"""`check_integrity`: ownership invariants of both tiers, checked against every request's holdings."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from .entries import Status, pages_for
+from .errors import IntegrityError
+from .id_pool import IdPool
+
+if TYPE_CHECKING:
+    from .manager import HybridCacheManager
+
+
+def _check_pool(name: str, pool: IdPool, holders: Counter) -> None:
+    try:
+        pool.check()
+    except AssertionError as err:
+        raise IntegrityError(f"{name}: {err}") from None
+    for i, n in holders.items():
+        if not 0 <= i < pool.total:
+            raise IntegrityError(f"{name}: id {i} is outside the pool of {pool.total}")
+        if i >= pool.permanent and pool.refcount(i) != n:
+            raise IntegrityError(f"{name}: id {i} has {n} holders but refcount {pool.refcount(i)}")
+    owned = {i for i in holders if i >= pool.permanent}
+    if owned != set(pool.owned_ids()):
+        raise IntegrityError(f"{name}: pool owns {sorted(set(pool.owned_ids()) ^ owned)} that no request holds")
+
+
+def check_integrity(mgr: "HybridCacheManager") -> None:
+    slots, pages, host_slots, host_pages, dummy_slots = Counter(), Counter(), Counter(), Counter(), Counter()
+    for e in mgr._entries.values():
+        holds_device = e.slot >= 0 or bool(e.pages)
+        holds_host = e.host_slot >= 0 or bool(e.host_pages)
+        if e.status == Status.WAITING and (holds_device or holds_host or e.num_tokens):
+            raise IntegrityError(f"waiting request {e.req_id!r} holds state")
+        if e.on_device:
+            if e.slot < mgr.slot_pool.permanent or holds_host:
+                raise IntegrityError(f"device request {e.req_id!r} holds slot {e.slot} / host state")
+            if len(e.pages) < pages_for(e.num_tokens, mgr.page_size) and mgr.page_roles:
+                raise IntegrityError(f"request {e.req_id!r}: {e.num_tokens} tokens on {len(e.pages)} pages")
+        if e.status == Status.SUSPENDED:
+            if holds_device or e.host_slot < 0:
+                raise IntegrityError(f"suspended request {e.req_id!r} holds device state or no host slot")
+            if mgr.page_roles and len(e.host_pages) != pages_for(e.num_tokens, mgr.page_size):
+                raise IntegrityError(f"suspended request {e.req_id!r}: {len(e.host_pages)} host pages")
+        if e.status == Status.DUMMY:
+            if not 0 <= e.slot < mgr.slot_pool.permanent or e.pages or holds_host:
+                raise IntegrityError(f"dummy {e.req_id!r} must hold exactly one permanent slot")
+            dummy_slots[e.slot] += 1
+        elif e.slot >= 0:
+            slots[e.slot] += 1
+        pages.update(e.pages)
+        if e.host_slot >= 0:
+            host_slots[e.host_slot] += 1
+        host_pages.update(e.host_pages)
+    for counter, what in ((slots, "device slot"), (host_slots, "host slot"), (dummy_slots, "dummy slot")):
+        twice = [i for i, n in counter.items() if n > 1]
+        if twice:
+            raise IntegrityError(f"{what}s owned twice: {twice}")
+    free_dummies = mgr._free_dummy_slots
+    if sorted(free_dummies + list(dummy_slots)) != list(range(mgr.slot_pool.permanent)):
+        raise IntegrityError("dummy slots: free + owned != permanent")
+    _check_pool("device slots", mgr.slot_pool, slots)
+    _check_pool("device pages", mgr.page_pool, pages)
+    _check_pool("host slots", mgr.host_tier.slot_pool, host_slots)
+    _check_pool("host pages", mgr.host_tier.page_pool, host_pages)

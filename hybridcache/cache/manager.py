@@ -1,0 +1,461 @@
+"""`HybridCacheManager`: the facade the engine uses for pages, slots, tiers and the request lifecycle."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Hashable, Iterable, Sequence
+
+import torch
+
+from .config import CacheConfig
+from .copy_engine import CopyEngine, _gather, _view
+from .device_tier import DeviceTier
+from .entries import Entry, Status, pages_for
+from .errors import (
+    BudgetTooSmallError,
+    DoubleFreeError,
+    DuplicateRequestError,
+    HostTierFullError,
+    InvalidTransitionError,
+    LayoutError,
+    OutOfDeviceMemoryError,
+    UnknownRequestError,
+)
+from .host_tier import HostTier
+from .id_pool import IdPool
+from .integrity import check_integrity
+from .protocol import PageRoles, StateModule
+from .roles import RoleSpec, validate_roles
+from .sizing import Sizing
+from .step import StepBuilder, StepIndices
+
+
+def _prefixed(module_name: str, role: RoleSpec) -> RoleSpec:
+    buffered = f"{module_name}.{role.buffered_by}" if role.buffered_by else None
+    return dataclasses.replace(role, name=f"{module_name}.{role.name}", buffered_by=buffered)
+
+
+class HybridCacheManager:
+    """Owns every byte of every request's cache state: K/V pages and recurrent slots, in two tiers."""
+
+    def __init__(
+        self,
+        states: Sequence[StateModule],
+        pages: PageRoles | None,
+        config: CacheConfig,
+    ) -> None:
+        self.config = config
+        self.page_size = config.page_size
+        self.device = torch.device(config.device)
+        self.states = list(states)
+        self.slot_roles = [_prefixed(m.name, r) for m in self.states for r in m.roles()]
+        self.page_roles = [_prefixed(pages.name, r) for r in pages.roles()] if pages else []
+        if pages is not None and getattr(pages, "page_size", config.page_size) != config.page_size:
+            raise LayoutError(f"page roles use page_size {pages.page_size}, the config {config.page_size}")
+        validate_roles(self.slot_roles + self.page_roles)
+        self.sizing = Sizing(tuple(self.slot_roles), tuple(self.page_roles))
+
+        dummies = config.num_dummy_slots
+        if config.num_slots is None:
+            per_slot = max(self.sizing.bytes_per_slot, 1)
+            num_slots = int(config.device_bytes * config.slot_share) // per_slot - dummies
+        else:
+            num_slots = config.num_slots
+        num_pages = self.sizing.split(config.device_bytes, num_slots + dummies) if num_slots >= 1 else 0
+        if num_slots < 1 or (self.page_roles and num_pages < 1):
+            raise BudgetTooSmallError(
+                f"device budget {config.device_bytes} B cannot hold one request: a slot costs "
+                f"{self.sizing.bytes_per_slot} B (plus {dummies} dummy slots), a page {self.sizing.bytes_per_page} B"
+            )
+        self.device_tier = DeviceTier(self.slot_roles, self.page_roles, config.device_bytes, self.device)
+        self.device_tier.carve(num_slots + dummies, num_pages)
+        self.slot_pool = IdPool(num_slots + dummies, permanent=dummies)
+        self.page_pool = IdPool(num_pages)
+        share = self.sizing.bytes_for(num_slots + dummies, 0) / max(self.sizing.bytes_for(num_slots + dummies, num_pages), 1)
+        host_slots, host_pages = HostTier.counts_for(config.host_bytes, self.slot_roles, self.page_roles, min(max(share, 1e-6), 1 - 1e-6))
+        pin = self.device.type == "cuda"
+        self.host_tier = HostTier(self.slot_roles, self.page_roles, host_slots, host_pages, pin)
+        self.copies = CopyEngine(self.device)
+        self._steps = StepBuilder(self.device)
+        self._entries: dict[Hashable, Entry] = {}
+        self._freed: set[Hashable] = set()
+        self._free_dummy_slots = list(range(dummies - 1, -1, -1))
+        self._pending: tuple[list[Entry], list[int], list[bool]] | None = None
+        self.stats = {"suspensions": 0, "resumes": 0, "reprefills": 0, "bytes_to_host": 0, "bytes_to_device": 0}
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_free_slots(self) -> int:
+        return self.slot_pool.num_free
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.page_pool.num_free
+
+    @property
+    def num_slots(self) -> int:
+        """Device slots for requests (dummies excluded)."""
+        return self.slot_pool.total - self.slot_pool.permanent
+
+    @property
+    def num_pages(self) -> int:
+        return self.page_pool.total
+
+    def entry(self, req_id: Hashable) -> Entry:
+        e = self._entries.get(req_id)
+        if e is None:
+            if req_id in self._freed:
+                raise DoubleFreeError(f"request {req_id!r} was already freed")
+            raise UnknownRequestError(f"unknown request {req_id!r}")
+        return e
+
+    def status(self, req_id: Hashable) -> Status:
+        return self.entry(req_id).status
+
+    def requests(self) -> list[Hashable]:
+        return list(self._entries)
+
+    def state_tensors(self, module: StateModule | str) -> dict[str, torch.Tensor]:
+        """Device role tensors `[layers, slots, ...]` of one state module, by local role name."""
+        name = module if isinstance(module, str) else module.name
+        prefix = name + "."
+        return {k[len(prefix) :]: t for k, t in self.device_tier.slots.items() if k.startswith(prefix)}
+
+    def page_tensors(self) -> dict[str, torch.Tensor]:
+        """Device page role tensors `[layers, pages, ...]` by full role name."""
+        return dict(self.device_tier.pages)
+
+    def pages_needed(self, req_id: Hashable, num_new: int) -> int:
+        e = self.entry(req_id)
+        if e.status == Status.DUMMY:
+            return 0
+        return max(0, pages_for(e.num_tokens + num_new, self.page_size) - len(e.pages))
+
+    def can_prepare(self, req_ids: Sequence[Hashable], num_new: Sequence[int]) -> bool:
+        """Whether `prepare_step` would find enough free device slots and pages right now."""
+        slots = sum(1 for r in req_ids if self.entry(r).status == Status.WAITING)
+        pages = sum(self.pages_needed(r, n) for r, n in zip(req_ids, num_new))
+        return slots <= self.slot_pool.num_free and pages <= self.page_pool.num_free
+
+    def can_resume(self, req_ids: Sequence[Hashable]) -> bool:
+        entries = [self.entry(r) for r in req_ids]
+        pages = sum(len(e.host_pages) for e in entries)
+        return len(entries) <= self.slot_pool.num_free and pages <= self.page_pool.num_free
+
+    def can_suspend(self, req_ids: Sequence[Hashable]) -> bool:
+        entries = [self.entry(r) for r in req_ids]
+        pages = sum(pages_for(e.num_tokens, self.page_size) for e in entries)
+        return len(entries) <= self.host_tier.slot_pool.num_free and pages <= self.host_tier.page_pool.num_free
+
+    def device_bytes_needed(self, num_tokens: int) -> int:
+        return self.sizing.request_bytes(num_tokens, self.page_size)
+
+    # ------------------------------------------------------------------ lifecycle
+    def add_request(self, req_id: Hashable) -> None:
+        """Register a request; it holds nothing until its first step."""
+        if req_id in self._entries:
+            raise DuplicateRequestError(f"request {req_id!r} already exists")
+        self._freed.discard(req_id)
+        self._entries[req_id] = Entry(req_id, Status.WAITING)
+
+    def add_dummy(self, req_id: Hashable) -> int:
+        """Register a padding request on a permanent slot; returns the slot."""
+        if req_id in self._entries:
+            raise DuplicateRequestError(f"request {req_id!r} already exists")
+        if not self._free_dummy_slots:
+            raise OutOfDeviceMemoryError(f"all {self.config.num_dummy_slots} dummy slots are taken")
+        slot = self._free_dummy_slots.pop()
+        self._freed.discard(req_id)
+        self._entries[req_id] = Entry(req_id, Status.DUMMY, slot=slot)
+        return slot
+
+    def start_generation(self, req_id: Hashable) -> None:
+        """The context is fully prefilled: later steps are decode / verify steps."""
+        e = self.entry(req_id)
+        if e.status != Status.CONTEXT:
+            raise InvalidTransitionError(f"request {req_id!r} is {e.status.name}, not CONTEXT")
+        e.status = Status.GENERATION
+
+    def prepare_step(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int) -> StepIndices:
+        """Allocate what the rows need for `num_new` more tokens and return the step's index tensors.
+
+        A WAITING request gets a zeroed slot and becomes CONTEXT. Raises (changing nothing) on an
+        unknown or suspended request, a repeated row, or too few free slots or pages.
+        """
+        self._require_no_pending()
+        if isinstance(num_new, int):
+            num_new = [num_new] * len(req_ids)
+        if len(num_new) != len(req_ids):
+            raise ValueError(f"{len(req_ids)} rows but {len(num_new)} token counts")
+        if len(set(req_ids)) != len(req_ids):
+            raise ValueError("a request appears twice in one step")
+        entries = [self.entry(r) for r in req_ids]
+        need_slots, need_pages = 0, 0
+        for e, n in zip(entries, num_new):
+            if n < 0:
+                raise ValueError(f"request {e.req_id!r}: negative token count {n}")
+            if e.status == Status.SUSPENDED:
+                raise InvalidTransitionError(f"request {e.req_id!r} is suspended; resume it first")
+            if e.status == Status.WAITING:
+                need_slots += 1
+            if e.status != Status.DUMMY:
+                need_pages += max(0, pages_for(e.num_tokens + n, self.page_size) - len(e.pages))
+        if need_slots > self.slot_pool.num_free or need_pages > self.page_pool.num_free:
+            raise OutOfDeviceMemoryError(
+                f"step needs {need_slots} slots and {need_pages} pages; "
+                f"{self.slot_pool.num_free} slots and {self.page_pool.num_free} pages are free"
+            )
+        fresh = []
+        for e, n in zip(entries, num_new):
+            fresh.append(e.status == Status.WAITING)
+            if e.status == Status.WAITING:
+                (e.slot,) = self.slot_pool.allocate(1)
+                e.status = Status.CONTEXT
+            if e.status != Status.DUMMY:
+                grow = pages_for(e.num_tokens + n, self.page_size) - len(e.pages)
+                if grow > 0:
+                    e.pages.extend(self.page_pool.allocate(grow))
+        if any(fresh):
+            self._zero_slots([e.slot for e, f in zip(entries, fresh) if f])
+        self.copies.fence()
+        generation = [e.status == Status.GENERATION for e in entries]
+        self._pending = (entries, list(num_new), generation)
+        return self._steps.build(
+            tuple(req_ids),
+            [e.slot for e in entries],
+            [e.pages for e in entries],
+            [e.num_tokens for e in entries],
+            list(num_new),
+            fresh,
+            generation,
+        )
+
+    def accept(self, num_valid: Sequence[int] | torch.Tensor | None = None) -> None:
+        """Close the prepared step: context rows commit all their tokens, generation rows `num_valid`.
+
+        `num_valid[i]` (1..num_new) counts the row's tokens now valid: the fed token plus accepted drafts.
+        """
+        if self._pending is None:
+            raise InvalidTransitionError("no prepared step to accept")
+        entries, num_new, generation = self._pending
+        valid = list(num_new) if num_valid is None else [int(v) for v in num_valid]
+        if len(valid) != len(entries):
+            raise ValueError(f"{len(entries)} rows but {len(valid)} accept counts")
+        for e, n, v, g in zip(entries, num_new, valid, generation):
+            if g and not 1 <= v <= n and n > 0:
+                raise ValueError(f"request {e.req_id!r}: {v} valid tokens of {n}")
+        rows = [i for i, g in enumerate(generation) if g]
+        for i, e in enumerate(entries):
+            if e.status != Status.DUMMY:
+                e.num_tokens += valid[i] if generation[i] else num_new[i]
+        if rows:
+            slots = torch.tensor([entries[i].slot for i in rows], dtype=torch.long, device=self.device)
+            tokens = torch.tensor([num_new[i] for i in rows], dtype=torch.int32, device=self.device)
+            accepted = torch.tensor([valid[i] for i in rows], dtype=torch.int32, device=self.device)
+            for m in self.states:
+                m.on_accept(self.state_tensors(m), slots, tokens, accepted)
+        self._pending = None
+
+    def cancel_step(self) -> None:
+        """Drop a prepared step without committing tokens (what it allocated stays with the rows)."""
+        self._pending = None
+
+    def suspend(self, req_ids: Sequence[Hashable]) -> int:
+        """Move generating requests' live pages and slot rows to the host tier; returns bytes moved.
+
+        Raises HostTierFullError (changing nothing) when the host tier cannot hold them all.
+        """
+        self._require_no_pending()
+        entries = self._distinct(req_ids)
+        for e in entries:
+            if e.status == Status.DUMMY:
+                raise InvalidTransitionError(f"request {e.req_id!r} is a dummy; dummies are never suspended")
+            if e.status != Status.GENERATION:
+                raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}; only GENERATION can suspend")
+        live = [e.pages[: pages_for(e.num_tokens, self.page_size)] for e in entries]
+        host = self.host_tier
+        if len(entries) > host.slot_pool.num_free or sum(map(len, live)) > host.page_pool.num_free:
+            raise HostTierFullError(
+                f"host tier has {host.slot_pool.num_free} slots and {host.page_pool.num_free} pages free; "
+                f"suspending needs {len(entries)} and {sum(map(len, live))}"
+            )
+        host_slots = host.slot_pool.allocate(len(entries))
+        host_pages = [host.page_pool.allocate(len(p)) for p in live]
+        moved = self.copies.to_host(
+            self.slot_roles, self.device_tier.slots, [e.slot for e in entries],
+            host.slot_layout, host.slot_records, host_slots,
+        )
+        moved += self.copies.to_host(
+            self.page_roles, self.device_tier.pages, [p for ps in live for p in ps],
+            host.page_layout, host.page_records, [p for ps in host_pages for p in ps],
+        )
+        for e, hs, hp in zip(entries, host_slots, host_pages):
+            self.slot_pool.release([e.slot])
+            self.page_pool.release(e.pages)
+            e.slot, e.pages, e.host_slot, e.host_pages = -1, [], hs, hp
+            e.status = Status.SUSPENDED
+        self._note_move("suspensions", len(entries), "bytes_to_host", moved)
+        return moved
+
+    def resume(self, req_ids: Sequence[Hashable]) -> int:
+        """Bring suspended requests back into any free device slots and pages; returns bytes moved."""
+        self._require_no_pending()
+        entries = self._distinct(req_ids)
+        for e in entries:
+            if e.status != Status.SUSPENDED:
+                raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}, not SUSPENDED")
+        npages = sum(len(e.host_pages) for e in entries)
+        if len(entries) > self.slot_pool.num_free or npages > self.page_pool.num_free:
+            raise OutOfDeviceMemoryError(
+                f"resume needs {len(entries)} slots and {npages} pages; "
+                f"{self.slot_pool.num_free} and {self.page_pool.num_free} are free"
+            )
+        slots = self.slot_pool.allocate(len(entries))
+        pages = [self.page_pool.allocate(len(e.host_pages)) for e in entries]
+        host = self.host_tier
+        moved = self.copies.to_device(
+            self.slot_roles, self.device_tier.slots, slots,
+            host.slot_layout, host.slot_records, [e.host_slot for e in entries],
+        )
+        moved += self.copies.to_device(
+            self.page_roles, self.device_tier.pages, [p for ps in pages for p in ps],
+            host.page_layout, host.page_records, [p for e in entries for p in e.host_pages],
+        )
+        for e, s, ps in zip(entries, slots, pages):
+            host.slot_pool.release([e.host_slot])
+            host.page_pool.release(e.host_pages)
+            e.slot, e.pages, e.host_slot, e.host_pages = s, ps, -1, []
+            e.status = Status.GENERATION
+        self._note_move("resumes", len(entries), "bytes_to_device", moved)
+        return moved
+
+    def reprefill(self, req_id: Hashable) -> None:
+        """Drop everything the request holds (either tier); its next step starts its context from zero."""
+        self._require_no_pending()
+        e = self.entry(req_id)
+        if e.status in (Status.WAITING, Status.DUMMY):
+            raise InvalidTransitionError(f"request {req_id!r} is {e.status.name}; nothing to re-prefill")
+        self._release(e)
+        e.status, e.num_tokens = Status.WAITING, 0
+        self.stats["reprefills"] += 1
+
+    def free(self, req_id: Hashable) -> None:
+        """Forget the request and release everything it holds, in every tier."""
+        self._require_no_pending()
+        e = self.entry(req_id)
+        if e.status == Status.DUMMY:
+            self._free_dummy_slots.append(e.slot)
+        else:
+            self._release(e)
+        del self._entries[req_id]
+        self._freed.add(req_id)
+
+    def rebalance(self, num_slots: int) -> int:
+        """Re-split the device budget into `num_slots` request slots and as many pages as fit.
+
+        Every live request's slot rows (every role, replay history included) and pages move to the new
+        carving; dummies keep their slots. Raises OutOfDeviceMemoryError (changing nothing) when the live
+        requests would not fit. Returns the bytes moved each way.
+        """
+        self._require_no_pending()
+        dummies = self.config.num_dummy_slots
+        if num_slots < 1:
+            raise BudgetTooSmallError(f"num_slots must be >= 1, got {num_slots}")
+        num_pages = self.sizing.split(self.config.device_bytes, num_slots + dummies)
+        live = [e for e in self._entries.values() if e.on_device]
+        live_pages = [e.pages[: pages_for(e.num_tokens, self.page_size)] for e in live]
+        if len(live) > num_slots or sum(map(len, live_pages)) > num_pages:
+            raise OutOfDeviceMemoryError(
+                f"{len(live)} live requests with {sum(map(len, live_pages))} pages do not fit "
+                f"{num_slots} slots and {num_pages} pages"
+            )
+        saved = HostTier(self.slot_roles, self.page_roles, len(live), sum(map(len, live_pages)), pin=self.copies.cuda)
+        order = list(range(len(live)))
+        flat_pages = [p for ps in live_pages for p in ps]
+        moved = self.copies.to_host(self.slot_roles, self.device_tier.slots, [e.slot for e in live],
+                                    saved.slot_layout, saved.slot_records, order)
+        moved += self.copies.to_host(self.page_roles, self.device_tier.pages, flat_pages,
+                                     saved.page_layout, saved.page_records, list(range(len(flat_pages))))
+        self.copies.synchronize()
+        self.device_tier.carve(num_slots + dummies, num_pages)
+        self.slot_pool = IdPool(num_slots + dummies, permanent=dummies)
+        self.page_pool = IdPool(num_pages)
+        new_slots = self.slot_pool.allocate(len(live))
+        new_pages = [self.page_pool.allocate(len(ps)) for ps in live_pages]
+        self.copies.to_device(self.slot_roles, self.device_tier.slots, new_slots,
+                              saved.slot_layout, saved.slot_records, order)
+        self.copies.to_device(self.page_roles, self.device_tier.pages, [p for ps in new_pages for p in ps],
+                              saved.page_layout, saved.page_records, list(range(len(flat_pages))))
+        for e, s, ps in zip(live, new_slots, new_pages):
+            e.slot, e.pages = s, ps
+        if dummies:
+            self.device_tier.zero_slots(torch.arange(dummies, device=self.device))
+        self._steps.invalidate()
+        self.copies.synchronize()
+        return moved
+
+    # ------------------------------------------------------------------ inspection
+    def live_state(self, req_id: Hashable) -> dict[str, torch.Tensor]:
+        """A copy of the request's live bytes by role: slot roles `[layers, *live_shape]`, page roles
+        `[layers, live_pages, *shape]`; read from whichever tier holds it (for tests and debugging)."""
+        self.copies.synchronize()
+        e = self.entry(req_id)
+        npages = pages_for(e.num_tokens, self.page_size)
+        out: dict[str, torch.Tensor] = {}
+        if e.on_device or e.status == Status.DUMMY:
+            idx = torch.tensor([e.slot], dtype=torch.long, device=self.device)
+            for r in self.slot_roles:
+                out[r.name] = _gather(r, self.device_tier.slots, idx)[:, 0].cpu().clone()
+            pidx = torch.tensor(e.pages[:npages], dtype=torch.long, device=self.device)
+            for r in self.page_roles:
+                out[r.name] = self.device_tier.pages[r.name][:, pidx].cpu().clone()
+        elif e.status == Status.SUSPENDED:
+            host = self.host_tier
+            rec = host.slot_records[e.host_slot : e.host_slot + 1]
+            for r in self.slot_roles:
+                out[r.name] = _view(rec, r, host.slot_layout)[0].clone()
+            prec = host.page_records[torch.tensor(e.host_pages, dtype=torch.long)]
+            for r in self.page_roles:
+                out[r.name] = _view(prec, r, host.page_layout).transpose(0, 1).clone()
+        return out
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError unless every slot and page has at most one owner and, per tier,
+        free + owned + permanent == total."""
+        check_integrity(self)
+
+    def synchronize(self) -> None:
+        self.copies.synchronize()
+
+    # ------------------------------------------------------------------ internals
+    def _require_no_pending(self) -> None:
+        if self._pending is not None:
+            raise InvalidTransitionError("a prepared step is pending; accept() or cancel_step() first")
+
+    def _distinct(self, req_ids: Iterable[Hashable]) -> list[Entry]:
+        req_ids = list(req_ids)
+        if len(set(req_ids)) != len(req_ids):
+            raise ValueError("a request is listed twice")
+        return [self.entry(r) for r in req_ids]
+
+    def _release(self, e: Entry) -> None:
+        if e.slot >= 0:
+            self.slot_pool.release([e.slot])
+        self.page_pool.release(e.pages)
+        if e.host_slot >= 0:
+            self.host_tier.slot_pool.release([e.host_slot])
+        self.host_tier.page_pool.release(e.host_pages)
+        e.slot, e.pages, e.host_slot, e.host_pages = -1, [], -1, []
+        self._steps.invalidate()
+
+    def _zero_slots(self, slots: list[int]) -> None:
+        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
+        for m in self.states:
+            m.on_context_start(self.state_tensors(m), idx)
+
+    def _note_move(self, counter: str, n: int, bytes_counter: str, nbytes: int) -> None:
+        self.stats[counter] += n
+        self.stats[bytes_counter] += nbytes
+        self._steps.invalidate()
+
+
+__all__ = ["HybridCacheManager"]

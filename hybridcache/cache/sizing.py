@@ -1,0 +1,79 @@
+"""Byte accounting: bytes per page, bytes per slot per role, and a registry of auxiliary per-slot bytes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import BudgetTooSmallError, LayoutError
+from .roles import RoleSpec, align
+
+AuxEstimator = Callable[[object], int]
+_AUX: dict[str, AuxEstimator] = {}
+
+
+def register_aux_bytes(key: str, estimator: AuxEstimator) -> None:
+    """A model module adds the per-slot bytes of its own auxiliary state under `key`.
+
+    Registering the same estimator twice is harmless; a different one under a taken key is an error.
+    """
+    existing = _AUX.get(key)
+    if existing is not None and existing is not estimator:
+        raise LayoutError(f"auxiliary bytes {key!r} are already registered by another estimator")
+    _AUX[key] = estimator
+
+
+def unregister_aux_bytes(key: str) -> None:
+    _AUX.pop(key, None)
+
+
+def aux_bytes_per_slot(model_config: object) -> dict[str, int]:
+    """Each registered estimator's bytes per slot for `model_config` (zero entries dropped)."""
+    out = {k: int(f(model_config)) for k, f in _AUX.items()}
+    return {k: v for k, v in out.items() if v}
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What one slot and one page cost on the device, per role and in total."""
+
+    slot_roles: tuple[RoleSpec, ...]
+    page_roles: tuple[RoleSpec, ...]
+
+    @property
+    def bytes_per_slot_by_role(self) -> dict[str, int]:
+        return {r.name: r.row_bytes for r in self.slot_roles}
+
+    @property
+    def live_bytes_per_slot_by_role(self) -> dict[str, int]:
+        return {r.name: r.live_row_bytes for r in self.slot_roles}
+
+    @property
+    def bytes_per_slot(self) -> int:
+        return sum(r.row_bytes for r in self.slot_roles)
+
+    @property
+    def bytes_per_page(self) -> int:
+        return sum(r.row_bytes for r in self.page_roles)
+
+    def bytes_for(self, num_slots: int, num_pages: int) -> int:
+        """Arena bytes for the counts, alignment included (what the device tier carves)."""
+        return sum(align(r.row_bytes * num_slots) for r in self.slot_roles) + sum(
+            align(r.row_bytes * num_pages) for r in self.page_roles
+        )
+
+    def request_bytes(self, num_tokens: int, page_size: int) -> int:
+        """Device bytes one request of `num_tokens` tokens holds: its pages and its slot, every role."""
+        return self.bytes_per_slot + -(-num_tokens // page_size) * self.bytes_per_page
+
+    def split(self, budget: int, num_slots: int) -> int:
+        """Pages that fit beside `num_slots` slots in `budget` bytes (at most; alignment included)."""
+        if self.bytes_for(num_slots, 0) > budget:
+            raise BudgetTooSmallError(
+                f"{num_slots} slots need {self.bytes_for(num_slots, 0)} bytes; the budget is {budget}"
+            )
+        if not self.page_roles:
+            return 0
+        pages = max(0, (budget - self.bytes_for(num_slots, 0)) // max(self.bytes_per_page, 1))
+        while pages > 0 and self.bytes_for(num_slots, pages) > budget:
+            pages -= 1
+        return pages

@@ -1,0 +1,65 @@
+"""Gated DeltaNet layers: conv window, state checkpoint and the double-buffered replay history."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from ..cache.errors import LayoutError
+from ..cache.protocol import StateModule
+from ..cache.roles import RoleSpec
+from .replay import accept_replay, history_length, shift_conv_window
+
+
+class GDNState(StateModule):
+    """Roles of `num_layers` GDN layers with H key heads and HV value heads (per slot; docs/layouts.md):
+
+    conv `[C, W + k]` (C = 2*H*K + HV*V), ssm `[HV, K, V]` fp32; with speculation also replay_u
+    `[2, HIST, HV, V]`, replay_k `[2, HIST, H, K]`, replay_G / replay_beta `[2, HV, HIST]` fp32, pnat, buf_idx.
+    """
+
+    name = "gdn"
+
+    def __init__(
+        self, num_layers: int, num_key_heads: int, num_value_heads: int, key_dim: int, value_dim: int,
+        conv_kernel: int, dtype: torch.dtype = torch.float32, num_draft_tokens: int = 0,
+        hist: int | None = None,
+    ) -> None:
+        if num_value_heads % num_key_heads:
+            raise LayoutError(f"gdn: {num_value_heads} value heads are not a multiple of {num_key_heads} key heads")
+        if conv_kernel < 1 or num_draft_tokens < 0:
+            raise LayoutError(f"gdn: conv_kernel {conv_kernel} / draft tokens {num_draft_tokens} invalid")
+        self.num_layers, self.H, self.HV, self.K, self.V = num_layers, num_key_heads, num_value_heads, key_dim, value_dim
+        self.conv_kernel, self.dtype, self.num_draft_tokens = conv_kernel, dtype, num_draft_tokens
+        self.hist = history_length(num_draft_tokens, hist)
+        self.conv_dim = 2 * num_key_heads * key_dim + num_value_heads * value_dim
+
+    @property
+    def replay(self) -> bool:
+        return self.num_draft_tokens > 0
+
+    def roles(self) -> list[RoleSpec]:
+        L, H, HV, K, V, hist = self.num_layers, self.H, self.HV, self.K, self.V, self.hist
+        roles = [
+            RoleSpec("conv", L, (self.conv_dim, self.conv_kernel - 1 + self.num_draft_tokens), self.dtype),
+            RoleSpec("ssm", L, (HV, K, V), torch.float32),
+        ]
+        if self.replay:
+            roles += [
+                RoleSpec("replay_u", L, (2, hist, HV, V), self.dtype, buffered_by="buf_idx"),
+                RoleSpec("replay_k", L, (2, hist, H, K), self.dtype, buffered_by="buf_idx"),
+                RoleSpec("replay_G", L, (2, HV, hist), torch.float32, buffered_by="buf_idx"),
+                RoleSpec("replay_beta", L, (2, HV, hist), torch.float32, buffered_by="buf_idx"),
+                RoleSpec("pnat", 1, (), torch.int32),
+                RoleSpec("buf_idx", 1, (), torch.int32),
+            ]
+        return roles
+
+    def on_accept(
+        self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,
+        num_tokens: torch.Tensor, num_valid: torch.Tensor,
+    ) -> None:
+        if not self.replay:
+            return
+        accept_replay(tensors["pnat"], tensors["buf_idx"], slots, num_tokens, num_valid, self.hist)
+        shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1)

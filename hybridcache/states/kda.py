@@ -1,0 +1,68 @@
+"""Kimi Delta Attention layers: conv window, state after the last verified token, pending-draft caches."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from ..cache.errors import LayoutError
+from ..cache.protocol import StateModule
+from ..cache.roles import RoleSpec
+from .replay import shift_conv_window
+
+
+class KDAState(StateModule):
+    """Roles of `num_layers` KDA layers, H heads of width D (per slot; docs/layouts.md):
+
+    conv `[3*H*D, W + k]` over the q/k/v sections, ssm `[H, D, D]` fp32; with speculation also pend_k,
+    pend_g `[k, H, D]` (g fp32), pend_v `[k, H, D]`, pend_beta `[k, H]` fp32 and pend_n (one layer).
+    The short conv runs over three sections of equal width; unequal q/k/v widths are refused.
+    """
+
+    name = "kda"
+
+    def __init__(
+        self, num_layers: int, num_heads: int, head_dim: int, conv_kernel: int,
+        sections: tuple[int, int, int] | None = None, dtype: torch.dtype = torch.float32,
+        num_draft_tokens: int = 0,
+    ) -> None:
+        width = num_heads * head_dim
+        sections = sections or (width, width, width)
+        if len(set(sections)) != 1 or sections[0] != width:
+            raise LayoutError(
+                f"kda: q/k/v section widths must all equal heads*head_dim = {width}; got {tuple(sections)}"
+            )
+        if conv_kernel < 1 or num_draft_tokens < 0:
+            raise LayoutError(f"kda: conv_kernel {conv_kernel} / draft tokens {num_draft_tokens} invalid")
+        self.num_layers, self.H, self.D, self.conv_kernel = num_layers, num_heads, head_dim, conv_kernel
+        self.dtype, self.num_draft_tokens = dtype, num_draft_tokens
+        self.conv_dim = 3 * width
+
+    @property
+    def replay(self) -> bool:
+        return self.num_draft_tokens > 0
+
+    def roles(self) -> list[RoleSpec]:
+        L, H, D, k = self.num_layers, self.H, self.D, self.num_draft_tokens
+        roles = [
+            RoleSpec("conv", L, (self.conv_dim, self.conv_kernel - 1 + k), self.dtype),
+            RoleSpec("ssm", L, (H, D, D), torch.float32),
+        ]
+        if self.replay:
+            roles += [
+                RoleSpec("pend_k", L, (k, H, D), self.dtype),
+                RoleSpec("pend_g", L, (k, H, D), torch.float32),
+                RoleSpec("pend_v", L, (k, H, D), self.dtype),
+                RoleSpec("pend_beta", L, (k, H), torch.float32),
+                RoleSpec("pend_n", 1, (), torch.int32),
+            ]
+        return roles
+
+    def on_accept(
+        self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,
+        num_tokens: torch.Tensor, num_valid: torch.Tensor,
+    ) -> None:
+        if not self.replay:
+            return
+        tensors["pend_n"][0, slots] = (num_valid - 1).to(torch.int32)
+        shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1)

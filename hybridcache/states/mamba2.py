@@ -1,0 +1,67 @@
+"""Mamba2 (SSD) layers: conv window, SSM checkpoint and the double-buffered replay history."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from ..cache.errors import LayoutError
+from ..cache.protocol import StateModule
+from ..cache.roles import RoleSpec
+from .replay import accept_replay, history_length, shift_conv_window
+
+
+class Mamba2State(StateModule):
+    """Roles of `num_layers` Mamba2 layers (shapes per slot; docs/layouts.md):
+
+    conv `[C, W + k]` (C = H*P + 2*G*N), ssm `[H, P, N]` fp32; with speculation (k > 0) also
+    replay_x `[2, HIST, H, P]`, replay_B `[2, HIST, G, N]`, replay_dt / replay_dA_cumsum `[2, H, HIST]` fp32,
+    pnat and buf_idx (one layer, int32).
+    """
+
+    name = "mamba2"
+
+    def __init__(
+        self, num_layers: int, num_heads: int, head_dim: int, n_groups: int, state_size: int,
+        conv_kernel: int, dtype: torch.dtype = torch.float32, num_draft_tokens: int = 0,
+        hist: int | None = None,
+    ) -> None:
+        if num_heads % n_groups:
+            raise LayoutError(f"mamba2: {num_heads} heads do not split into {n_groups} groups")
+        if conv_kernel < 1 or num_draft_tokens < 0:
+            raise LayoutError(f"mamba2: conv_kernel {conv_kernel} / draft tokens {num_draft_tokens} invalid")
+        self.num_layers, self.num_heads, self.head_dim = num_layers, num_heads, head_dim
+        self.n_groups, self.state_size, self.conv_kernel = n_groups, state_size, conv_kernel
+        self.dtype, self.num_draft_tokens = dtype, num_draft_tokens
+        self.hist = history_length(num_draft_tokens, hist)
+        self.conv_dim = num_heads * head_dim + 2 * n_groups * state_size
+
+    @property
+    def replay(self) -> bool:
+        return self.num_draft_tokens > 0
+
+    def roles(self) -> list[RoleSpec]:
+        L, H, P, G, N, hist = self.num_layers, self.num_heads, self.head_dim, self.n_groups, self.state_size, self.hist
+        roles = [
+            RoleSpec("conv", L, (self.conv_dim, self.conv_kernel - 1 + self.num_draft_tokens), self.dtype),
+            RoleSpec("ssm", L, (H, P, N), torch.float32),
+        ]
+        if self.replay:
+            roles += [
+                RoleSpec("replay_x", L, (2, hist, H, P), self.dtype, buffered_by="buf_idx"),
+                RoleSpec("replay_B", L, (2, hist, G, N), self.dtype, buffered_by="buf_idx"),
+                RoleSpec("replay_dt", L, (2, H, hist), torch.float32, buffered_by="buf_idx"),
+                RoleSpec("replay_dA_cumsum", L, (2, H, hist), torch.float32, buffered_by="buf_idx"),
+                RoleSpec("pnat", 1, (), torch.int32),
+                RoleSpec("buf_idx", 1, (), torch.int32),
+            ]
+        return roles
+
+    def on_accept(
+        self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,
+        num_tokens: torch.Tensor, num_valid: torch.Tensor,
+    ) -> None:
+        if not self.replay:
+            return
+        accept_replay(tensors["pnat"], tensors["buf_idx"], slots, num_tokens, num_valid, self.hist)
+        shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1)
