@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Hashable
 
+import numpy as np
+
 
 class Status(IntEnum):
     WAITING = 0  # holds nothing; the next step starts its context from a zero state
@@ -14,15 +16,45 @@ class Status(IntEnum):
     DUMMY = 4  # padding row: a permanent device slot, never saved
 
 
-@dataclass
+class TokenCounts:
+    """Committed-token counts of all requests in one array, so a step updates a batch in one operation."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.counts = np.zeros(capacity, dtype=np.int64)
+        self._free = list(range(capacity - 1, -1, -1))
+
+    def take(self) -> int:
+        if not self._free:
+            old = len(self.counts)
+            self.counts = np.concatenate([self.counts, np.zeros(old, dtype=np.int64)])
+            self._free = list(range(2 * old - 1, old - 1, -1))
+        handle = self._free.pop()
+        self.counts[handle] = 0
+        return handle
+
+    def give_back(self, handle: int) -> None:
+        self._free.append(handle)
+
+
+@dataclass(eq=False)
 class Entry:
     req_id: Hashable
     status: Status
+    store: TokenCounts
+    handle: int
     slot: int = -1
     pages: list[int] = field(default_factory=list)
-    num_tokens: int = 0  # tokens whose K/V and recurrent state are committed
     host_slot: int = -1
     host_pages: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens whose K/V and recurrent state are committed."""
+        return int(self.store.counts[self.handle])
+
+    @num_tokens.setter
+    def num_tokens(self, value: int) -> None:
+        self.store.counts[self.handle] = value
 
     @property
     def on_device(self) -> bool:

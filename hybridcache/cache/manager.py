@@ -9,7 +9,9 @@ import torch
 from .config import CacheConfig
 from .copy_engine import CopyEngine, _gather, _view
 from .device_tier import DeviceTier
-from .entries import Entry, Status, pages_for
+import numpy as np
+
+from .entries import Entry, Status, TokenCounts, pages_for
 from .errors import (
     BudgetTooSmallError,
     DoubleFreeError,
@@ -26,7 +28,7 @@ from .integrity import check_integrity
 from .protocol import PageRoles, StateModule
 from .roles import RoleSpec, validate_roles
 from .sizing import Sizing
-from .step import StepBuilder, StepIndices
+from .step import Batch, StepIndices
 
 
 def _prefixed(module_name: str, role: RoleSpec) -> RoleSpec:
@@ -75,11 +77,12 @@ class HybridCacheManager:
         pin = self.device.type == "cuda"
         self.host_tier = HostTier(self.slot_roles, self.page_roles, host_slots, host_pages, pin)
         self.copies = CopyEngine(self.device)
-        self._steps = StepBuilder(self.device)
+        self._tokens = TokenCounts()
+        self._batch: Batch | None = None
         self._entries: dict[Hashable, Entry] = {}
         self._freed: set[Hashable] = set()
         self._free_dummy_slots = list(range(dummies - 1, -1, -1))
-        self._pending: tuple[list[Entry], list[int], list[bool]] | None = None
+        self._pending: tuple[Batch, np.ndarray] | None = None
         self.stats = {"suspensions": 0, "resumes": 0, "reprefills": 0, "bytes_to_host": 0, "bytes_to_device": 0}
 
     # ------------------------------------------------------------------ queries
@@ -155,7 +158,7 @@ class HybridCacheManager:
         if req_id in self._entries:
             raise DuplicateRequestError(f"request {req_id!r} already exists")
         self._freed.discard(req_id)
-        self._entries[req_id] = Entry(req_id, Status.WAITING)
+        self._entries[req_id] = Entry(req_id, Status.WAITING, self._tokens, self._tokens.take())
 
     def add_dummy(self, req_id: Hashable) -> int:
         """Register a padding request on a permanent slot; returns the slot."""
@@ -165,7 +168,7 @@ class HybridCacheManager:
             raise OutOfDeviceMemoryError(f"all {self.config.num_dummy_slots} dummy slots are taken")
         slot = self._free_dummy_slots.pop()
         self._freed.discard(req_id)
-        self._entries[req_id] = Entry(req_id, Status.DUMMY, slot=slot)
+        self._entries[req_id] = Entry(req_id, Status.DUMMY, self._tokens, self._tokens.take(), slot=slot)
         return slot
 
     def start_generation(self, req_id: Hashable) -> None:
@@ -173,91 +176,101 @@ class HybridCacheManager:
         e = self.entry(req_id)
         if e.status != Status.CONTEXT:
             raise InvalidTransitionError(f"request {req_id!r} is {e.status.name}, not CONTEXT")
+        self._require_no_pending()
         e.status = Status.GENERATION
+        self._batch = None
 
     def prepare_step(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int) -> StepIndices:
         """Allocate what the rows need for `num_new` more tokens and return the step's index tensors.
 
         A WAITING request gets a zeroed slot and becomes CONTEXT. Raises (changing nothing) on an
-        unknown or suspended request, a repeated row, or too few free slots or pages.
+        unknown or suspended request, a repeated row, or too few free slots or pages. When the rows are
+        those of the previous step, only what changed is recomputed.
         """
         self._require_no_pending()
-        if isinstance(num_new, int):
-            num_new = [num_new] * len(req_ids)
-        if len(num_new) != len(req_ids):
-            raise ValueError(f"{len(req_ids)} rows but {len(num_new)} token counts")
-        if len(set(req_ids)) != len(req_ids):
-            raise ValueError("a request appears twice in one step")
-        entries = [self.entry(r) for r in req_ids]
-        need_slots, need_pages = 0, 0
-        for e, n in zip(entries, num_new):
-            if n < 0:
-                raise ValueError(f"request {e.req_id!r}: negative token count {n}")
-            if e.status == Status.SUSPENDED:
-                raise InvalidTransitionError(f"request {e.req_id!r} is suspended; resume it first")
-            if e.status == Status.WAITING:
-                need_slots += 1
-            if e.status != Status.DUMMY:
-                need_pages += max(0, pages_for(e.num_tokens + n, self.page_size) - len(e.pages))
-        if need_slots > self.slot_pool.num_free or need_pages > self.page_pool.num_free:
+        key = tuple(req_ids)
+        batch = self._batch
+        if batch is None or batch.key != key:
+            batch = self._new_batch(key)
+        n = np.full(len(key), num_new, dtype=np.int64) if isinstance(num_new, int) else np.asarray(num_new, dtype=np.int64)
+        if n.shape != (len(key),):
+            raise ValueError(f"{len(key)} rows but {n.size} token counts")
+        if n.size and n.min() < 0:
+            raise ValueError(f"negative token count in {n.tolist()}")
+        cached = self._tokens.counts[batch.handles]
+        grow = -(-(cached + n) // self.page_size) - batch.npages
+        grow[batch.dummy] = 0
+        grow_rows = np.flatnonzero(grow > 0).tolist()
+        fresh_rows = [i for i, e in enumerate(batch.entries) if e.status == Status.WAITING]
+        need_pages = int(grow[grow_rows].sum()) if grow_rows else 0
+        if len(fresh_rows) > self.slot_pool.num_free or need_pages > self.page_pool.num_free:
             raise OutOfDeviceMemoryError(
-                f"step needs {need_slots} slots and {need_pages} pages; "
+                f"step needs {len(fresh_rows)} slots and {need_pages} pages; "
                 f"{self.slot_pool.num_free} slots and {self.page_pool.num_free} pages are free"
             )
-        fresh = []
-        for e, n in zip(entries, num_new):
-            fresh.append(e.status == Status.WAITING)
-            if e.status == Status.WAITING:
-                (e.slot,) = self.slot_pool.allocate(1)
-                e.status = Status.CONTEXT
-            if e.status != Status.DUMMY:
-                grow = pages_for(e.num_tokens + n, self.page_size) - len(e.pages)
-                if grow > 0:
-                    e.pages.extend(self.page_pool.allocate(grow))
-        if any(fresh):
-            self._zero_slots([e.slot for e, f in zip(entries, fresh) if f])
+        self._batch = batch
+        if fresh_rows:
+            slots = self.slot_pool.allocate(len(fresh_rows))
+            for row, slot in zip(fresh_rows, slots):
+                e = batch.entries[row]
+                e.slot, e.status = slot, Status.CONTEXT
+                batch.set_slot(row, slot)
+            self._zero_slots(slots)
+        if grow_rows:
+            new_pages = [self.page_pool.allocate(int(grow[r])) for r in grow_rows]
+            for r, pages in zip(grow_rows, new_pages):
+                batch.entries[r].pages.extend(pages)
+            batch.add_pages(grow_rows, new_pages)
         self.copies.fence()
-        generation = [e.status == Status.GENERATION for e in entries]
-        self._pending = (entries, list(num_new), generation)
-        return self._steps.build(
-            tuple(req_ids),
-            [e.slot for e in entries],
-            [e.pages for e in entries],
-            [e.num_tokens for e in entries],
-            list(num_new),
-            fresh,
-            generation,
-        )
+        self._pending = (batch, n)
+        num_new_t = batch.num_new_tensor(n, num_new if isinstance(num_new, int) else None)
+        return batch.indices(cached, num_new_t, fresh_rows)
 
-    def accept(self, num_valid: Sequence[int] | torch.Tensor | None = None) -> None:
+    def accept(self, num_valid: Sequence[int] | torch.Tensor | np.ndarray | None = None) -> None:
         """Close the prepared step: context rows commit all their tokens, generation rows `num_valid`.
 
         `num_valid[i]` (1..num_new) counts the row's tokens now valid: the fed token plus accepted drafts.
+        Entries of non-generation rows are ignored.
         """
         if self._pending is None:
             raise InvalidTransitionError("no prepared step to accept")
-        entries, num_new, generation = self._pending
-        valid = list(num_new) if num_valid is None else [int(v) for v in num_valid]
-        if len(valid) != len(entries):
-            raise ValueError(f"{len(entries)} rows but {len(valid)} accept counts")
-        for e, n, v, g in zip(entries, num_new, valid, generation):
-            if g and not 1 <= v <= n and n > 0:
-                raise ValueError(f"request {e.req_id!r}: {v} valid tokens of {n}")
-        rows = [i for i, g in enumerate(generation) if g]
-        for i, e in enumerate(entries):
-            if e.status != Status.DUMMY:
-                e.num_tokens += valid[i] if generation[i] else num_new[i]
-        if rows:
-            slots = torch.tensor([entries[i].slot for i in rows], dtype=torch.long, device=self.device)
-            tokens = torch.tensor([num_new[i] for i in rows], dtype=torch.int32, device=self.device)
-            accepted = torch.tensor([valid[i] for i in rows], dtype=torch.int32, device=self.device)
+        batch, n = self._pending
+        if num_valid is None:
+            valid = n
+        else:
+            if isinstance(num_valid, torch.Tensor):
+                num_valid = num_valid.cpu().numpy()
+            valid = np.asarray(num_valid, dtype=np.int64)
+            if valid.shape != n.shape:
+                raise ValueError(f"{n.size} rows but {valid.size} accept counts")
+            g = batch.gen_mask & (n > 0)
+            bad = g & ((valid < 1) | (valid > n))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"request {batch.entries[i].req_id!r}: {valid[i]} valid tokens of {n[i]}")
+        commit = np.where(batch.gen_mask, valid, n)
+        commit[batch.dummy] = 0
+        self._tokens.counts[batch.handles] += commit
+        if batch.gen_rows:
+            rows = batch.gen_rows
+            tokens = torch.from_numpy(n[rows].astype(np.int32)).to(self.device)
+            accepted = torch.from_numpy(valid[rows].astype(np.int32)).to(self.device)
             for m in self.states:
-                m.on_accept(self.state_tensors(m), slots, tokens, accepted)
+                m.on_accept(self.state_tensors(m), batch.gen_slots, tokens, accepted)
         self._pending = None
 
     def cancel_step(self) -> None:
         """Drop a prepared step without committing tokens (what it allocated stays with the rows)."""
         self._pending = None
+
+    def _new_batch(self, key: tuple) -> Batch:
+        if len(set(key)) != len(key):
+            raise ValueError("a request appears twice in one step")
+        entries = [self.entry(r) for r in key]
+        for e in entries:
+            if e.status == Status.SUSPENDED:
+                raise InvalidTransitionError(f"request {e.req_id!r} is suspended; resume it first")
+        return Batch(key, entries, self.device)
 
     def suspend(self, req_ids: Sequence[Hashable]) -> int:
         """Move generating requests' live pages and slot rows to the host tier; returns bytes moved.
@@ -347,7 +360,9 @@ class HybridCacheManager:
         else:
             self._release(e)
         del self._entries[req_id]
+        self._tokens.give_back(e.handle)
         self._freed.add(req_id)
+        self._batch = None
 
     def rebalance(self, num_slots: int) -> int:
         """Re-split the device budget into `num_slots` request slots and as many pages as fit.
@@ -389,7 +404,7 @@ class HybridCacheManager:
             e.slot, e.pages = s, ps
         if dummies:
             self.device_tier.zero_slots(torch.arange(dummies, device=self.device))
-        self._steps.invalidate()
+        self._batch = None
         self.copies.synchronize()
         return moved
 
@@ -445,7 +460,7 @@ class HybridCacheManager:
             self.host_tier.slot_pool.release([e.host_slot])
         self.host_tier.page_pool.release(e.host_pages)
         e.slot, e.pages, e.host_slot, e.host_pages = -1, [], -1, []
-        self._steps.invalidate()
+        self._batch = None
 
     def _zero_slots(self, slots: list[int]) -> None:
         idx = torch.tensor(slots, dtype=torch.long, device=self.device)
@@ -455,7 +470,7 @@ class HybridCacheManager:
     def _note_move(self, counter: str, n: int, bytes_counter: str, nbytes: int) -> None:
         self.stats[counter] += n
         self.stats[bytes_counter] += nbytes
-        self._steps.invalidate()
+        self._batch = None
 
 
 __all__ = ["HybridCacheManager"]
