@@ -14,7 +14,7 @@ class CacheConfig:
 
     `num_slots` device slots for requests (beside `num_dummy_slots` permanent ones); the rest of
     `device_bytes` becomes pages. `None` gives slots `slot_share` of the budget. The host tier keeps the
-    device's slot/page byte split.
+    device's slot/page byte split unless `host_num_slots` fixes its slot count.
     """
 
     device_bytes: int
@@ -23,6 +23,7 @@ class CacheConfig:
     num_slots: int | None = None
     slot_share: float = 0.5
     num_dummy_slots: int = 1
+    host_num_slots: int | None = None
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -36,6 +37,8 @@ class CacheConfig:
             raise LayoutError(f"num_slots must be >= 1, got {self.num_slots}")
         if not 0.0 < self.slot_share < 1.0:
             raise LayoutError(f"slot_share must be in (0, 1), got {self.slot_share}")
+        if self.host_num_slots is not None and self.host_num_slots < 0:
+            raise LayoutError(f"host_num_slots must be >= 0, got {self.host_num_slots}")
         if self.num_dummy_slots < 0:
             raise LayoutError(f"num_dummy_slots must be >= 0, got {self.num_dummy_slots}")
         torch.device(self.device)  # raises on a malformed device string

@@ -29,10 +29,15 @@ class HostTier:
         self.page_pool = IdPool(num_pages)
 
     @staticmethod
-    def counts_for(budget: int, slot_roles: list[RoleSpec], page_roles: list[RoleSpec], slot_share: float) -> tuple[int, int]:
-        """Split a byte budget into host slots and pages; `slot_share` of the bytes goes to slots."""
+    def counts_for(
+        budget: int, slot_roles: list[RoleSpec], page_roles: list[RoleSpec], slot_share: float,
+        num_slots: int | None = None,
+    ) -> tuple[int, int]:
+        """Split a byte budget into host slots and pages: `num_slots` slots, or `slot_share` of the bytes."""
         slot_bytes = RecordLayout.of(slot_roles).nbytes
         page_bytes = RecordLayout.of(page_roles).nbytes
-        num_slots = int(budget * slot_share) // slot_bytes
+        if num_slots is None:
+            num_slots = int(budget * slot_share) // slot_bytes
+        num_slots = min(num_slots, budget // slot_bytes)
         num_pages = (budget - num_slots * slot_bytes) // page_bytes
         return num_slots, num_pages

@@ -7,7 +7,7 @@ from typing import Hashable, Iterable, Sequence
 import torch
 
 from .config import CacheConfig
-from .copy_engine import CopyEngine, _gather, _view
+from .copy_engine import CopyEngine, gather_live, record_view
 from .device_tier import DeviceTier
 import numpy as np
 
@@ -73,7 +73,9 @@ class HybridCacheManager:
         self.slot_pool = IdPool(num_slots + dummies, permanent=dummies)
         self.page_pool = IdPool(num_pages)
         share = self.sizing.bytes_for(num_slots + dummies, 0) / max(self.sizing.bytes_for(num_slots + dummies, num_pages), 1)
-        host_slots, host_pages = HostTier.counts_for(config.host_bytes, self.slot_roles, self.page_roles, min(max(share, 1e-6), 1 - 1e-6))
+        host_slots, host_pages = HostTier.counts_for(
+            config.host_bytes, self.slot_roles, self.page_roles, share, config.host_num_slots
+        )
         pin = self.device.type == "cuda"
         self.host_tier = HostTier(self.slot_roles, self.page_roles, host_slots, host_pages, pin)
         self.copies = CopyEngine(self.device)
@@ -419,7 +421,7 @@ class HybridCacheManager:
         if e.on_device or e.status == Status.DUMMY:
             idx = torch.tensor([e.slot], dtype=torch.long, device=self.device)
             for r in self.slot_roles:
-                out[r.name] = _gather(r, self.device_tier.slots, idx)[:, 0].cpu().clone()
+                out[r.name] = gather_live(r, self.device_tier.slots, idx)[:, 0].cpu().clone()
             pidx = torch.tensor(e.pages[:npages], dtype=torch.long, device=self.device)
             for r in self.page_roles:
                 out[r.name] = self.device_tier.pages[r.name][:, pidx].cpu().clone()
@@ -427,10 +429,10 @@ class HybridCacheManager:
             host = self.host_tier
             rec = host.slot_records[e.host_slot : e.host_slot + 1]
             for r in self.slot_roles:
-                out[r.name] = _view(rec, r, host.slot_layout)[0].clone()
+                out[r.name] = record_view(rec, r, host.slot_layout)[0].clone()
             prec = host.page_records[torch.tensor(e.host_pages, dtype=torch.long)]
             for r in self.page_roles:
-                out[r.name] = _view(prec, r, host.page_layout).transpose(0, 1).clone()
+                out[r.name] = record_view(prec, r, host.page_layout).transpose(0, 1).clone()
         return out
 
     def check_integrity(self) -> None:
