@@ -54,6 +54,13 @@ class CopyEngine:
             compute.wait_stream(self.pack)
             self._pending = False
 
+    def _index(self, rows: list[int]) -> torch.Tensor:
+        """Row indices on the device, uploaded on the pack stream that reads them."""
+        if not self.cuda:
+            return torch.tensor(rows, dtype=torch.long)
+        with torch.cuda.stream(self.pack):
+            return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+
     def synchronize(self) -> None:
         if self.cuda:
             self.dma.synchronize()
@@ -73,7 +80,7 @@ class CopyEngine:
         if not rows:
             return 0
         self._begin()
-        idx = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+        idx = self._index(rows)
         if not self.cuda:  # same memory: gather straight into the records
             for s, d, n in _runs(dst):
                 for role in roles:
@@ -105,7 +112,7 @@ class CopyEngine:
         if not rows:
             return 0
         self._begin()
-        idx = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+        idx = self._index(rows)
         if not self.cuda:
             for d, s, n in _runs(src):
                 _scatter(roles, tensors, idx[d : d + n], records[s : s + n], layout)
