@@ -1,0 +1,1 @@
+"""Requests, scheduling policy, speculative drafters, the runner and the `LLM` facade."""

@@ -1,0 +1,48 @@
+"""What a model forward needs besides the token ids; the engine's runner builds it from step indices."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """One forward over `B` rows and `N` flat tokens.
+
+    Rows are ordered: the `num_context_rows` context (prefill) rows first, holding the first
+    `num_context_tokens` tokens (varlen, `cu_seqlens`), then the generation rows, each feeding exactly
+    `generation_tokens` tokens (1 for plain decode; k + 1 for a speculative verify step).
+
+    positions     [N] int64   absolute position of each token
+    cu_seqlens    [B+1] int32 token offsets of the rows
+    cached_lens   [B] int32   tokens already committed before this step (attention prefix length)
+    slots         [B] int64   recurrent slot of each row (negative: padding, reads zeros, writes nothing)
+    has_initial   [B] bool    False: the row starts from a zero recurrent state
+    page_table    [B, P] int32 the row's pages, -1 past the end
+    states        state-module name -> local role name -> role tensor [layers, slots, ...]
+    pages         page-role full name -> page tensor [layers, pages, ...]
+    speculative   generation rows run the replay verify ops (True) or the plain decode ops (False)
+    """
+
+    positions: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cached_lens: torch.Tensor
+    slots: torch.Tensor
+    has_initial: torch.Tensor
+    page_table: torch.Tensor
+    num_context_rows: int
+    num_context_tokens: int
+    generation_tokens: int
+    states: Mapping[str, Mapping[str, torch.Tensor]]
+    pages: Mapping[str, torch.Tensor]
+    speculative: bool
+
+    @property
+    def num_rows(self) -> int:
+        return self.slots.shape[0]
+
+    @property
+    def num_generation_rows(self) -> int:
+        return self.num_rows - self.num_context_rows
