@@ -1,0 +1,20 @@
+"""Gated DeltaNet (Qwen3-Next): chunked prefill, decode, replay verify and its bookkeeping.
+
+Layouts follow flash-linear-attention (q, k [B, T, H, K], v [B, T, HV, V], HV = H·r); pool roles follow
+docs/layouts.md. References with the same signatures live in `naive.py`.
+"""
+from .accept import gdn_accept
+from .block import l2norm
+from .chunk import chunk_gated_delta_rule, gdn_prefill
+from .decode import gdn_decode
+from .replay import gdn_replay_state, gdn_verify
+
+__all__ = [
+    "chunk_gated_delta_rule",
+    "gdn_accept",
+    "gdn_decode",
+    "gdn_prefill",
+    "gdn_replay_state",
+    "gdn_verify",
+    "l2norm",
+]

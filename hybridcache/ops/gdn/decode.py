@@ -1,0 +1,30 @@
+"""Decode: T tokens per row (plain decode T = 1, or a verify step without replay) updating the state."""
+import torch
+
+from .block import block, prepare_qk
+from .pool_io import live_rows, read_rows, write_rows
+
+
+def gdn_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> torch.Tensor:
+    """q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; ssm [S, HV, K, V] fp32; slots [B].
+
+    Runs the T tokens from ssm[slot] (zeros where has_initial is false), writes the state after the last
+    token back, returns o [B, T, HV, V] in v's dtype.
+    """
+    hv = v.shape[2]
+    qh, kh = prepare_qk(q, k, hv, scale, use_qk_l2norm_in_kernel)
+    h0 = read_rows(ssm, slots, has_initial)
+    o, h = block(h0, qh, kh, v.float().transpose(1, 2), g.float().transpose(1, 2), beta.float().transpose(1, 2))
+    write_rows(ssm, slots, h, live_rows(slots >= 0))
+    return o.transpose(1, 2).to(v.dtype)

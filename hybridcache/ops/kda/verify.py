@@ -1,0 +1,73 @@
+"""Speculative verify with pending-draft caches (docs/layouts.md, KDA) and the effective-state helper."""
+import torch
+
+from ..gdn.pool_io import read_rows
+from .block import block, prepare_qk
+from .pending import read_pending
+
+
+def kda_effective_state(
+    ssm: torch.Tensor,
+    pend_k: torch.Tensor,
+    pend_g: torch.Tensor,
+    pend_v: torch.Tensor,
+    pend_beta: torch.Tensor,
+    pend_n: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """ssm [S, H, K, V] plus the accepted pending drafts -> [B, H, K, V] fp32; nothing is written."""
+    h = read_rows(ssm, slots)
+    if pend_k.shape[1] == 0:
+        return h
+    p = read_pending(pend_k, pend_g, pend_v, pend_beta, pend_n, slots)
+    return block(h, torch.zeros_like(p.k), p.k, p.v, p.g, p.beta)[1]
+
+
+def kda_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm: torch.Tensor,
+    pend_k: torch.Tensor,
+    pend_g: torch.Tensor,
+    pend_v: torch.Tensor,
+    pend_beta: torch.Tensor,
+    pend_n: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> torch.Tensor:
+    """Verify T tokens per row (T - 1 <= draft capacity P).
+
+    q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; ssm [S, H, K, V] fp32; pend_k, pend_g [S, P, H, K]
+    (normalised keys; fp32 log-decay); pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only).
+    Replays pend_*[:pend_n] into the state, runs the T tokens, writes ssm = state after new token 0 and
+    pend_*[:T-1] = tokens 1..T-1. Returns o [B, T, H, V] in v's dtype.
+    """
+    P, T = pend_k.shape[1], q.shape[1]
+    assert T - 1 <= P, f"a verify step of {T} tokens needs pending caches for {T - 1} drafts, have {P}"
+    qn, kn = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)
+    vt, gt, bt = (x.float().transpose(1, 2) for x in (v, g, beta))
+    h = read_rows(ssm, slots)
+    p = read_pending(pend_k, pend_g, pend_v, pend_beta, pend_n, slots)
+    # one block: the P pending slots (identity past pend_n), then the T new tokens
+    o, h_new = block(
+        h,
+        torch.cat([torch.zeros_like(p.k), qn], dim=-2),
+        torch.cat([p.k, kn], dim=-2),
+        torch.cat([p.v, vt], dim=-2),
+        torch.cat([p.g, gt], dim=-2),
+        torch.cat([p.beta, bt], dim=-1),
+        at=P,
+    )
+    rows = (slots >= 0).nonzero().squeeze(1)  # the one host sync: which rows write
+    s = slots[rows]
+    ssm.index_copy_(0, s, h_new.index_select(0, rows).to(ssm.dtype))
+    new = slice(1, T)
+    pend_k[s, : T - 1] = kn[rows, :, new].transpose(1, 2).to(pend_k.dtype)
+    pend_g[s, : T - 1] = gt[rows, :, new].transpose(1, 2).to(pend_g.dtype)
+    pend_v[s, : T - 1] = vt[rows, :, new].transpose(1, 2).to(pend_v.dtype)
+    pend_beta[s, : T - 1] = bt[rows, :, new].transpose(1, 2).to(pend_beta.dtype)
+    return o[..., P:, :].transpose(1, 2).to(v.dtype)
