@@ -1,0 +1,94 @@
+"""Vectorized causal depthwise conv1d over slot windows (CPU and CUDA, no per-row Python loops).
+
+Same contracts as `naive.py`. Prefill gathers, for each token, its K inputs from one table that
+stacks the flat tokens, every row's initial window and a zero row; the update unfolds
+cat(window, x) per row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hybridcache.ops.conv1d.slot_io import put_rows, take_rows
+
+
+def _activate(out: Tensor, activation: str | None) -> Tensor:
+    if activation is None:
+        return out
+    if activation == "silu":
+        return F.silu(out)
+    raise ValueError(f"unknown activation {activation!r}")
+
+
+def causal_conv1d_prefill(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    conv: Tensor,
+    slots: Tensor,
+    has_initial: Tensor,
+    cu_seqlens: Tensor,
+    activation: str | None = None,
+) -> Tensor:
+    """See `causal_conv1d_prefill_ref`. x: [N, C]; conv: [S, C, W + k]. Returns [N, C]."""
+    num_tokens, channels = x.shape
+    width = weight.shape[1]
+    w = width - 1
+    batch = slots.shape[0]
+    device = x.device
+    cu = cu_seqlens.to(device=device, dtype=torch.long)
+    lens = cu[1:] - cu[:-1]
+    valid = slots >= 0
+    windows = take_rows(conv[:, :, :w], slots, valid & has_initial.to(device))  # [B, C, W]
+    # table rows: [0, N) tokens, [N, N + B*W) windows (row b, age j at N + b*W + j), N + B*W zero row
+    table = torch.cat(
+        [x.float(), windows.float().transpose(1, 2).reshape(batch * w, channels), x.new_zeros(1, channels).float()]
+    )
+    rows = torch.repeat_interleave(torch.arange(batch, device=device), lens, output_size=num_tokens)
+    local = torch.arange(num_tokens, device=device) - cu[rows]  # position of each token in its row
+
+    def source(row: Tensor, pos: Tensor) -> Tensor:
+        """Table index of input `pos` of `row` (pos in [-W, len)); pos < -W cannot occur."""
+        in_x = pos >= 0
+        return torch.where(in_x, cu[row] + pos.clamp_min(0), num_tokens + row * w + (pos + w).clamp_min(0))
+
+    taps = torch.arange(-w, 1, device=device)  # [K]: oldest tap first
+    idx = source(rows[:, None], local[:, None] + taps)  # [N, K]
+    out = (table[idx] * weight.float().T).sum(1)  # [N, K, C] -> [N, C]
+    if bias is not None:
+        out = out + bias.float()
+    y = _activate(out, activation).to(x.dtype)
+    if w > 0:
+        ages = torch.arange(w, device=device)
+        pos = lens[:, None] - w + ages  # [B, W]: the last W inputs of each row
+        last = table[source(torch.arange(batch, device=device)[:, None], pos)]  # [B, W, C]
+        put_rows(conv[:, :, :w], (slots,), last.transpose(1, 2), valid)
+    return y
+
+
+def causal_conv1d_update(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    conv: Tensor,
+    slots: Tensor,
+    activation: str | None = None,
+) -> Tensor:
+    """See `causal_conv1d_update_ref`. x: [B, T, C]; conv: [S, C, W + k]. Returns [B, T, C]."""
+    width = weight.shape[1]
+    w = width - 1
+    steps = x.shape[1]
+    if w + steps - 1 > conv.shape[-1]:
+        raise ValueError(f"T={steps} needs a conv role of width >= {w + steps - 1}, got {conv.shape[-1]}")
+    valid = slots >= 0
+    window = take_rows(conv[:, :, :w], slots, valid)  # [B, C, W]
+    seq = torch.cat([window.float(), x.float().transpose(1, 2)], dim=2)  # [B, C, W + T]
+    out = (seq.unfold(2, width, 1) * weight.float()[:, None, :]).sum(-1)  # [B, C, T]
+    if bias is not None:
+        out = out + bias.float()[:, None]
+    y = _activate(out, activation).transpose(1, 2).to(x.dtype)
+    if w + steps - 1 > 0:
+        put_rows(conv[:, :, : w + steps - 1], (slots,), seq[:, :, 1:], valid)
+    return y

@@ -1,0 +1,40 @@
+"""Vectorized single-token Mamba2 step (selective state update) through slots."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hybridcache.ops.conv1d.slot_io import put_rows, take_rows
+from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_state, process_dt
+
+
+def mamba2_decode(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    ssm: Tensor,
+    slots: Tensor,
+    D: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    dt_limit: DtLimit = NO_LIMIT,
+) -> Tensor:
+    """See `mamba2_decode_ref`. x: [B, H, P]; dt: [B, H]; B, C: [B, G, N]; ssm: [S, H, P, N] fp32,
+    updated in place (padding rows write nothing). Returns y: [B, H, P] in x's dtype."""
+    batch, heads, head_dim = x.shape
+    groups, dstate = B.shape[1:]
+    reps = heads // groups
+    check_state(ssm, heads, head_dim, dstate)
+    valid = slots >= 0
+    dtp = process_dt(dt, dt_bias, dt_limit)  # [B, H]
+    h = take_rows(ssm, slots, valid).view(batch, groups, reps, head_dim, dstate)
+    h.mul_(torch.exp(dtp * A.float()).view(batch, groups, reps, 1, 1))
+    xdt = (x.float() * dtp[..., None]).view(batch, groups, reps, head_dim, 1)
+    h.addcmul_(xdt, B.float().view(batch, groups, 1, 1, dstate))
+    y = torch.einsum("bgrpn,bgn->bgrp", h, C.float()).reshape(batch, heads, head_dim)
+    if D is not None:
+        y = y + D.float()[:, None] * x.float()
+    put_rows(ssm, (slots,), h.view(batch, heads, head_dim, dstate), valid)
+    return y.to(x.dtype)
