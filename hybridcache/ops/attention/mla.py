@@ -1,0 +1,126 @@
+"""Multi-head latent attention (Kimi Linear's MLA) over paged latents, vectorized torch.
+
+Pages: ``latent_pages [P, page_size, R + Dr]``: per token the compressed latent ``c`` (after
+kv_a_layernorm) and then the rope key shared by all heads (Kimi Linear applies no rotation to it; a
+model that does rotates it before the write). ``kv_b_proj`` maps ``c`` to per-head ``k_nope`` and ``v``;
+its weight arrives split as ``w_k [H, Dn, R]`` and ``w_v [H, Dv, R]``.
+
+Two equal forms:
+- absorbed (decode, verify): ``q_lat = w_k[h]^T q_nope`` turns every head into a query over the
+  latent itself: one shared key ``cat(c, k_rope)`` of width R + Dr and one shared value ``c``, so the
+  pages are read once for all heads; the output ``w_v[h] @ o_lat`` is projected afterwards.
+- expanded (prefill): the row's latents are projected to per-head keys and values, cheaper when many
+  queries share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from hybridcache.ops.attention._batched import (
+    BATCH_MAX_NEW,
+    RowGroup,
+    gather_pages,
+    group_rows,
+    masked_attention,
+    pad_queries,
+    query_positions,
+)
+from hybridcache.ops.attention._layout import check_rows, copy_into_slots, new_token_positions, token_slots
+
+
+def write_latent(
+    latent_pages: Tensor,
+    latent: Tensor,
+    k_rope: Tensor,
+    page_table: Tensor,
+    cached_lens: Tensor,
+    cu_seqlens: Tensor,
+) -> None:
+    """Write the new tokens' latent and rope key into their pages, in place.
+
+    latent_pages: [P, page_size, R + Dr]; latent: [N, R]; k_rope: [N, Dr]; page_table: [B, max_pages]
+    int32; cached_lens: [B]; cu_seqlens: [B + 1]. Raises PageTableError if a token has no page.
+    """
+    rank = latent.shape[-1]
+    if latent_pages.ndim != 3 or latent_pages.shape[2] != rank + k_rope.shape[-1] or latent.shape[0] != k_rope.shape[0]:
+        raise ValueError(
+            f"latent pages {tuple(latent_pages.shape)} must be [P, page_size, R + Dr] for latent "
+            f"{tuple(latent.shape)} and k_rope {tuple(k_rope.shape)}"
+        )
+    check_rows(page_table, cached_lens, cu_seqlens, latent.shape[0])
+    rows, pos = new_token_positions(cached_lens, cu_seqlens, latent.shape[0])
+    pages, offsets = token_slots(page_table, rows, pos, latent_pages.shape[1])
+    entries = torch.cat([latent, k_rope], dim=-1)
+    copy_into_slots(latent_pages, pages * latent_pages.shape[1] + offsets, entries)
+
+
+def _absorbed(q_nope: Tensor, q_rope: Tensor, cached: Tensor, w_k: Tensor, w_v: Tensor, q_pos: Tensor, scale: float) -> Tensor:
+    """q_nope [Bs,T,H,Dn], q_rope [Bs,T,H,Dr], cached [Bs,L,R+Dr] -> [Bs,T,H,Dv]."""
+    rank = w_k.shape[-1]
+    q_lat = torch.einsum("bthd,hdr->bthr", q_nope.float(), w_k.float()).to(cached.dtype)
+    query = torch.cat([q_lat, q_rope.to(cached.dtype)], dim=-1)
+    keys = cached[:, :, None, :]  # one kv head shared by all H query heads
+    # Values are the latent c = keys[..., :R]; passing all of keys and dropping the rope columns of the
+    # output keeps SDPA on its fused CPU kernel (it falls back to a slow path when Dv != Dk).
+    o_lat = masked_attention(query, keys, keys, q_pos, scale)[..., :rank]
+    return torch.einsum("bthr,hvr->bthv", o_lat.float(), w_v.float())
+
+
+def _expanded(q_nope: Tensor, q_rope: Tensor, cached: Tensor, w_k: Tensor, w_v: Tensor, q_pos: Tensor, scale: float) -> Tensor:
+    """Same contract as _absorbed, with keys and values projected per head."""
+    rank, heads = w_k.shape[-1], w_k.shape[0]
+    c, rope_keys = cached[..., :rank], cached[..., rank:]
+    k_nope = torch.einsum("blr,hdr->blhd", c, w_k.to(c.dtype))
+    keys = torch.cat([k_nope, rope_keys[:, :, None, :].expand(-1, -1, heads, -1)], dim=-1)
+    values = torch.einsum("blr,hvr->blhv", c, w_v.to(c.dtype))
+    query = torch.cat([q_nope, q_rope], dim=-1).to(cached.dtype)
+    return masked_attention(query, keys, values, q_pos, scale)
+
+
+def mla_paged_attention(
+    q_nope: Tensor,
+    q_rope: Tensor,
+    latent: Tensor,
+    k_rope: Tensor,
+    latent_pages: Tensor,
+    page_table: Tensor,
+    cached_lens: Tensor,
+    cu_seqlens: Tensor,
+    w_k: Tensor,
+    w_v: Tensor,
+    scale: float | None = None,
+    absorb: bool | None = None,
+) -> Tensor:
+    """Write the new latents into the pages, then MLA of each new token over its row.
+
+    q_nope: [N, H, Dn]; q_rope: [N, H, Dr]; latent: [N, R]; k_rope: [N, Dr];
+    latent_pages: [P, page_size, R + Dr]; w_k: [H, Dn, R]; w_v: [H, Dv, R]
+    (``kv_b_proj.weight.view(H, Dn + Dv, R).split([Dn, Dv], dim=1)``). scale defaults to
+    (Dn + Dr) ** -0.5. absorb: True / False forces a form; None picks absorbed for groups of short
+    rows (decode, verify) and expanded for prefill rows. Returns [N, H, Dv] in q_nope's dtype.
+    """
+    write_latent(latent_pages, latent, k_rope, page_table, cached_lens, cu_seqlens)
+    heads, dv = w_v.shape[0], w_v.shape[1]
+    if q_nope.shape[1] != heads or w_k.shape[0] != heads or w_k.shape[-1] != latent.shape[-1]:
+        raise ValueError(f"q_nope {tuple(q_nope.shape)}, w_k {tuple(w_k.shape)}, w_v {tuple(w_v.shape)} disagree")
+    scale = (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5 if scale is None else scale
+    queries = torch.cat([q_nope, q_rope], dim=-1)
+    dn = q_nope.shape[-1]
+    out = q_nope.new_zeros(q_nope.shape[0] + 1, heads, dv)  # row N catches the padding
+    for group in group_rows(cached_lens, cu_seqlens):
+        form = _pick_form(group, absorb)
+        cached = gather_pages(latent_pages, page_table, group, slot=0)
+        q_pad, dest = pad_queries(queries, group)
+        o = form(q_pad[..., :dn], q_pad[..., dn:], cached, w_k, w_v, query_positions(group), scale)
+        out[dest.flatten()] = o.flatten(0, 1).to(out.dtype)
+    return out[:-1]
+
+
+def _pick_form(group: RowGroup, absorb: bool | None) -> Callable[..., Tensor]:
+    if absorb is None:
+        absorb = group.max_new <= BATCH_MAX_NEW
+    return _absorbed if absorb else _expanded

@@ -1,0 +1,158 @@
+"""Readable references for paged softmax attention (GQA) and MLA: one row at a time, plain softmax in fp32.
+
+Same signatures as the fast functions in ``paged.py`` and ``mla.py``. Pages follow docs/layouts.md:
+``kv [P, 2, page_size, Hkv, D]`` (0 = key, 1 = value) and MLA ``latent [P, page_size, R + Dr]``.
+A step's new tokens are flat ``[N, ...]``; row ``b`` owns ``[cu_seqlens[b], cu_seqlens[b + 1])`` and its
+tokens take the positions ``cached_lens[b] + i``. Each new token attends to every earlier position of
+its row and to itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hybridcache.ops.attention._layout import PageTableError, check_rows
+
+
+def _slot(page_table: Tensor, row: int, pos: int, page_size: int) -> tuple[int, int]:
+    col = pos // page_size
+    page = int(page_table[row, col]) if col < page_table.shape[1] else -1
+    if page < 0:
+        raise PageTableError(f"row {row} has no page for position {pos}")
+    return page, pos % page_size
+
+
+def _row_slots(page_table: Tensor, row: int, length: int, page_size: int) -> tuple[Tensor, Tensor]:
+    """Pages and offsets [length] of positions 0..length-1 of a row."""
+    pos = torch.arange(length, device=page_table.device)
+    if length and (length - 1) // page_size >= page_table.shape[1]:
+        raise PageTableError(f"row {row} has no page for position {length - 1}")
+    pages = page_table[row, pos // page_size].long()
+    if bool((pages < 0).any()):
+        raise PageTableError(f"row {row} has no page for position {int(pos[pages < 0][0])}")
+    return pages, pos % page_size
+
+
+def _row_spans(cached_lens: Tensor, cu_seqlens: Tensor) -> list[tuple[int, int, int]]:
+    """(first new token, number of new tokens, cached length) of each row."""
+    cu = cu_seqlens.tolist()
+    return [(cu[b], cu[b + 1] - cu[b], int(cached_lens[b])) for b in range(len(cu) - 1)]
+
+
+def _causal_softmax(scores: Tensor, cached: int) -> Tensor:
+    """scores [H, T, n] of T new tokens over n = cached + T positions -> probabilities."""
+    t, n = scores.shape[-2:]
+    query_pos = cached + torch.arange(t, device=scores.device)
+    future = torch.arange(n, device=scores.device)[None, :] > query_pos[:, None]
+    return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+
+
+def write_kv(kv: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cached_lens: Tensor, cu_seqlens: Tensor) -> None:
+    """Write the new tokens' keys and values into their pages, in place.
+
+    kv: [P, 2, page_size, Hkv, D]; k, v: [N, Hkv, D]; page_table: [B, max_pages] int32;
+    cached_lens: [B]; cu_seqlens: [B + 1].
+    """
+    check_rows(page_table, cached_lens, cu_seqlens, k.shape[0])
+    page_size = kv.shape[2]
+    for row, (start, count, cached) in enumerate(_row_spans(cached_lens, cu_seqlens)):
+        for i in range(count):
+            page, offset = _slot(page_table, row, cached + i, page_size)
+            kv[page, 0, offset] = k[start + i]
+            kv[page, 1, offset] = v[start + i]
+
+
+def paged_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv: Tensor,
+    page_table: Tensor,
+    cached_lens: Tensor,
+    cu_seqlens: Tensor,
+    scale: float | None = None,
+) -> Tensor:
+    """Write k/v into the pages, then attend each new token over its row's prefix and new tokens.
+
+    q: [N, Hq, D]; k, v: [N, Hkv, D] with Hq a multiple of Hkv (query head h reads kv head
+    h // (Hq // Hkv)); kv: [P, 2, page_size, Hkv, D]. scale defaults to D ** -0.5.
+    Returns [N, Hq, D] in q's dtype.
+    """
+    write_kv(kv, k, v, page_table, cached_lens, cu_seqlens)
+    page_size, num_kv_heads = kv.shape[2], kv.shape[3]
+    group = q.shape[1] // num_kv_heads
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out = torch.zeros(q.shape[0], q.shape[1], kv.shape[-1], dtype=q.dtype, device=q.device)
+    for row, (start, count, cached) in enumerate(_row_spans(cached_lens, cu_seqlens)):
+        if count == 0:
+            continue
+        pages, offsets = _row_slots(page_table, row, cached + count, page_size)
+        keys = kv[pages, 0, offsets].float().repeat_interleave(group, dim=1)  # [n, Hq, D]
+        values = kv[pages, 1, offsets].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,nhd->htn", q[start : start + count].float(), keys) * scale
+        probs = _causal_softmax(scores, cached)
+        out[start : start + count] = torch.einsum("htn,nhd->thd", probs, values).to(q.dtype)
+    return out
+
+
+def write_latent(
+    latent_pages: Tensor,
+    latent: Tensor,
+    k_rope: Tensor,
+    page_table: Tensor,
+    cached_lens: Tensor,
+    cu_seqlens: Tensor,
+) -> None:
+    """Write the new tokens' compressed latent and rope key into their pages, in place.
+
+    latent_pages: [P, page_size, R + Dr]; latent: [N, R] (after kv_a_layernorm); k_rope: [N, Dr].
+    """
+    check_rows(page_table, cached_lens, cu_seqlens, latent.shape[0])
+    page_size, rank = latent_pages.shape[1], latent.shape[1]
+    for row, (start, count, cached) in enumerate(_row_spans(cached_lens, cu_seqlens)):
+        for i in range(count):
+            page, offset = _slot(page_table, row, cached + i, page_size)
+            latent_pages[page, offset, :rank] = latent[start + i]
+            latent_pages[page, offset, rank:] = k_rope[start + i]
+
+
+def mla_paged_attention(
+    q_nope: Tensor,
+    q_rope: Tensor,
+    latent: Tensor,
+    k_rope: Tensor,
+    latent_pages: Tensor,
+    page_table: Tensor,
+    cached_lens: Tensor,
+    cu_seqlens: Tensor,
+    w_k: Tensor,
+    w_v: Tensor,
+    scale: float | None = None,
+) -> Tensor:
+    """MLA over paged latents, computed by expanding every cached latent into per-head keys and values.
+
+    q_nope: [N, H, Dn]; q_rope: [N, H, Dr]; latent: [N, R]; k_rope: [N, Dr] (one rope key shared by
+    all heads); latent_pages: [P, page_size, R + Dr]; w_k: [H, Dn, R] and w_v: [H, Dv, R], the two parts
+    of kv_b_proj's weight (``weight.view(H, Dn + Dv, R).split([Dn, Dv], dim=1)``).
+    Key of head h at position s: ``cat(w_k[h] @ c_s, k_rope_s)``; value: ``w_v[h] @ c_s``.
+    scale defaults to (Dn + Dr) ** -0.5. Returns [N, H, Dv] in q_nope's dtype.
+    """
+    write_latent(latent_pages, latent, k_rope, page_table, cached_lens, cu_seqlens)
+    page_size, rank = latent_pages.shape[1], latent.shape[1]
+    scale = (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5 if scale is None else scale
+    out = torch.zeros(*q_nope.shape[:2], w_v.shape[1], dtype=q_nope.dtype, device=q_nope.device)
+    for row, (start, count, cached) in enumerate(_row_spans(cached_lens, cu_seqlens)):
+        if count == 0:
+            continue
+        pages, offsets = _row_slots(page_table, row, cached + count, page_size)
+        cached_latent = latent_pages[pages, offsets].float()  # [n, R + Dr]
+        c, rope_keys = cached_latent[:, :rank], cached_latent[:, rank:]
+        keys = torch.einsum("nr,hdr->hnd", c, w_k.float())  # [H, n, Dn]
+        values = torch.einsum("nr,hdr->hnd", c, w_v.float())  # [H, n, Dv]
+        rows = slice(start, start + count)
+        scores = torch.einsum("thd,hnd->htn", q_nope[rows].float(), keys)
+        scores = scores + torch.einsum("thd,nd->htn", q_rope[rows].float(), rope_keys)
+        probs = _causal_softmax(scores * scale, cached)
+        out[rows] = torch.einsum("htn,hnd->thd", probs, values).to(q_nope.dtype)
+    return out

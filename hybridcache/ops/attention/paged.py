@@ -1,0 +1,85 @@
+"""Paged softmax attention with GQA, vectorized torch (CPU and CUDA).
+
+Pages: ``kv [P, 2, page_size, Hkv, D]`` (0 = key, 1 = value), one layer's slice of the pool role.
+New tokens are flat: ``q [N, Hq, D]``, ``k, v [N, Hkv, D]``; row ``b`` owns
+``[cu_seqlens[b], cu_seqlens[b + 1])`` at positions ``cached_lens[b] + i``. Prefill over a cached
+prefix, decode (one token) and verify (T tokens, causal among them) are the same call.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from hybridcache.ops.attention._batched import gather_pages, group_rows, masked_attention, pad_queries, query_positions
+from hybridcache.ops.attention._layout import check_rows, copy_into_slots, new_token_positions, token_slots
+
+
+def _check_kv(kv: Tensor, k: Tensor, v: Tensor) -> None:
+    if kv.ndim != 5 or kv.shape[1] != 2:
+        raise ValueError(f"kv pages must be [P, 2, page_size, Hkv, D], got shape {tuple(kv.shape)}")
+    if k.shape != v.shape or tuple(k.shape[1:]) != tuple(kv.shape[3:]):
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [N, {kv.shape[3]}, {kv.shape[4]}]")
+
+
+def write_kv(kv: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cached_lens: Tensor, cu_seqlens: Tensor) -> None:
+    """Write the new tokens' keys and values into their pages, in place.
+
+    kv: [P, 2, page_size, Hkv, D]; k, v: [N, Hkv, D]; page_table: [B, max_pages] int32 (-1 past the
+    end); cached_lens: [B]; cu_seqlens: [B + 1]. Raises PageTableError if a token has no page.
+    """
+    _check_kv(kv, k, v)
+    check_rows(page_table, cached_lens, cu_seqlens, k.shape[0])
+    rows, pos = new_token_positions(cached_lens, cu_seqlens, k.shape[0])
+    pages, offsets = token_slots(page_table, rows, pos, kv.shape[2])
+    page_size = kv.shape[2]
+    key_slots = pages * (2 * page_size) + offsets  # flat over [P, 2, page_size]; values one page_size later
+    copy_into_slots(kv, key_slots, k)
+    copy_into_slots(kv, key_slots + page_size, v)
+
+
+def attend_kv_pages(
+    q: Tensor,
+    kv: Tensor,
+    page_table: Tensor,
+    cached_lens: Tensor,
+    cu_seqlens: Tensor,
+    scale: float | None = None,
+) -> Tensor:
+    """Attention of the new tokens over pages that already hold them (read only).
+
+    q: [N, Hq, D]; kv: [P, 2, page_size, Hkv, D]; each row's pages must hold positions
+    [0, cached_lens[b] + new tokens). Returns [N, Hq, D] in q's dtype.
+    """
+    num_kv_heads = kv.shape[3]
+    if q.ndim != 3 or q.shape[1] % num_kv_heads or q.shape[2] != kv.shape[4]:
+        raise ValueError(f"q {tuple(q.shape)} must be [N, a multiple of {num_kv_heads}, {kv.shape[4]}]")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out = q.new_zeros(q.shape[0] + 1, *q.shape[1:])  # row N catches the padding
+    for group in group_rows(cached_lens, cu_seqlens):
+        keys = gather_pages(kv[:, 0], page_table, group, slot=0)
+        values = gather_pages(kv[:, 1], page_table, group, slot=1)
+        q_pad, dest = pad_queries(q.to(kv.dtype), group)
+        o = masked_attention(q_pad, keys, values, query_positions(group), scale)
+        out[dest.flatten()] = o.flatten(0, 1).to(q.dtype)
+    return out[:-1]
+
+
+def paged_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv: Tensor,
+    page_table: Tensor,
+    cached_lens: Tensor,
+    cu_seqlens: Tensor,
+    scale: float | None = None,
+) -> Tensor:
+    """Write k/v into the pages, then attend each new token over its row's prefix and new tokens.
+
+    q: [N, Hq, D]; k, v: [N, Hkv, D] with Hq a multiple of Hkv (query head h reads kv head
+    h // (Hq // Hkv)); kv: [P, 2, page_size, Hkv, D]. scale defaults to D ** -0.5.
+    Returns [N, Hq, D] in q's dtype. Rows with no new tokens read and write nothing.
+    """
+    write_kv(kv, k, v, page_table, cached_lens, cu_seqlens)
+    return attend_kv_pages(q, kv, page_table, cached_lens, cu_seqlens, scale)
+
