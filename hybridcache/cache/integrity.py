@@ -42,7 +42,7 @@ def check_integrity(mgr: "HybridCacheManager") -> None:
         if e.status == Status.SUSPENDED:
             if holds_device or e.host_slot < 0:
                 raise IntegrityError(f"suspended request {e.req_id!r} holds device state or no host slot")
-            if mgr.page_roles and len(e.host_pages) != pages_for(e.num_tokens, mgr.page_size):
+            if len(e.host_pages) != (pages_for(e.num_tokens, mgr.page_size) if mgr.page_roles else 0):
                 raise IntegrityError(f"suspended request {e.req_id!r}: {len(e.host_pages)} host pages")
         if e.status == Status.DUMMY:
             if not 0 <= e.slot < mgr.slot_pool.permanent or e.pages or holds_host:

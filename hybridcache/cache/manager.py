@@ -63,7 +63,7 @@ class HybridCacheManager:
         else:
             num_slots = config.num_slots
         num_pages = self.sizing.split(config.device_bytes, num_slots + dummies) if num_slots >= 1 else 0
-        if num_slots < 1 or (self.page_roles and num_pages < 1):
+        if num_slots < 1 or (self.page_roles and num_pages < 1):  # no page roles: no pages needed
             raise BudgetTooSmallError(
                 f"device budget {config.device_bytes} B cannot hold one request: a slot costs "
                 f"{self.sizing.bytes_per_slot} B (plus {dummies} dummy slots), a page {self.sizing.bytes_per_page} B"
@@ -131,7 +131,7 @@ class HybridCacheManager:
 
     def pages_needed(self, req_id: Hashable, num_new: int) -> int:
         e = self.entry(req_id)
-        if e.status == Status.DUMMY:
+        if e.status == Status.DUMMY or not self.page_roles:
             return 0
         return max(0, pages_for(e.num_tokens + num_new, self.page_size) - len(e.pages))
 
@@ -148,7 +148,7 @@ class HybridCacheManager:
 
     def can_suspend(self, req_ids: Sequence[Hashable]) -> bool:
         entries = [self.entry(r) for r in req_ids]
-        pages = sum(pages_for(e.num_tokens, self.page_size) for e in entries)
+        pages = sum(self._live_pages(e) for e in entries)
         return len(entries) <= self.host_tier.slot_pool.num_free and pages <= self.host_tier.page_pool.num_free
 
     def device_bytes_needed(self, num_tokens: int) -> int:
@@ -202,6 +202,8 @@ class HybridCacheManager:
         cached = self._tokens.counts[batch.handles]
         grow = -(-(cached + n) // self.page_size) - batch.npages
         grow[batch.dummy] = 0
+        if not self.page_roles:  # a model without attention layers holds no pages
+            grow[:] = 0
         grow_rows = np.flatnonzero(grow > 0).tolist()
         fresh_rows = [i for i, e in enumerate(batch.entries) if e.status == Status.WAITING]
         need_pages = int(grow[grow_rows].sum()) if grow_rows else 0
@@ -286,7 +288,7 @@ class HybridCacheManager:
                 raise InvalidTransitionError(f"request {e.req_id!r} is a dummy; dummies are never suspended")
             if e.status != Status.GENERATION:
                 raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}; only GENERATION can suspend")
-        live = [e.pages[: pages_for(e.num_tokens, self.page_size)] for e in entries]
+        live = [e.pages[: self._live_pages(e)] for e in entries]
         host = self.host_tier
         if len(entries) > host.slot_pool.num_free or sum(map(len, live)) > host.page_pool.num_free:
             raise HostTierFullError(
@@ -379,7 +381,7 @@ class HybridCacheManager:
             raise BudgetTooSmallError(f"num_slots must be >= 1, got {num_slots}")
         num_pages = self.sizing.split(self.config.device_bytes, num_slots + dummies)
         live = [e for e in self._entries.values() if e.on_device]
-        live_pages = [e.pages[: pages_for(e.num_tokens, self.page_size)] for e in live]
+        live_pages = [e.pages[: self._live_pages(e)] for e in live]
         if len(live) > num_slots or sum(map(len, live_pages)) > num_pages:
             raise OutOfDeviceMemoryError(
                 f"{len(live)} live requests with {sum(map(len, live_pages))} pages do not fit "
@@ -416,7 +418,7 @@ class HybridCacheManager:
         `[layers, live_pages, *shape]`; read from whichever tier holds it (for tests and debugging)."""
         self.copies.synchronize()
         e = self.entry(req_id)
-        npages = pages_for(e.num_tokens, self.page_size)
+        npages = self._live_pages(e)
         out: dict[str, torch.Tensor] = {}
         if e.on_device or e.status == Status.DUMMY:
             idx = torch.tensor([e.slot], dtype=torch.long, device=self.device)
@@ -453,6 +455,10 @@ class HybridCacheManager:
         if len(set(req_ids)) != len(req_ids):
             raise ValueError("a request is listed twice")
         return [self.entry(r) for r in req_ids]
+
+    def _live_pages(self, e: Entry) -> int:
+        """Pages holding the request's committed tokens (none when the model has no page roles)."""
+        return pages_for(e.num_tokens, self.page_size) if self.page_roles else 0
 
     def _release(self, e: Entry) -> None:
         if e.slot >= 0:

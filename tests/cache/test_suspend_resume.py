@@ -121,3 +121,24 @@ def test_many_requests_suspended_together_land_in_shuffled_slots(kind, device):
     mgr.check_integrity()
     for r in ids:
         assert_same_state(before[r], mgr.live_state(r))
+
+
+def test_a_model_without_attention_holds_no_pages(device):
+    from hybridcache.cache import CacheConfig, HybridCacheManager
+
+    from .factory import make_state
+
+    state = make_state("mamba2")
+    mgr = HybridCacheManager([state], None, CacheConfig(device_bytes=1 << 16, host_bytes=1 << 16, num_slots=2, device=device))
+    gen = torch.Generator().manual_seed(7)
+    run_to_generation(mgr, "a", 50)
+    fill_random(mgr, "a", gen)
+    step = mgr.prepare_step(["a"], 4)
+    assert step.page_table.shape[0] == 1 and (step.page_table == -1).all()
+    mgr.accept([4])
+    before = mgr.live_state("a")
+    mgr.suspend(["a"])
+    mgr.resume(["a"])
+    mgr.check_integrity()
+    assert mgr.num_pages == 0 and mgr.entry("a").pages == []
+    assert_same_state(before, mgr.live_state("a"))
