@@ -182,7 +182,7 @@ class LLM:
                 f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) = {total} exceeds max_model_len {self.max_model_len}"
             )
         need_pages = -(-(total + self.generation_tokens) // self.manager.page_size)
-        if need_pages > self.manager.num_pages:
+        if self.manager.page_roles and need_pages > self.manager.num_pages:
             raise RequestTooLargeError(
                 f"a request of {total} tokens needs {self.device_bytes_needed(total + self.generation_tokens)} device "
                 f"bytes ({need_pages} pages); the device cache holds {self.manager.num_pages} pages"
