@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from hybridcache.cache import CacheConfig, HybridCacheManager
+from hybridcache.cache import CacheConfig, HybridCacheManager, sizing_of
 from hybridcache.states import KVPages, Mamba2State
 
 PAGE, PROMPT = 16, 512
@@ -22,8 +22,7 @@ PAGE, PROMPT = 16, 512
 def build_manager(batch: int, steps: int) -> HybridCacheManager:
     state = Mamba2State(4, num_heads=8, head_dim=8, n_groups=1, state_size=16, conv_kernel=4, dtype=torch.bfloat16)
     pages = KVPages(2, num_kv_heads=2, head_dim=16, page_size=PAGE, dtype=torch.bfloat16)
-    probe = HybridCacheManager([state], pages, CacheConfig(device_bytes=1 << 22, num_slots=1, page_size=PAGE))
-    need = probe.sizing.bytes_for(batch + 1, batch * (-(-(PROMPT + steps) // PAGE) + 1))
+    need = sizing_of([state], pages).bytes_for(batch + 1, batch * (-(-(PROMPT + steps) // PAGE) + 1))
     return HybridCacheManager([state], pages, CacheConfig(device_bytes=need, num_slots=batch, page_size=PAGE))
 
 

@@ -33,17 +33,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from . import LLM, SamplingParams, SpeculativeConfig
+    from .cache import sizing_of
+    from .models.checkpoint import read_config
+    from .models.loader import load_model
     from .workload import make_prompts
 
     torch.manual_seed(0)
     model_dir = Path(args.model) if args.model else ensure_default_model(default_model_dir())
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     spec = SpeculativeConfig(method="ngram", num_draft_tokens=args.num_draft_tokens)
-    probe = LLM(model_dir, device=args.device, max_num_seqs=1, speculative=spec, device_cache_bytes=1 << 30)
-    prompts = make_prompts(args.num_requests, probe.vocab_size, seed=args.seed)
+    config = read_config(model_dir)
+    prompts = make_prompts(args.num_requests, int(config["vocab_size"]), seed=args.seed)
     longest = max(map(len, prompts)) + args.max_tokens + args.num_draft_tokens + 1
-    per_request = probe.device_bytes_needed(longest)
-    del probe
+    model = load_model(model_dir)
+    per_request = sizing_of(model.state_modules(args.num_draft_tokens), model.page_roles(16)).request_bytes(longest, 16)
+    del model
     # room for about a third of the batch at full length: growth forces suspensions
     device_bytes = int(per_request * max(2, args.max_num_seqs // 3))
     host_bytes = int(per_request * args.host_requests)

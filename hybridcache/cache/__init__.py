@@ -13,7 +13,7 @@ from .errors import (
     OutOfDeviceMemoryError,
     UnknownRequestError,
 )
-from .manager import HybridCacheManager
+from .manager import HybridCacheManager, plan_roles, sizing_of
 from .protocol import PageRoles, StateModule
 from .roles import RoleSpec
 from .sizing import Sizing, aux_bytes_per_slot, register_aux_bytes, unregister_aux_bytes
@@ -23,5 +23,5 @@ __all__ = [
     "BudgetTooSmallError", "CacheConfig", "CacheError", "DoubleFreeError", "DuplicateRequestError",
     "HostTierFullError", "HybridCacheManager", "IntegrityError", "InvalidTransitionError", "LayoutError",
     "OutOfDeviceMemoryError", "PageRoles", "RoleSpec", "Sizing", "StateModule", "Status", "StepIndices",
-    "UnknownRequestError", "aux_bytes_per_slot", "register_aux_bytes", "unregister_aux_bytes",
+    "UnknownRequestError", "aux_bytes_per_slot", "plan_roles", "sizing_of", "register_aux_bytes", "unregister_aux_bytes",
 ]

@@ -36,6 +36,20 @@ def _prefixed(module_name: str, role: RoleSpec) -> RoleSpec:
     return dataclasses.replace(role, name=f"{module_name}.{role.name}", buffered_by=buffered)
 
 
+def plan_roles(states: Sequence[StateModule], pages: PageRoles | None) -> tuple[list[RoleSpec], list[RoleSpec]]:
+    """The slot roles and page roles of a model, with names prefixed by their module (`"mamba2.ssm"`)."""
+    slot_roles = [_prefixed(m.name, r) for m in states for r in m.roles()]
+    page_roles = [_prefixed(pages.name, r) for r in pages.roles()] if pages else []
+    validate_roles(slot_roles + page_roles)
+    return slot_roles, page_roles
+
+
+def sizing_of(states: Sequence[StateModule], pages: PageRoles | None) -> Sizing:
+    """What a slot and a page of this model cost, without allocating anything."""
+    slot_roles, page_roles = plan_roles(states, pages)
+    return Sizing(tuple(slot_roles), tuple(page_roles))
+
+
 class HybridCacheManager:
     """Owns every byte of every request's cache state: K/V pages and recurrent slots, in two tiers."""
 
@@ -49,11 +63,9 @@ class HybridCacheManager:
         self.page_size = config.page_size
         self.device = torch.device(config.device)
         self.states = list(states)
-        self.slot_roles = [_prefixed(m.name, r) for m in self.states for r in m.roles()]
-        self.page_roles = [_prefixed(pages.name, r) for r in pages.roles()] if pages else []
         if pages is not None and getattr(pages, "page_size", config.page_size) != config.page_size:
             raise LayoutError(f"page roles use page_size {pages.page_size}, the config {config.page_size}")
-        validate_roles(self.slot_roles + self.page_roles)
+        self.slot_roles, self.page_roles = plan_roles(self.states, pages)
         self.sizing = Sizing(tuple(self.slot_roles), tuple(self.page_roles))
 
         dummies = config.num_dummy_slots

@@ -7,7 +7,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..cache import CacheConfig, HybridCacheManager
+from ..cache import CacheConfig, HybridCacheManager, sizing_of
+from ..models.checkpoint import read_config
 from ..models.loader import load_model, load_tokenizer
 from .drafter import NgramDrafter
 from .errors import InvalidRequestError, RequestTooLargeError
@@ -36,8 +37,9 @@ class Stats:
 class LLM:
     """Serve a hybrid checkpoint directory (config.json + *.safetensors) with continuous batching.
 
-    `device_cache_bytes` is split between recurrent slots (up to `max_num_seqs`, at most half the budget)
-    and attention pages; `host_cache_bytes` is the host tier that suspended requests move to.
+    `device_cache_bytes` is split between recurrent slots (`num_slots`; by default up to `max_num_seqs`
+    within half the budget) and attention pages; `host_cache_bytes` is the host tier that suspended
+    requests move to (by default as large as the device budget).
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class LLM:
         page_size: int = 16,
         speculative: SpeculativeConfig | None = None,
         max_model_len: int | None = None,
+        num_slots: int | None = None,
         seed: int = 0,
     ) -> None:
         if dtype not in DTYPES:
@@ -61,22 +64,22 @@ class LLM:
         self.device = torch.device(device)
         self.model = load_model(model, device=self.device, dtype=DTYPES[dtype])
         self.tokenizer = load_tokenizer(model)
-        cfg = self.model.config
-        self.vocab_size = int(cfg.vocab_size)
-        self.eos_token_id = _first(getattr(cfg, "eos_token_id", None))
-        self.max_model_len = max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096)
+        cfg = read_config(model)
+        self.vocab_size = int(cfg["vocab_size"])
+        self.eos_token_id = _first(cfg.get("eos_token_id"))
+        self.max_model_len = max_model_len or int(cfg.get("max_position_embeddings") or 4096)
         self.speculative = speculative
         k = speculative.num_draft_tokens if speculative else 0
         self.generation_tokens = k + 1
         self.drafter = NgramDrafter(speculative) if speculative else None
         states = self.model.state_modules(k)
         pages = self.model.page_roles(page_size)
-        probe = HybridCacheManager(states, pages, CacheConfig(device_bytes=1 << 40, num_slots=1, page_size=page_size, num_dummy_slots=0))
-        sizing = probe.sizing
-        del probe
+        sizing = sizing_of(states, pages)
         if device_cache_bytes is None:
             device_cache_bytes = max_num_seqs * sizing.request_bytes(self.max_model_len + k, page_size)
-        num_slots = min(max_num_seqs, max(1, device_cache_bytes // 2 // max(sizing.bytes_per_slot, 1)))
+        if num_slots is None:
+            num_slots = min(max_num_seqs, max(1, device_cache_bytes // 2 // max(sizing.bytes_per_slot, 1)))
+        self.sizing = sizing
         if host_cache_bytes is None:
             host_cache_bytes = device_cache_bytes
         self.manager = HybridCacheManager(
