@@ -19,12 +19,19 @@ def default_model_dir() -> Path:
 
 
 def ensure_default_model(path: Path) -> Path:
-    from .models.default import build_default_checkpoint, default_config_fingerprint
+    """Build the default checkpoint once; rebuild when its recipe (config, seed, transformers) changes."""
+    import json
 
-    stamp = path / "FINGERPRINT"
-    if not stamp.exists() or stamp.read_text() != default_config_fingerprint():
-        build_default_checkpoint(path)
-        stamp.write_text(default_config_fingerprint())
+    import transformers
+
+    from .models import default
+
+    recipe = json.dumps([default.DEFAULT_CONFIG, default.SEED, default.LM_HEAD_SCALE, transformers.__version__],
+                        sort_keys=True)
+    stamp = path / "RECIPE"
+    if not stamp.exists() or stamp.read_text() != recipe:
+        default.build_default_checkpoint(path)
+        stamp.write_text(recipe)
     return path
 
 

@@ -1,0 +1,1 @@
+"""Layer kinds shared by model families; each file one kind, parameters named as in HF checkpoints."""

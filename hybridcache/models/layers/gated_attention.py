@@ -1,0 +1,45 @@
+"""Qwen3-Next's gated GQA attention: q/k RMSNorm per head, partial RoPE, sigmoid output gate, paged K/V."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...ops.attention import paged_attention
+from ..batch import ForwardBatch
+from .attention import KV_ROLE
+from .mlp import Linear
+from .qwen_norm import OffsetRMSNorm
+from .rope import PartialRoPE
+
+
+class GatedPagedAttention(nn.Module):
+    """q_proj `[Hq*2*Dh, D]` (per head: Dh query channels, then Dh gate channels), k_proj / v_proj
+    `[Hkv*Dh, D]`, q_norm / k_norm `[Dh]` ((1 + w) style), o_proj `[D, Hq*Dh]`.
+
+    `index` is this layer's position among the model's attention layers (its layer in the `kv` role).
+    """
+
+    def __init__(self, index: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool,
+                 rope: PartialRoPE, eps: float, device: torch.device | str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.index, self.num_heads, self.num_kv_heads, self.head_dim = index, num_heads, num_kv_heads, head_dim
+        self.q_proj = Linear(hidden, num_heads * head_dim * 2, bias, device, dtype)
+        self.k_proj = Linear(hidden, num_kv_heads * head_dim, bias, device, dtype)
+        self.v_proj = Linear(hidden, num_kv_heads * head_dim, bias, device, dtype)
+        self.o_proj = Linear(num_heads * head_dim, hidden, bias, device, dtype)
+        self.q_norm = OffsetRMSNorm(head_dim, eps, device, dtype)
+        self.k_norm = OffsetRMSNorm(head_dim, eps, device, dtype)
+        self.rope = rope
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch,
+                cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x: [N, D] (all rows); cos_sin: [N, rotary_dim] each at `batch.positions` -> [N, D].
+        Writes the new tokens' K/V into this layer's pages."""
+        n, dh = x.shape[0], self.head_dim
+        q, gate = self.q_proj(x).view(n, self.num_heads, 2 * dh).split(dh, dim=-1)
+        q = self.rope(self.q_norm(q), *cos_sin)
+        k = self.rope(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, dh)), *cos_sin)
+        v = self.v_proj(x).view(n, self.num_kv_heads, dh)
+        kv = batch.pages[KV_ROLE][self.index]
+        o = paged_attention(q, k, v, kv, batch.page_table, batch.cached_lens, batch.cu_seqlens, scale=dh ** -0.5)
+        return self.o_proj(o.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1)))
