@@ -53,13 +53,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     prompts = make_prompts(args.num_requests, int(config["vocab_size"]), seed=args.seed)
     longest = max(map(len, prompts)) + args.max_tokens + args.num_draft_tokens + 1
     model = load_model(model_dir)
-    per_request = sizing_of(model.state_modules(args.num_draft_tokens), model.page_roles(16)).request_bytes(longest, 16)
+    sizing = sizing_of(model.state_modules(args.num_draft_tokens), model.page_roles(16))
     del model
-    # room for about a third of the batch at full length: growth forces suspensions
-    device_bytes = int(per_request * max(2, args.max_num_seqs // 3))
+    # a slot for every sequence but pages for about a third of the batch at full length: growth forces
+    # suspensions; a host tier of a few requests forces re-prefills too
+    per_request = sizing.request_bytes(longest, 16)
+    page_bytes = per_request - sizing.bytes_per_slot
+    device_bytes = args.max_num_seqs * sizing.bytes_per_slot + int(page_bytes * max(2, args.max_num_seqs / 3))
     host_bytes = int(per_request * args.host_requests)
     llm = LLM(model_dir, device=args.device, max_num_seqs=args.max_num_seqs, speculative=spec,
-              device_cache_bytes=device_bytes, host_cache_bytes=host_bytes, max_num_batched_tokens=256)
+              device_cache_bytes=device_bytes, host_cache_bytes=host_bytes, max_num_batched_tokens=256,
+              num_slots=args.max_num_seqs)
     bar = tqdm(total=len(prompts), desc="requests", unit="req", disable=args.quiet)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, progress=lambda done, total: bar.update(done - bar.n))

@@ -67,7 +67,7 @@ class LLM:
         cfg = read_config(model)
         self.vocab_size = int(cfg["vocab_size"])
         self.eos_token_id = _first(cfg.get("eos_token_id"))
-        self.max_model_len = max_model_len or int(cfg.get("max_position_embeddings") or 4096)
+        self.max_model_len = max_model_len or int(cfg.get("max_position_embeddings") or cfg.get("model_max_length") or 4096)
         self.speculative = speculative
         k = speculative.num_draft_tokens if speculative else 0
         self.generation_tokens = k + 1

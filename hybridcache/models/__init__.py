@@ -1,4 +1,5 @@
 """HF-checkpoint-compatible model definitions over `hybridcache.ops`, and their loader."""
+from . import kimi_linear  # noqa: F401  (registers "kimi_linear")
 from . import nemotron_h  # noqa: F401  (registers "nemotron_h")
 from .batch import ForwardBatch
 from .errors import (
