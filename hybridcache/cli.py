@@ -46,6 +46,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .workload import make_prompts
 
     torch.manual_seed(0)
+    if args.device == "cpu" and not args.model:
+        torch.set_num_threads(1)  # the default model is tiny: more threads only contend
     model_dir = Path(args.model) if args.model else ensure_default_model(default_model_dir())
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     spec = SpeculativeConfig(method="ngram", num_draft_tokens=args.num_draft_tokens)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(1)  # tiny shapes: extra threads only add contention on a shared 2-core machine
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
