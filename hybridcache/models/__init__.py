@@ -1,6 +1,7 @@
 """HF-checkpoint-compatible model definitions over `hybridcache.ops`, and their loader."""
 from . import kimi_linear  # noqa: F401  (registers "kimi_linear")
 from . import nemotron_h  # noqa: F401  (registers "nemotron_h")
+from . import qwen3_next  # noqa: F401  (registers "qwen3_next")
 from .batch import ForwardBatch
 from .errors import (
     MissingTensorError,

@@ -65,15 +65,6 @@ def close(got: torch.Tensor, want: torch.Tensor, msg: str = "") -> None:
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0, msg=lambda m: f"{msg}\n{m}")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tensors are tiny: intra-op threads only add overhead, and spin against other processes on 2 cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def tiny(request, tmp_path_factory) -> tuple[str, torch.nn.Module, torch.nn.Module]:
     """(config name, our model, transformers' model) for each config."""
@@ -189,6 +180,17 @@ def test_mixed_batch_equals_separate_steps(tiny, speculative):
             a = mixed.mgr.state_tensors("gdn")[name][:, mixed.mgr.entry(r).slot]
             b = apart.mgr.state_tensors("gdn")[name][:, apart.mgr.entry(r).slot]
             close(a, b, f"{name} of {r}")
+
+
+def test_step_kinds_the_roles_cannot_serve_are_refused(tiny):
+    _, model, _ = tiny
+    plain, replay = Driver(model), Driver(model, num_draft_tokens=3)
+    for drv in (plain, replay):
+        drv.prefill({"a": random_ids(6, 8).tolist()})
+    with pytest.raises(ValueError, match="replay roles"):
+        plain.step([], [("a", [1, 2, 3, 4])], speculative=True)
+    with pytest.raises(ValueError, match="speculative=True"):
+        replay.step([], [("a", [1])], speculative=False)
 
 
 @pytest.fixture(scope="module")

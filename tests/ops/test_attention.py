@@ -261,3 +261,17 @@ def test_incremental_steps_equal_one_dense_pass(steps: list[list[int]], page_siz
             got[b].append(out[int(cu[b]) : int(cu[b + 1])])
             done[b] += counts[b]
     torch.testing.assert_close(torch.cat([torch.cat(g) for g in got]), dense_reference(batch, seqs), **TOL[torch.float32])
+
+
+def test_scratch_made_in_inference_mode_serves_later_calls_outside_it():
+    from hybridcache.ops.attention._scratch import release_scratch, scratch
+
+    release_scratch()
+    with torch.inference_mode():
+        first = scratch((4, 8), torch.float32, torch.device("cpu"), slot=0)
+        first.fill_(1.0)
+    with torch.no_grad():
+        again = scratch((4, 8), torch.float32, torch.device("cpu"), slot=0)
+        again.fill_(2.0)  # raised "Inplace update to inference tensor" when the buffer was an inference tensor
+    assert torch.equal(again, torch.full((4, 8), 2.0))
+    release_scratch()

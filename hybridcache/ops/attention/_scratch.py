@@ -28,7 +28,8 @@ def scratch(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sl
     numel = prod(shape)
     buf = buffers.get((slot, dtype))
     if buf is None or buf.numel() < numel:
-        buf = buffers[(slot, dtype)] = torch.empty(numel, dtype=dtype)
+        with torch.inference_mode(False):  # a normal tensor, usable inside and outside inference mode
+            buf = buffers[(slot, dtype)] = torch.empty(numel, dtype=dtype)
     return buf[:numel].view(shape)
 
 
