@@ -1,11 +1,14 @@
 """Engine throughput against transformers' `generate` on the same checkpoint and prompts, as a ratio.
 
-Builds a random Nemotron-H-like checkpoint (saved once under --dir), then times, in one run:
+Builds a random checkpoint of the family (saved once under --dir), then times, in one run:
   transformers: model.generate on a padded batch (greedy, its torch paths)
   hybridcache:  LLM.generate on the same prompts (greedy), with and without n-gram speculation
 
-    python benchmarks/engine_throughput.py --size tiny            # CPU
-    python benchmarks/engine_throughput.py --size 1b --device cuda --dtype bfloat16
+    python benchmarks/engine_throughput.py --family nemotron_h --size tiny      # CPU
+    python benchmarks/engine_throughput.py --family qwen3_next --size 1b --device cuda --dtype bfloat16
+
+Also prints the speculative state bytes per request: the replay history (what hybridcache keeps)
+against per-token intermediate states (k + 1 copies of the recurrent state and conv window).
 """
 from __future__ import annotations
 
@@ -16,38 +19,16 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.families import FAMILIES, build
+from hybridcache.cache import sizing_of
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-SIZES = {
-    # hidden, pattern, mamba heads, head dim, state, attn heads, kv heads, head_dim, ffn, vocab
-    "tiny": dict(hidden_size=128, hybrid_override_pattern="M-M*-M-", mamba_num_heads=8, mamba_head_dim=16,
-                 ssm_state_size=32, n_groups=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                 intermediate_size=256, vocab_size=1024),
-    # ~0.86B: 12 Mamba2 layers of 64 heads x 64 x 128 state, 3 GQA layers, 12 MLPs
-    "1b": dict(hidden_size=2048, hybrid_override_pattern="M-M-M*-M-M-M*-M-M-M*-M-M-M-",
-               mamba_num_heads=64, mamba_head_dim=64, ssm_state_size=128, n_groups=8, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, intermediate_size=5120, vocab_size=32000),
-}
-
-
-def build(path: Path, size: str) -> None:
-    from transformers import NemotronHConfig, NemotronHForCausalLM
-
-    if (path / "config.json").exists():
-        return
-    kw = dict(SIZES[size])
-    cfg = NemotronHConfig(num_hidden_layers=len(kw["hybrid_override_pattern"]), conv_kernel=4, chunk_size=64,
-                          max_position_embeddings=16384, tie_word_embeddings=False, use_mamba_kernels=False, **kw)
-    torch.manual_seed(0)
-    model = NemotronHForCausalLM(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    model.save_pretrained(path)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="nemotron_h")
+    ap.add_argument("--size", choices=["tiny", "1b"], default="tiny")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
@@ -60,8 +41,8 @@ def main() -> None:
     from hybridcache import LLM, SamplingParams, SpeculativeConfig
     from hybridcache.workload import make_prompts
 
-    path = Path(args.dir or f"/tmp/hybridcache-bench-{args.size}")
-    build(path, args.size)
+    path = Path(args.dir or f"/tmp/hybridcache-bench-{args.family}-{args.size}")
+    build(path, args.family, args.size)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
     vocab = hf.config.vocab_size
@@ -72,7 +53,9 @@ def main() -> None:
         "hybridcache+ngram(k=3)": LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=max(args.batch),
                                       max_num_batched_tokens=4096, speculative=SpeculativeConfig(num_draft_tokens=3)),
     }
-    print(f"{args.size} on {args.device} {args.dtype}; prompt {args.prompt_len}, {args.max_tokens} new tokens")
+    print(f"{args.family} {args.size} on {args.device} {args.dtype}; prompt {args.prompt_len}, "
+          f"{args.max_tokens} new tokens")
+    state_bytes(engines["hybridcache"].model)
     print(f"{'batch':>5} {'engine':>24} {'tok/s':>9} {'vs transformers':>16}")
     for b in args.batch:
         prompts = make_prompts(b, vocab, seed=b, min_len=args.prompt_len, max_len=args.prompt_len)
@@ -94,6 +77,16 @@ def main() -> None:
             sync(args.device)
             rate = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
             print(f"{b:>5} {name:>24} {rate:>9.1f} {rate / hf_rate:>15.2f}x")
+
+
+def state_bytes(model) -> None:
+    """Recurrent bytes per request beyond the plain state: replay history vs per-token states."""
+    plain = sizing_of(model.state_modules(0), None).bytes_per_slot
+    for k in (3, 7):
+        replay = sizing_of(model.state_modules(k), None).bytes_per_slot
+        per_token = (k + 1) * plain
+        print(f"spec state per request, k={k}: replay {replay / 1e6:.2f} MB, per-token states "
+              f"{per_token / 1e6:.2f} MB ({per_token / replay:.1f}x); plain {plain / 1e6:.2f} MB")
 
 
 def sync(device: str) -> None:

@@ -11,25 +11,27 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine_throughput import SIZES, build, sync
+from benchmarks.engine_throughput import sync
+from benchmarks.families import FAMILIES, build
 from hybridcache import LLM, SamplingParams
 from hybridcache.engine.request import Phase
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="nemotron_h")
+    ap.add_argument("--size", choices=["tiny", "1b"], default="tiny")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
-    path = Path(args.dir or f"/tmp/hybridcache-bench-{args.size}")
-    build(path, args.size)
+    path = Path(args.dir or f"/tmp/hybridcache-bench-{args.family}-{args.size}")
+    build(path, args.family, args.size)
     llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=2, max_num_batched_tokens=16384,
               max_model_len=max(args.contexts) + 64)
     mgr, sched = llm.manager, llm.scheduler
-    print(f"{args.size} on {args.device} {args.dtype}")
+    print(f"{args.family} {args.size} on {args.device} {args.dtype}")
     print(f"{'context':>8} {'state MB':>9} {'swap-in ms':>11} {'re-prefill ms':>14} {'re-prefill / swap':>18}")
     for ctx in args.contexts:
         prompt = torch.randint(0, 1000, (ctx,)).tolist()

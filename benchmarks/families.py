@@ -1,0 +1,76 @@
+"""Random checkpoints of each model family at two sizes, built once from a config (no download)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+FAMILIES: dict[str, dict[str, dict]] = {
+    "nemotron_h": {
+        "tiny": dict(hidden_size=128, hybrid_override_pattern="M-M*-M-", mamba_num_heads=8, mamba_head_dim=16,
+                     ssm_state_size=32, n_groups=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                     intermediate_size=256, vocab_size=1024, conv_kernel=4, chunk_size=64),
+        # ~0.86B: 12 Mamba2 layers of 64 heads x 64 x 128 state, 3 GQA layers, 12 MLPs
+        "1b": dict(hidden_size=2048, hybrid_override_pattern="M-M-M*-M-M-M*-M-M-M*-M-M-M-",
+                   mamba_num_heads=64, mamba_head_dim=64, ssm_state_size=128, n_groups=8, num_attention_heads=32,
+                   num_key_value_heads=8, head_dim=128, intermediate_size=5120, vocab_size=32000, conv_kernel=4,
+                   chunk_size=128),
+    },
+    "qwen3_next": {
+        "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                     linear_value_head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                     shared_expert_intermediate_size=128, intermediate_size=256, vocab_size=1024),
+        # ~1B: 12 layers (9 GDN with 16 key / 32 value heads of 128, 3 gated attention), MoE 8 x 512 + shared
+        "1b": dict(hidden_size=2048, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=2,
+                   head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                   linear_value_head_dim=128, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512,
+                   shared_expert_intermediate_size=2048, intermediate_size=5120, vocab_size=32000),
+    },
+    "kimi_linear": {
+        "tiny": dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=None,
+                     qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, num_local_experts=4,
+                     num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1, vocab_size=1024,
+                     pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                     linear_attn_config={"kda_layers": [1, 3], "full_attn_layers": [2, 4], "head_dim": 32,
+                                         "num_heads": 4, "short_conv_kernel_size": 4}),
+        # ~1B: 12 layers (9 KDA of 16 heads x 128, 3 MLA), MoE 8 x 512 + 1 shared
+        "1b": dict(hidden_size=2048, intermediate_size=5120, moe_intermediate_size=512, num_hidden_layers=12,
+                   num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
+                   qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, num_local_experts=8,
+                   num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+                   vocab_size=32000, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                   linear_attn_config={"kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11],
+                                       "full_attn_layers": [4, 8, 12], "head_dim": 128, "num_heads": 16,
+                                       "short_conv_kernel_size": 4}),
+    },
+}
+
+
+def build(path: Path, family: str, size: str) -> Path:
+    """Save a seeded random checkpoint of `family` at `size` to `path` (skipped when already there)."""
+    import transformers
+
+    if (path / "config.json").exists():
+        return path
+    kw = dict(FAMILIES[family][size])
+    if family == "nemotron_h":
+        config = transformers.NemotronHConfig(num_hidden_layers=len(kw["hybrid_override_pattern"]),
+                                              max_position_embeddings=16384, tie_word_embeddings=False, **kw)
+        cls = transformers.NemotronHForCausalLM
+    elif family == "qwen3_next":
+        config = transformers.Qwen3NextConfig(max_position_embeddings=16384, tie_word_embeddings=False, **kw)
+        cls = transformers.Qwen3NextForCausalLM
+    else:
+        config = transformers.KimiLinearConfig(tie_word_embeddings=False, **kw)
+        cls = transformers.KimiLinearForCausalLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = cls(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    if size != "tiny":
+        model.to(torch.bfloat16)  # halves the bytes written and read back for the large sizes
+    model.save_pretrained(path)
+    return path
