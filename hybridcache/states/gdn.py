@@ -1,17 +1,14 @@
 """Gated DeltaNet layers: conv window, state checkpoint and the double-buffered replay history."""
 from __future__ import annotations
 
-from typing import Mapping
-
 import torch
 
 from ..cache.errors import LayoutError
-from ..cache.protocol import StateModule
 from ..cache.roles import RoleSpec
-from .replay import accept_replay, history_length, shift_conv_window
+from .replay import ReplayState, history_length
 
 
-class GDNState(StateModule):
+class GDNState(ReplayState):
     """Roles of `num_layers` GDN layers with H key heads and HV value heads (per slot; docs/layouts.md):
 
     conv `[C, W + k]` (C = 2*H*K + HV*V), ssm `[HV, K, V]` fp32; with speculation also replay_u
@@ -34,10 +31,6 @@ class GDNState(StateModule):
         self.hist = history_length(num_draft_tokens, hist)
         self.conv_dim = 2 * num_key_heads * key_dim + num_value_heads * value_dim
 
-    @property
-    def replay(self) -> bool:
-        return self.num_draft_tokens > 0
-
     def roles(self) -> list[RoleSpec]:
         L, H, HV, K, V, hist = self.num_layers, self.H, self.HV, self.K, self.V, self.hist
         roles = [
@@ -54,12 +47,3 @@ class GDNState(StateModule):
                 RoleSpec("buf_idx", 1, (), torch.int32),
             ]
         return roles
-
-    def on_accept(
-        self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,
-        num_tokens: torch.Tensor, num_valid: torch.Tensor,
-    ) -> None:
-        if not self.replay:
-            return
-        accept_replay(tensors["pnat"], tensors["buf_idx"], slots, num_tokens, num_valid, self.hist)
-        shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1)

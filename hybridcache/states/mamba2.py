@@ -1,17 +1,14 @@
 """Mamba2 (SSD) layers: conv window, SSM checkpoint and the double-buffered replay history."""
 from __future__ import annotations
 
-from typing import Mapping
-
 import torch
 
 from ..cache.errors import LayoutError
-from ..cache.protocol import StateModule
 from ..cache.roles import RoleSpec
-from .replay import accept_replay, history_length, shift_conv_window
+from .replay import ReplayState, history_length
 
 
-class Mamba2State(StateModule):
+class Mamba2State(ReplayState):
     """Roles of `num_layers` Mamba2 layers (shapes per slot; docs/layouts.md):
 
     conv `[C, W + k]` (C = H*P + 2*G*N), ssm `[H, P, N]` fp32; with speculation (k > 0) also
@@ -36,10 +33,6 @@ class Mamba2State(StateModule):
         self.hist = history_length(num_draft_tokens, hist)
         self.conv_dim = num_heads * head_dim + 2 * n_groups * state_size
 
-    @property
-    def replay(self) -> bool:
-        return self.num_draft_tokens > 0
-
     def roles(self) -> list[RoleSpec]:
         L, H, P, G, N, hist = self.num_layers, self.num_heads, self.head_dim, self.n_groups, self.state_size, self.hist
         roles = [
@@ -56,12 +49,3 @@ class Mamba2State(StateModule):
                 RoleSpec("buf_idx", 1, (), torch.int32),
             ]
         return roles
-
-    def on_accept(
-        self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,
-        num_tokens: torch.Tensor, num_valid: torch.Tensor,
-    ) -> None:
-        if not self.replay:
-            return
-        accept_replay(tensors["pnat"], tensors["buf_idx"], slots, num_tokens, num_valid, self.hist)
-        shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1)

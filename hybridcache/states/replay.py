@@ -1,9 +1,12 @@
 """Bookkeeping shared by the replay layer kinds (Mamba2, GDN): PNAT / buffer index and the conv window."""
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
 from ..cache.errors import LayoutError
+from ..cache.protocol import StateModule
 
 
 def history_length(num_draft_tokens: int, hist: int | None) -> int:
@@ -41,3 +44,25 @@ def shift_conv_window(conv: torch.Tensor, slots: torch.Tensor, num_valid: torch.
     idx = start[:, None] + torch.arange(width, device=conv.device)  # [n, W]
     idx = idx[None, :, None, :].expand(rows.shape[0], rows.shape[1], rows.shape[2], width)
     conv[:, slots, :, :width] = rows.gather(-1, idx)
+
+
+class ReplayState(StateModule):
+    """A layer kind with a double-buffered replay history (Mamba2, GDN): after a verify step the PNAT /
+    buffer-index rule and the conv-window shift. Subclasses set `hist`, `conv_kernel`, `num_draft_tokens`."""
+
+    hist: int
+    conv_kernel: int
+    num_draft_tokens: int
+
+    @property
+    def replay(self) -> bool:
+        return self.num_draft_tokens > 0
+
+    def on_accept(
+        self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,
+        num_tokens: torch.Tensor, num_valid: torch.Tensor,
+    ) -> None:
+        if not self.replay:
+            return
+        accept_replay(tensors["pnat"], tensors["buf_idx"], slots, num_tokens, num_valid, self.hist)
+        shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1)
