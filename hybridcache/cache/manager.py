@@ -380,6 +380,14 @@ class HybridCacheManager:
         self._freed.add(req_id)
         self._batch = None
 
+    def can_rebalance(self, num_slots: int) -> bool:
+        """Whether the live requests fit `num_slots` slots and the pages left beside them."""
+        if num_slots < 1 or self.sizing.bytes_for(num_slots + self.config.num_dummy_slots, 0) > self.config.device_bytes:
+            return False
+        num_pages = self.sizing.split(self.config.device_bytes, num_slots + self.config.num_dummy_slots)
+        live = [e for e in self._entries.values() if e.on_device]
+        return len(live) <= num_slots and sum(self._live_pages(e) for e in live) <= num_pages
+
     def rebalance(self, num_slots: int) -> int:
         """Re-split the device budget into `num_slots` request slots and as many pages as fit.
 

@@ -106,6 +106,11 @@ class LLM:
         s.bytes_to_device = self.manager.stats["bytes_to_device"]
         return s
 
+    def rebalance(self, num_slots: int) -> int:
+        """Change the device split between recurrent slots and attention pages while requests are live;
+        requests that no longer fit are suspended (or re-prefilled), the rest move with every role."""
+        return self.scheduler.rebalance(num_slots)
+
     def device_bytes_needed(self, num_tokens: int) -> int:
         """Device bytes one request of `num_tokens` tokens holds: its pages and its slot, every role."""
         return self.manager.device_bytes_needed(num_tokens)

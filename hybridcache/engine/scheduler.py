@@ -61,6 +61,16 @@ class Scheduler:
             step.context = self._context_rows(step.generation)
         return step
 
+    def rebalance(self, num_slots: int) -> int:
+        """Re-split the device cache into `num_slots` slots and the pages that fit beside them, first
+        preempting the most recent arrivals until the live requests fit. Returns the bytes moved."""
+        mgr = self.manager
+        if num_slots < 1 or mgr.sizing.bytes_for(num_slots + mgr.config.num_dummy_slots, 0) > mgr.config.device_bytes:
+            raise ValueError(f"{num_slots} slots do not fit the device budget of {mgr.config.device_bytes} bytes")
+        while self.running and not mgr.can_rebalance(num_slots):
+            self._preempt(self.running[-1])
+        return self.manager.rebalance(num_slots)
+
     # -------------------------------------------------------------------------------------------
     def _resume_suspended(self) -> None:
         while self.suspended and len(self.running) < self.max_num_seqs:

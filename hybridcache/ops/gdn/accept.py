@@ -1,7 +1,8 @@
-"""Acceptance bookkeeping for the GDN replay history, run once per step after all layers."""
+"""Acceptance bookkeeping for the GDN replay history, run once per step after all layers (no host sync)."""
 import torch
 
-from .pool_io import gather_rows, live_rows
+from ..slot_io import RowScatter
+from .pool_io import gather_rows
 
 
 def gdn_accept(
@@ -18,6 +19,6 @@ def gdn_accept(
     p, b = gather_rows(pnat, slots), gather_rows(buf_idx, slots)
     folded = p + T > hist
     nv = num_valid.to(p.device, p.dtype)
-    rows = live_rows(slots >= 0)
-    pnat[slots[rows]] = torch.where(folded, nv, p + nv)[rows].to(pnat.dtype)
-    buf_idx[slots[rows]] = torch.where(folded, 1 - b, b)[rows].to(buf_idx.dtype)
+    scatter = RowScatter((slots,), slots >= 0)
+    scatter.put(pnat, torch.where(folded, nv, p + nv))
+    scatter.put(buf_idx, torch.where(folded, 1 - b, b))

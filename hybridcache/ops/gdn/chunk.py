@@ -2,7 +2,8 @@
 import torch
 
 from .block import block, prepare_qk
-from .pool_io import live_rows, read_rows, write_rows
+from ..slot_io import put_rows
+from .pool_io import read_rows
 from .varlen import pack, pack_index
 
 
@@ -34,7 +35,7 @@ def chunk_gated_delta_rule(
         B, T = 1, q.shape[1]
     gather, scatter = pack_index(cu_seqlens, chunk_size)
     n, hv, dk, dv = gather.shape[0], v.shape[2], k.shape[-1], v.shape[-1]
-    qp, kp = prepare_qk(pack(q[0], gather), pack(k[0], gather), hv, scale, use_qk_l2norm_in_kernel)
+    qp, kp = prepare_qk(pack(q[0], gather), pack(k[0], gather), scale, use_qk_l2norm_in_kernel)
     vp = pack(v[0].float(), gather).transpose(1, 2)
     gp, bp = (pack(x[0].float(), gather).transpose(1, 2) for x in (g, beta))
     h = q.new_zeros(n, hv, dk, dv, dtype=torch.float32)
@@ -74,5 +75,5 @@ def gdn_prefill(
         q[None], k[None], v[None], g[None], beta[None], scale, h0, True, cu_seqlens,
         use_qk_l2norm_in_kernel, chunk_size,
     )
-    write_rows(ssm, slots, h, live_rows(slots >= 0))
+    put_rows(ssm, (slots,), h, slots >= 0)
     return o[0]

@@ -2,7 +2,8 @@
 import torch
 
 from .block import block, prepare_qk
-from .pool_io import live_rows, read_rows, write_rows
+from ..slot_io import put_rows
+from .pool_io import read_rows
 
 
 def gdn_decode(
@@ -22,9 +23,8 @@ def gdn_decode(
     Runs the T tokens from ssm[slot] (zeros where has_initial is false), writes the state after the last
     token back, returns o [B, T, HV, V] in v's dtype.
     """
-    hv = v.shape[2]
-    qh, kh = prepare_qk(q, k, hv, scale, use_qk_l2norm_in_kernel)
+    qh, kh = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)
     h0 = read_rows(ssm, slots, has_initial)
     o, h = block(h0, qh, kh, v.float().transpose(1, 2), g.float().transpose(1, 2), beta.float().transpose(1, 2))
-    write_rows(ssm, slots, h, live_rows(slots >= 0))
+    put_rows(ssm, (slots,), h, slots >= 0)
     return o.transpose(1, 2).to(v.dtype)

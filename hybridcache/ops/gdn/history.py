@@ -1,22 +1,20 @@
-"""Reading a row's valid replay history (buffer `buf_idx`, tokens `[0, pnat)`) as fp32 matrices."""
+"""Reading a row's valid replay history (buffer `buf_idx`, tokens `[0, pnat)`) and folding it into a state."""
 from typing import NamedTuple
 
 import torch
 
-from .pool_io import gather_rows, select_buffer
+from .block import per_value_head
 
 
 class History(NamedTuple):
-    """p, b [B] int64; keys [B, HV, HIST, K]; u [B, HV, HIST, V]; G [B, HV, HIST]; G_last [B, HV];
-    weight [B, HV, HIST] = exp(G_last − G_j) for j < p, else 0. Entries past p are zero."""
+    """p, b [B] int64 (p = 0 for padding rows); keys [B, H, HIST, K] fp32; uw [B, HV, HIST, V] fp32, the
+    history's u weighted by exp(G_last − G_j); G_last [B, HV] (0 when p = 0). Entries past p are zero."""
 
     p: torch.Tensor
     b: torch.Tensor
     keys: torch.Tensor
-    u: torch.Tensor
-    G: torch.Tensor
+    uw: torch.Tensor
     G_last: torch.Tensor
-    weight: torch.Tensor
 
 
 def read_history(
@@ -29,27 +27,28 @@ def read_history(
 ) -> History:
     """replay_u [S, 2, HIST, HV, V], replay_k [S, 2, HIST, H, K], replay_G [S, 2, HV, HIST], pnat, buf_idx [S].
 
-    Padding rows read p = 0. No host sync: every row gathers its own buffer and masks past its p.
+    No host sync: every row gathers its own buffer and masks past its p (a `where`, so stale NaNs never leak).
     """
     sc = slots.clamp(min=0)
-    p, b = gather_rows(pnat, slots).long(), gather_rows(buf_idx, slots).long()
-    hist, hv = replay_u.shape[2], replay_u.shape[3]
-    m = torch.arange(hist, device=p.device) < p[:, None]
-    u = torch.where(m[:, :, None, None], select_buffer(replay_u, sc, b).float(), 0.0).transpose(1, 2)
-    keys = torch.where(m[:, :, None, None], select_buffer(replay_k, sc, b).float(), 0.0)
-    keys = keys.repeat_interleave(hv // keys.shape[2], dim=2).transpose(1, 2)
-    G = torch.where(m[:, None, :], select_buffer(replay_G, sc, b).float(), 0.0)
-    last = (p - 1).clamp(min=0)[:, None, None].expand(-1, hv, 1)
+    p = torch.where(slots >= 0, pnat.index_select(0, sc), 0).long()
+    b = buf_idx.index_select(0, sc).long()
+    rb = sc * 2 + b  # row of the [S·2, ...] view
+    hist = replay_u.shape[2]
+    m = (torch.arange(hist, device=p.device) < p[:, None])[..., None, None]  # [B, HIST, 1, 1]
+    G = replay_G.flatten(0, 1).index_select(0, rb)  # [B, HV, HIST]
+    last = (p - 1).clamp(min=0)[:, None, None].expand(-1, G.shape[1], 1)
     G_last = torch.where(p[:, None] > 0, G.gather(-1, last).squeeze(-1), 0.0)
-    weight = torch.where(m[:, None, :], (G_last[..., None] - G).exp(), 0.0)
-    return History(p, b, keys, u, G, G_last, weight)
+    # weight exp(G_last − G_j) is finite for j < p and masked with u past p
+    weight = (G_last[..., None] - G).exp().transpose(1, 2)[..., None]  # [B, HIST, HV, 1]
+    uw = torch.where(m, replay_u.flatten(0, 1).index_select(0, rb) * weight, 0.0).transpose(1, 2)
+    keys = torch.where(m, replay_k.flatten(0, 1).index_select(0, rb).float(), 0.0).transpose(1, 2)
+    return History(p, b, keys, uw, G_last)
 
 
 def fold(h: torch.Tensor, hist: History) -> torch.Tensor:
-    """Checkpoint h [B, HV, K, V] + valid history -> effective state [B, HV, K, V]:
-    `exp(G_last)·h + Σ_{j<p} exp(G_last − G_j)·k_j·u_jᵀ`."""
-    return torch.baddbmm(
-        (h * hist.G_last.exp()[..., None, None]).flatten(0, 1),
-        hist.keys.transpose(-1, -2).flatten(0, 1),
-        (hist.u * hist.weight[..., None]).flatten(0, 1),
-    ).view_as(h)
+    """In place: checkpoint h [B, HV, K, V] fp32 -> effective state `exp(G_last)·h + Σ_{j<p} k_j·uw_jᵀ`.
+    Returns h."""
+    hv = h.shape[1]
+    h.mul_(hist.G_last.exp()[..., None, None])
+    h.flatten(0, 1).baddbmm_(per_value_head(hist.keys, hv).transpose(-1, -2), hist.uw.flatten(0, 1))
+    return h

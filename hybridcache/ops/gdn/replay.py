@@ -1,9 +1,18 @@
-"""Speculative verify with replay: outputs from checkpoint + valid history + new tokens, history append/fold."""
+"""Speculative verify with replay: outputs from checkpoint + valid history + new tokens, history append/fold.
+
+No host sync. Every row folds its valid history into the checkpoint (the effective state), which is what
+its new tokens start from; only rows with p + T > HIST write it back to ssm. New entries go to positions
+(slot, buffer, position), one `RowScatter` shared by the four history roles:
+
+    fold (p + T > HIST):  buffer 1 - b, positions [0, T),      G restarts at 0
+    append:               buffer b,     positions [p, p + T),  G continues from G_last
+"""
 import torch
 
-from .block import block_from_reads, prepare_qk
+from ..slot_io import RowScatter, put_rows
+from .block import block_from_reads, prepare_qk, read_state
 from .history import fold, read_history
-from .pool_io import put_last, put_tokens, read_rows
+from .pool_io import read_rows
 
 
 def gdn_replay_state(
@@ -49,41 +58,27 @@ def gdn_verify(
     With p = pnat[slot], b = buf_idx[slot]: if p + T > HIST the p history tokens are folded into ssm and the
     new tokens go to [0, T) of buffer 1 - b, else to [p, p + T) of buffer b. Returns o [B, T, HV, V].
     """
-    B, T, hv = q.shape[0], q.shape[1], v.shape[2]
-    assert T <= replay_u.shape[2], f"a verify step of {T} tokens needs HIST >= {T}, have {replay_u.shape[2]}"
-    qn, kn = prepare_qk(q, k, hv, scale, use_qk_l2norm_in_kernel)
-    hist = read_history(replay_u, replay_k, replay_G, pnat, buf_idx, slots)
+    T, hist_len = q.shape[1], replay_u.shape[2]
+    assert T <= hist_len, f"a verify step of {T} tokens needs HIST >= {T}, have {hist_len}"
     valid = slots >= 0
-    # the checkpoint is read once, by the product below; padding rows are zeroed after it (cheaper than
-    # zeroing their state, and NaN-safe)
-    h = ssm.index_select(0, slots.clamp(min=0)).float()
-    x = torch.cat([qn, kn], dim=-2)
-    xh = torch.where(valid[:, None, None, None], x @ h, 0.0)
-    # x·h_eff without materialising h_eff: the checkpoint read plus the history's rank-p correction
-    xh = torch.baddbmm(
-        xh.flatten(0, 1) * hist.G_last.exp().flatten(0, 1)[:, None, None],
-        ((x @ hist.keys.transpose(-1, -2)) * hist.weight[:, :, None, :]).flatten(0, 1),
-        hist.u.flatten(0, 1),
-    ).view(B, hv, 2 * T, -1)
+    hist = read_history(replay_u, replay_k, replay_G, pnat, buf_idx, slots)
+    h = fold(ssm.index_select(0, slots.clamp(min=0)), hist)  # [B, HV, K, V] effective state
+    folds = valid & (hist.p + T > hist_len)
+    put_rows(ssm, (slots,), h, folds)
+
+    qn, kn = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)  # [B, H, T, K]
+    # padding rows read a clamped slot: zero their reads so that stale NaNs never reach their outputs
+    xh = torch.where(valid[:, None, None, None], read_state(torch.cat([qn, kn], dim=-2), h), 0.0)
     vt, gt, bt = (y.float().transpose(1, 2) for y in (v, g, beta))
     o, u, c = block_from_reads(qn, kn, vt, gt, bt, xh[..., :T, :], xh[..., T:, :])
 
-    hist_len = replay_u.shape[2]
-    folds = hist.p + T > hist_len
-    masks = torch.stack([valid, valid & folds]).cpu()  # the one host sync: which rows write, which fold
-    rows, frows = (m.nonzero().squeeze(1).to(slots.device) for m in masks)
-
-    # flat positions of the T new entries of each writing row: (slot, buffer, position)
     buf = torch.where(folds, 1 - hist.b, hist.b)
-    pos = torch.where(folds, 0, hist.p)[:, None] + torch.arange(T, device=slots.device)
-    at = ((slots.clamp(min=0) * 2 + buf)[:, None] * hist_len + pos).index_select(0, rows)  # [R, T]
-    G_new = c + torch.where(folds[:, None], 0.0, hist.G_last)[..., None]
-    r = hv // k.shape[2]
-    put_tokens(replay_u, at, u.index_select(0, rows).transpose(1, 2))
-    put_tokens(replay_k, at, kn.index_select(0, rows)[:, ::r].transpose(1, 2))
-    put_last(replay_G, at, G_new.index_select(0, rows))
-    put_last(replay_beta, at, bt.index_select(0, rows))
-    if frows.numel():
-        folded = fold(h[frows], type(hist)(*(t[frows] for t in hist)))
-        ssm.index_copy_(0, slots.index_select(0, frows), folded.to(ssm.dtype))
+    rb = (slots.clamp(min=0) * 2 + buf)[:, None]  # [B, 1] row of the [S·2, ...] views
+    pos = torch.where(folds, 0, hist.p)[:, None] + torch.arange(T, device=slots.device)  # [B, T]
+    scatter = RowScatter((rb, pos), valid)
+    scatter.put(replay_u.view(-1, *replay_u.shape[2:]), u.transpose(1, 2))  # [S·2, HIST, HV, V] <- [B, T, HV, V]
+    scatter.put(replay_k.view(-1, *replay_k.shape[2:]), kn.transpose(1, 2))
+    G_new = c + torch.where(folds[:, None], 0.0, hist.G_last)[..., None]  # [B, HV, T]
+    for role, values in ((replay_G, G_new.transpose(1, 2)), (replay_beta, beta)):  # [B, T, HV]
+        scatter.put(role.view(-1, *role.shape[2:]).transpose(1, 2), values)  # [S·2, HIST, HV] view
     return o.transpose(1, 2).to(v.dtype)

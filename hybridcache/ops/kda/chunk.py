@@ -1,7 +1,8 @@
 """Chunked KDA for prefill: variable-length flat batches, initial and final state."""
 import torch
 
-from ..gdn.pool_io import live_rows, read_rows, write_rows
+from ..gdn.pool_io import read_rows
+from ..slot_io import put_rows
 from ..gdn.varlen import pack, pack_index
 from .block import block, prepare_qk
 
@@ -73,5 +74,5 @@ def kda_prefill(
         q[None], k[None], v[None], g[None], beta[None], scale, h0, True, cu_seqlens,
         use_qk_l2norm_in_kernel, chunk_size,
     )
-    write_rows(ssm, slots, h, live_rows(slots >= 0))
+    put_rows(ssm, (slots,), h, slots >= 0)
     return o[0]

@@ -1,7 +1,8 @@
 """KDA decode: T tokens per row from the slot's state, writing the state after the last one."""
 import torch
 
-from ..gdn.pool_io import live_rows, read_rows, write_rows
+from ..gdn.pool_io import read_rows
+from ..slot_io import put_rows
 from .block import block, prepare_qk
 
 
@@ -24,5 +25,5 @@ def kda_decode(
     qh, kh = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)
     h0 = read_rows(ssm, slots, has_initial)
     o, h = block(h0, qh, kh, *(x.float().transpose(1, 2) for x in (v, g, beta)))
-    write_rows(ssm, slots, h, live_rows(slots >= 0))
+    put_rows(ssm, (slots,), h, slots >= 0)
     return o.transpose(1, 2).to(v.dtype)

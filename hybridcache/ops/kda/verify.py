@@ -1,7 +1,11 @@
-"""Speculative verify with pending-draft caches (docs/layouts.md, KDA) and the effective-state helper."""
+"""Speculative verify with pending-draft caches (docs/layouts.md, KDA) and the effective-state helper.
+
+No host sync: padding rows are kept out of the writes by `hybridcache.ops.slot_io`.
+"""
 import torch
 
 from ..gdn.pool_io import read_rows
+from ..slot_io import RowScatter, put_rows
 from .block import block, prepare_qk
 from .pending import read_pending
 
@@ -62,12 +66,12 @@ def kda_verify(
         torch.cat([p.beta, bt], dim=-1),
         at=P,
     )
-    rows = (slots >= 0).nonzero().squeeze(1)  # the one host sync: which rows write
-    s = slots[rows]
-    ssm.index_copy_(0, s, h_new.index_select(0, rows).to(ssm.dtype))
-    new = slice(1, T)
-    pend_k[s, : T - 1] = kn[rows, :, new].transpose(1, 2).to(pend_k.dtype)
-    pend_g[s, : T - 1] = gt[rows, :, new].transpose(1, 2).to(pend_g.dtype)
-    pend_v[s, : T - 1] = vt[rows, :, new].transpose(1, 2).to(pend_v.dtype)
-    pend_beta[s, : T - 1] = bt[rows, :, new].transpose(1, 2).to(pend_beta.dtype)
+    valid = slots >= 0
+    put_rows(ssm, (slots,), h_new, valid)
+    # pend_*[slot, :T-1] <- tokens 1..T-1, [B, T - 1, H, ...]
+    scatter = RowScatter((slots[:, None], torch.arange(T - 1, device=slots.device)[None]), valid)
+    scatter.put(pend_k, kn[:, :, 1:].transpose(1, 2))
+    scatter.put(pend_g, g[:, 1:])
+    scatter.put(pend_v, v[:, 1:])
+    scatter.put(pend_beta, beta[:, 1:])
     return o[..., P:, :].transpose(1, 2).to(v.dtype)
