@@ -47,11 +47,13 @@ def main() -> None:
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
     vocab = hf.config.vocab_size
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    max_len = args.prompt_len + args.max_tokens + 16
     engines = {
         "hybridcache": LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=max(args.batch),
-                           max_num_batched_tokens=4096),
+                           max_num_batched_tokens=4096, max_model_len=max_len),
         "hybridcache+ngram(k=3)": LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=max(args.batch),
-                                      max_num_batched_tokens=4096, speculative=SpeculativeConfig(num_draft_tokens=3)),
+                                      max_num_batched_tokens=4096, speculative=SpeculativeConfig(num_draft_tokens=3),
+                                      max_model_len=max_len),
     }
     print(f"{args.family} {args.size} on {args.device} {args.dtype}; prompt {args.prompt_len}, "
           f"{args.max_tokens} new tokens")

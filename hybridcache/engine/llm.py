@@ -18,6 +18,7 @@ from .runner import ModelRunner
 from .sampler import choose
 from .scheduler import ScheduledStep, Scheduler
 
+DEFAULT_TOKENS_PER_SEQ = 4096
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -76,7 +77,10 @@ class LLM:
         pages = self.model.page_roles(page_size)
         sizing = sizing_of(states, pages)
         if device_cache_bytes is None:
-            device_cache_bytes = max_num_seqs * sizing.request_bytes(self.max_model_len + k, page_size)
+            # every sequence at full length, but never more than DEFAULT_TOKENS_PER_SEQ tokens each (long-context
+            # configs would otherwise ask for terabytes); pass the budget explicitly for anything else
+            tokens = min(self.max_model_len, DEFAULT_TOKENS_PER_SEQ) + k
+            device_cache_bytes = max_num_seqs * sizing.request_bytes(tokens, page_size)
         if num_slots is None:
             num_slots = min(max_num_seqs, max(1, device_cache_bytes // 2 // max(sizing.bytes_per_slot, 1)))
         self.sizing = sizing
