@@ -13,6 +13,7 @@ from typing import Any
 
 from .errors import UnsupportedConfigError
 from .layers.mlp import ACTIVATIONS
+from .spec_checks import build_spec, check_grouped_router, check_positive_ints
 
 KDA, MLA = "linear_attention", "full_attention"
 DENSE, SPARSE = "dense", "sparse"
@@ -91,14 +92,10 @@ class KimiLinearSpec:
                           ("short_conv_kernel_size", "linear_conv_kernel_dim")):
             if key in lin:
                 raw[name] = lin[key]
-        names = {f.name for f in fields(cls)} - {"kinds", "mlp_kinds"}
-        kwargs = {k: v for k, v in raw.items() if k in names}
         layers = raw.get("num_hidden_layers", cls.num_hidden_layers)
         if type(layers) is not int or layers < 1:
             raise UnsupportedConfigError("num_hidden_layers", layers, "must be a positive integer")
-        spec = cls(kinds=_layer_kinds(raw, lin, layers), mlp_kinds=_mlp_kinds(raw, layers), **kwargs)
-        spec.validate()
-        return spec
+        return build_spec(cls, raw, kinds=_layer_kinds(raw, lin, layers), mlp_kinds=_mlp_kinds(raw, layers))
 
     # ------------------------------------------------------------------ derived
     def count(self, kind: str) -> int:
@@ -115,11 +112,7 @@ class KimiLinearSpec:
 
     def validate(self) -> None:
         """Raise UnsupportedConfigError on what the layers or kernels cannot serve."""
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("int", "int | None") and value is not None and (type(value) is not int or value < 1):
-                if not (f.name == "n_shared_experts" and value == 0):
-                    raise UnsupportedConfigError(f.name, value, "must be a positive integer")
+        check_positive_ints(self, lambda name, value: name == "n_shared_experts" and value == 0)
         if self.num_key_value_heads not in (None, self.num_attention_heads):
             raise UnsupportedConfigError("num_key_value_heads", self.num_key_value_heads,
                                          f"MLA expands one latent to every head: must equal num_attention_heads "
@@ -129,16 +122,8 @@ class KimiLinearSpec:
         if self.count(KDA) and self.hidden_act != "silu":
             raise UnsupportedConfigError("hidden_act", self.hidden_act, "the KDA short conv serves 'silu' only")
         if SPARSE in self.mlp_kinds:
-            per_group = self.num_local_experts // self.n_group
-            if self.num_local_experts % self.n_group or per_group < 2:
-                raise UnsupportedConfigError("n_group", self.n_group,
-                                             f"must split {self.num_local_experts} experts into groups of >= 2")
-            if self.topk_group > self.n_group:
-                raise UnsupportedConfigError("topk_group", self.topk_group, f"exceeds n_group {self.n_group}")
-            if self.num_experts_per_tok > self.num_local_experts:
-                raise UnsupportedConfigError("num_experts_per_tok", self.num_experts_per_tok,
-                                             f"exceeds num_local_experts {self.num_local_experts}")
-
+            check_grouped_router("num_local_experts", self.num_local_experts, self.n_group, self.topk_group,
+                                 self.num_experts_per_tok)
 
 def _check_known(raw: dict[str, Any]) -> None:
     known = {f.name for f in fields(KimiLinearSpec)} | {"layer_types", "mlp_layer_types", "linear_attn_config",

@@ -2,24 +2,22 @@
 (no positional rotation), relu² MLP and MoE layers in any pattern, over the cache manager's roles."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
 
 from ..states import KVPages, Mamba2State
 from .batch import ForwardBatch
+from .hybrid_lm import Device, HybridLM, Trunk
 from .layers.attention import PagedGQAAttention
 from .layers.embedding import Embedding
 from .layers.mamba2_mixer import STATE_NAME, Mamba2Mixer
 from .layers.mlp import MLP, Linear
 from .layers.moe import MoE
 from .layers.norm import RMSNorm
-from .layers.params import checkpoint_targets
 from .nemotron_h_config import NemotronHSpec
 from .registry import register
-
-Device = torch.device | str
 
 
 def _mamba(s: NemotronHSpec, index: int, device: Device, dtype: torch.dtype) -> nn.Module:
@@ -63,41 +61,34 @@ class Block(nn.Module):
         return x + (self.mixer(h, batch) if self.reads_batch else self.mixer(h))
 
 
-class Backbone(nn.Module):
-    def __init__(self, s: NemotronHSpec, device: Device, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.embeddings = Embedding(s.vocab_size, s.hidden_size, device, dtype)
-        seen = {kind: 0 for kind in MIXERS}
-        blocks = []
-        for kind in s.pattern:
-            build, reads_batch = MIXERS[kind]
-            mixer = build(s, seen[kind], device, dtype)
-            seen[kind] += 1
-            blocks.append(Block(kind, mixer, RMSNorm(s.hidden_size, s.layer_norm_epsilon, device, dtype), reads_batch))
-        self.layers = nn.ModuleList(blocks)
-        self.norm_f = RMSNorm(s.hidden_size, s.layer_norm_epsilon, device, dtype)
+def _blocks(s: NemotronHSpec, device: Device, dtype: torch.dtype) -> list[Block]:
+    """One block per pattern char; a mixer's index counts the layers of its kind before it."""
+    seen = {kind: 0 for kind in MIXERS}
+    blocks = []
+    for kind in s.pattern:
+        build, reads_batch = MIXERS[kind]
+        mixer = build(s, seen[kind], device, dtype)
+        seen[kind] += 1
+        blocks.append(Block(kind, mixer, RMSNorm(s.hidden_size, s.layer_norm_epsilon, device, dtype), reads_batch))
+    return blocks
 
 
 @register("nemotron_h")
-class NemotronH(nn.Module):
+class NemotronH(HybridLM):
     """Checkpoint names: `backbone.embeddings.weight`, `backbone.layers.{i}.norm.weight`,
     `backbone.layers.{i}.mixer.*`, `backbone.norm_f.weight`, `lm_head.weight`; a `model.` prefix is accepted
     for `backbone.`. The LM head is never tied to the embeddings (transformers' NemotronH does not tie either,
     whatever `tie_word_embeddings` says)."""
 
+    spec_type = NemotronHSpec
+    recurrent_kind, attention_kind, state_name = "M", "*", STATE_NAME
+
     def __init__(self, spec: NemotronHSpec, device: Device = "cpu", dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.spec, self.dtype = spec, dtype
-        self.backbone = Backbone(spec, device, dtype)
-        self.lm_head = Linear(spec.hidden_size, spec.vocab_size, False, device, dtype)
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], device: Device, dtype: torch.dtype) -> "NemotronH":
-        return cls(NemotronHSpec.from_dict(config), device, dtype)
-
-    # ------------------------------------------------------------------ checkpoint
-    def tensor_targets(self) -> dict[str, torch.Tensor]:
-        return checkpoint_targets(self)
+        trunk = Trunk("embeddings", Embedding(spec.vocab_size, spec.hidden_size, device, dtype),
+                      _blocks(spec, device, dtype), "norm_f",
+                      RMSNorm(spec.hidden_size, spec.layer_norm_epsilon, device, dtype))
+        super().__init__(spec, "backbone", trunk, Linear(spec.hidden_size, spec.vocab_size, False, device, dtype),
+                         dtype)
 
     @staticmethod
     def checkpoint_names(name: str) -> list[str]:
@@ -106,53 +97,11 @@ class NemotronH(nn.Module):
             return [name, "model." + name[len("backbone."):]]
         return [name]
 
-    # ------------------------------------------------------------------ cache contract
-    @property
-    def vocab_size(self) -> int:
-        return self.spec.vocab_size
-
-    def state_modules(self, num_draft_tokens: int, hist: int | None = None) -> list[Mamba2State]:
-        """One Mamba2State over the model's Mamba2 layers (layer i = the i-th `M`), none without them."""
+    def recurrent_state(self, num_layers: int, num_draft_tokens: int, hist: int | None = None) -> Mamba2State:
         s = self.spec
-        if not s.count("M"):
-            return []
-        return [Mamba2State(s.count("M"), s.mamba_num_heads, s.mamba_head_dim, s.n_groups, s.ssm_state_size,
-                            s.conv_kernel, dtype=self.dtype, num_draft_tokens=num_draft_tokens, hist=hist)]
+        return Mamba2State(num_layers, s.mamba_num_heads, s.mamba_head_dim, s.n_groups, s.ssm_state_size,
+                           s.conv_kernel, dtype=self.dtype, num_draft_tokens=num_draft_tokens, hist=hist)
 
-    def page_roles(self, page_size: int) -> KVPages | None:
-        """K/V pages over the attention layers (layer i = the i-th `*`), None without them."""
+    def attention_pages(self, num_layers: int, page_size: int) -> KVPages:
         s = self.spec
-        if not s.count("*"):
-            return None
-        return KVPages(s.count("*"), s.num_key_value_heads, s.attn_head_dim, page_size, self.dtype)
-
-    # ------------------------------------------------------------------ compute
-    def _check(self, num_tokens: int, batch: ForwardBatch) -> None:
-        gen = batch.num_generation_rows * batch.generation_tokens
-        if batch.num_context_tokens + gen != num_tokens:
-            raise ValueError(f"{num_tokens} tokens, but the batch has {batch.num_context_tokens} context tokens "
-                             f"and {batch.num_generation_rows} x {batch.generation_tokens} generation tokens")
-        if not (batch.num_generation_rows and self.spec.count("M")):
-            return
-        replay = "pnat" in batch.states[STATE_NAME]
-        if batch.speculative and not replay:
-            raise ValueError("a speculative step needs the replay roles: build the state with num_draft_tokens > 0")
-        if not batch.speculative and replay:
-            raise ValueError("with replay roles every generation step must run speculative=True (T = 1 is fine): "
-                             "the accept hook counts the step's tokens into the replay history")
-        if not batch.speculative and batch.generation_tokens != 1:
-            raise ValueError(f"plain decode feeds 1 token per row, got {batch.generation_tokens}")
-
-    @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """input_ids: [N] -> hidden [N, D] after the final norm."""
-        self._check(input_ids.shape[0], batch)
-        x = self.backbone.embeddings(input_ids)
-        for block in self.backbone.layers:
-            x = block(x, batch)
-        return self.backbone.norm_f(x)
-
-    @torch.no_grad()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [M, D] -> [M, V] float32."""
-        return self.lm_head(hidden).float()
+        return KVPages(num_layers, s.num_key_value_heads, s.attn_head_dim, page_size, self.dtype)

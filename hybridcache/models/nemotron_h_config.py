@@ -1,11 +1,12 @@
 """The fields of a `nemotron_h` config.json the model reads, validated; defaults as transformers' NemotronHConfig."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import UnsupportedConfigError
 from .layers.mlp import ACTIVATIONS
+from .spec_checks import build_spec, check_grouped_router, check_positive_ints
 
 KIND_OF_BLOCK_TYPE = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
 LEGACY_NAMES = {  # older config.json spellings -> current field names
@@ -54,10 +55,7 @@ class NemotronHSpec:
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> "NemotronHSpec":
         raw = {LEGACY_NAMES.get(k, k): v for k, v in config.items() if v is not None or k == "head_dim"}
-        kwargs = {f.name: raw[f.name] for f in fields(cls) if f.name in raw and f.name != "pattern"}
-        spec = cls(pattern=_pattern(config), **kwargs)
-        spec.validate()
-        return spec
+        return build_spec(cls, raw, pattern=_pattern(config))
 
     @property
     def attn_head_dim(self) -> int:
@@ -68,10 +66,7 @@ class NemotronHSpec:
 
     def validate(self) -> None:
         """Raise UnsupportedConfigError on what the layers or kernels cannot serve."""
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("int", "int | None") and value is not None and (type(value) is not int or value < 1):
-                raise UnsupportedConfigError(f.name, value, "must be a positive integer")
+        check_positive_ints(self)
         if self.sliding_window is not None:
             raise UnsupportedConfigError("sliding_window", self.sliding_window, "sliding-window attention is not served")
         if self.mlp_hidden_act not in ACTIVATIONS:
@@ -85,16 +80,8 @@ class NemotronHSpec:
             raise UnsupportedConfigError("num_key_value_heads", self.num_key_value_heads,
                                          f"must divide num_attention_heads {self.num_attention_heads}")
         if self.count("E"):
-            per_group = self.n_routed_experts // self.n_group
-            if self.n_routed_experts % self.n_group or per_group < 2:
-                raise UnsupportedConfigError("n_group", self.n_group,
-                                             f"must split {self.n_routed_experts} experts into groups of >= 2")
-            if self.topk_group > self.n_group:
-                raise UnsupportedConfigError("topk_group", self.topk_group, f"exceeds n_group {self.n_group}")
-            if self.num_experts_per_tok > self.n_routed_experts:
-                raise UnsupportedConfigError("num_experts_per_tok", self.num_experts_per_tok,
-                                             f"exceeds n_routed_experts {self.n_routed_experts}")
-
+            check_grouped_router("n_routed_experts", self.n_routed_experts, self.n_group, self.topk_group,
+                                 self.num_experts_per_tok)
 
 def _pattern(config: dict[str, Any]) -> str:
     """Layer kinds from `layers_block_type` (current) or `hybrid_override_pattern` (older checkpoints)."""

@@ -1,10 +1,11 @@
 """The fields of a `qwen3_next` config.json the model reads, validated; defaults as transformers' Qwen3NextConfig."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import UnsupportedConfigError
+from .spec_checks import build_spec, check_positive_ints
 
 LAYER_KINDS = ("linear_attention", "full_attention")
 
@@ -51,10 +52,7 @@ class Qwen3NextSpec:
         raw.update(_rope(config))
         if "mlp_only_layers" in raw:
             raw["mlp_only_layers"] = tuple(raw["mlp_only_layers"])
-        kwargs = {f.name: raw[f.name] for f in fields(cls) if f.name in raw and f.name != "layer_types"}
-        spec = cls(layer_types=_layer_types(config), **kwargs)
-        spec.validate()
-        return spec
+        return build_spec(cls, raw, layer_types=_layer_types(config))
 
     # ------------------------------------------------------------------ derived
     @property
@@ -71,10 +69,7 @@ class Qwen3NextSpec:
 
     def validate(self) -> None:
         """Raise UnsupportedConfigError on what the layers or kernels cannot serve."""
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (type(value) is not int or value < 1) and f.name != "num_experts":
-                raise UnsupportedConfigError(f.name, value, "must be a positive integer")
+        check_positive_ints(self, lambda name, value: name == "num_experts")  # 0: no MoE layers
         if self.hidden_act != "silu":
             raise UnsupportedConfigError("hidden_act", self.hidden_act, "the GDN conv kernel serves 'silu' only")
         if self.count("linear_attention") and self.linear_num_value_heads % self.linear_num_key_heads:

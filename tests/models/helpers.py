@@ -1,7 +1,9 @@
-"""Tiny NemotronH checkpoints built with transformers, their reference logits, and a manager-driven runner."""
+"""Tiny checkpoints built with transformers (any family; NemotronH by default), their reference logits, and
+a manager-driven runner for any family."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -17,37 +19,53 @@ TINY = dict(
 )
 
 
-def save_tiny(path: Path, seed: int = 0, **overrides) -> tuple[Path, torch.nn.Module]:
-    """Save a seeded tiny NemotronH to `path`; returns (path, the transformers model in eval mode).
+def save_hf_tiny(path: Path, config_cls: type, model_cls: type, config: dict[str, Any], seed: int = 0,
+                 noise: float = 0.1, noise_buffers: bool = True,
+                 tweak: Callable[[torch.nn.Module], None] | None = None) -> tuple[Path, torch.nn.Module]:
+    """Save a seeded `model_cls(config_cls(**config))` to `path`; returns (path, the model in eval mode).
 
-    Vector parameters and buffers (norm weights, biases, D, dt_bias, A_log, router bias) get noise so that
-    their ones / zeros initialisations cannot hide a missing term; the LM head is scaled by 8.
+    Vector parameters (and, with `noise_buffers`, buffers) get `noise * randn` so that ones / zeros
+    initialisations cannot hide a missing term; `tweak` then edits weights in place (e.g. sharpens routers);
+    the LM head is scaled by 8 so that greedy choices are not near-ties.
     """
-    from transformers import NemotronHConfig, NemotronHForCausalLM
-
     torch.manual_seed(seed)
-    model = NemotronHForCausalLM(NemotronHConfig(**{**TINY, **overrides})).eval()
+    model = model_cls(config_cls(**config)).eval()
     with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
+        for t in [*model.parameters(), *(model.buffers() if noise_buffers else ())]:
             if t.ndim == 1 and t.is_floating_point():
-                t.add_(0.1 * torch.randn_like(t))
+                t.add_(noise * torch.randn_like(t))
+        if tweak is not None:
+            tweak(model)
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(path)
     return path, model
 
 
-def reference_logits(hf_model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+def save_tiny(path: Path, seed: int = 0, **overrides: Any) -> tuple[Path, torch.nn.Module]:
+    """Save a seeded tiny NemotronH (`TINY` + overrides) to `path`; returns (path, the transformers model)."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    return save_hf_tiny(path, NemotronHConfig, NemotronHForCausalLM, {**TINY, **overrides}, seed)
+
+
+def reference_logits(hf_model: torch.nn.Module, ids: list[int] | torch.Tensor) -> torch.Tensor:
     """transformers' full-sequence forward. ids: [L] -> [L, V] fp32."""
     with torch.no_grad():
-        return hf_model(ids[None], use_cache=False).logits[0].float()
+        return hf_model(torch.as_tensor(ids)[None], use_cache=False).logits[0].float()
+
+
+def close(got: torch.Tensor, want: torch.Tensor, msg: str = "") -> None:
+    """Logits agree to 1e-4 absolute."""
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0, msg=lambda m: f"{msg}\n{m}")
 
 
 class Driver:
-    """Runs steps of our model through a HybridCacheManager the way the engine will."""
+    """Runs steps of any family's model through a HybridCacheManager the way the engine does."""
 
-    def __init__(self, model, num_draft_tokens: int = 0, num_slots: int = 4, page_size: int = 4,
+    def __init__(self, model: Any, num_draft_tokens: int = 0, num_slots: int = 4, page_size: int = 4,
                  device: str = "cpu") -> None:
         self.model, self.page_size, self.device = model, page_size, device
+        self.num_draft_tokens = num_draft_tokens
         config = CacheConfig(device_bytes=1 << 22, host_bytes=1 << 22, num_slots=num_slots, page_size=page_size,
                              device=device)
         pages = model.page_roles(page_size)
@@ -58,8 +76,11 @@ class Driver:
         self.mgr = HybridCacheManager(model.state_modules(num_draft_tokens), pages, config)
 
     def step(self, context: list[tuple[str, list[int]]], generation: list[tuple[str, list[int]]] = (),
-             speculative: bool = False) -> list[torch.Tensor]:
-        """One forward over context rows then generation rows; returns each row's logits [n_i, V] on the CPU."""
+             speculative: bool | None = None) -> list[torch.Tensor]:
+        """One forward over context rows then generation rows; returns each row's logits [n_i, V] on the CPU.
+        `speculative` defaults to whether the roles were built with draft tokens."""
+        if speculative is None:
+            speculative = self.num_draft_tokens > 0
         rows = [*context, *generation]
         step = self.mgr.prepare_step([r for r, _ in rows], [len(t) for _, t in rows])
         tokens = len(generation[0][1]) if generation else 1

@@ -10,9 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import hybridcache.models.kimi_linear  # noqa: F401  (registers "kimi_linear")
-from hybridcache.cache import CacheConfig, HybridCacheManager
 from hybridcache.engine.forward import forward_batch
 from hybridcache.models import ModelLoadError, TensorShapeError, UnsupportedConfigError, load_model
+
+from .helpers import Driver, close, reference_logits, save_hf_tiny
 
 VOCAB = 96
 TINY = dict(
@@ -36,65 +37,10 @@ CONFIGS = {
 
 # ---------------------------------------------------------------------------------------------- helpers
 def save_tiny(path: Path, seed: int = 0, **overrides) -> tuple[Path, torch.nn.Module]:
-    """Save a seeded tiny KimiLinear; returns (path, the transformers model in eval mode).
-
-    Vector parameters and buffers (norm weights, dt_bias, router bias) get noise so that ones / zeros
-    initialisations cannot hide a missing term; the LM head is scaled by 8 so greedy choices are not ties.
-    """
+    """Save a seeded tiny KimiLinear (`TINY` + overrides); returns (path, the transformers model)."""
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
-    torch.manual_seed(seed)
-    model = KimiLinearForCausalLM(KimiLinearConfig(**{**TINY, **overrides})).eval()
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            if t.ndim == 1 and t.is_floating_point():
-                t.add_(0.1 * torch.randn_like(t))
-        model.lm_head.weight.mul_(8.0)
-    model.save_pretrained(path)
-    return path, model
-
-
-def reference_logits(hf_model: torch.nn.Module, ids: list[int] | torch.Tensor) -> torch.Tensor:
-    """transformers' full-sequence forward. ids: [L] -> [L, V] fp32."""
-    with torch.no_grad():
-        return hf_model(torch.as_tensor(ids)[None], use_cache=False).logits[0].float()
-
-
-class Driver:
-    """Runs steps of our model through a HybridCacheManager the way the engine does."""
-
-    def __init__(self, model, num_draft_tokens: int = 0, num_slots: int = 4, page_size: int = 4) -> None:
-        self.model, self.speculative = model, num_draft_tokens > 0
-        config = CacheConfig(device_bytes=1 << 22, host_bytes=1 << 22, num_slots=num_slots, page_size=page_size)
-        self.mgr = HybridCacheManager(model.state_modules(num_draft_tokens), model.page_roles(page_size), config)
-
-    def step(self, context: list[tuple[str, list[int]]],
-             generation: list[tuple[str, list[int]]] = ()) -> list[torch.Tensor]:
-        """One forward over context rows then generation rows; returns each row's logits [n_i, V]."""
-        rows = [*context, *generation]
-        step = self.mgr.prepare_step([r for r, _ in rows], [len(t) for _, t in rows])
-        tokens = len(generation[0][1]) if generation else 1
-        batch = forward_batch(self.mgr, step, len(context), tokens, self.speculative)
-        ids = torch.tensor([tok for _, t in rows for tok in t], dtype=torch.long)
-        return list(self.model.logits(self.model(ids, batch)).split([len(t) for _, t in rows]))
-
-    def accept(self, num_valid: list[int] | None = None) -> None:
-        self.mgr.accept(num_valid)
-        self.mgr.check_integrity()
-
-    def prefill(self, prompts: dict[str, list[int]]) -> list[torch.Tensor]:
-        """New requests, prefilled together in one step and switched to generation."""
-        for r in prompts:
-            self.mgr.add_request(r)
-        out = self.step(list(prompts.items()))
-        self.accept()
-        for r in prompts:
-            self.mgr.start_generation(r)
-        return out
-
-
-def close(got: torch.Tensor, want: torch.Tensor, msg: str = "") -> None:
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=0, msg=lambda m: f"{msg}\n{m}")
+    return save_hf_tiny(path, KimiLinearConfig, KimiLinearForCausalLM, {**TINY, **overrides}, seed)
 
 
 def tokens(n: int, seed: int) -> list[int]:

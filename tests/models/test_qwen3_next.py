@@ -17,7 +17,7 @@ from hybridcache import LLM, SamplingParams, SpeculativeConfig
 from hybridcache.models import UnsupportedConfigError, load_model
 from hybridcache.models.layers.shared_moe import SharedExpertMoE
 
-from .helpers import Driver, reference_logits
+from .helpers import Driver, close, reference_logits, save_hf_tiny
 
 VOCAB = 96
 GDN, ATTN = "linear_attention", "full_attention"
@@ -37,32 +37,23 @@ TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_l
 
 
 def save_tiny(path: Path, name: str = "A", seed: int = 0, **overrides) -> tuple[Path, torch.nn.Module]:
-    """Save a seeded tiny Qwen3-Next; returns (path, the transformers model in eval mode).
-
-    Vector parameters (norm weights, A_log, dt_bias) get noise so that zero / one initialisations cannot hide
-    a missing term; routers are sharpened (no near-ties in top-k); the LM head is scaled by 8.
-    """
+    """Save a seeded tiny Qwen3-Next (`TINY` + `CONFIGS[name]` + overrides); returns (path, the transformers
+    model). Vector parameters get more noise (0.2, buffers keep theirs: the rotary table), and routers are
+    sharpened (no near-ties in top-k)."""
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-    torch.manual_seed(seed)
-    model = Qwen3NextForCausalLM(Qwen3NextConfig(**{**TINY, **CONFIGS[name], **overrides})).eval()
-    with torch.no_grad():
-        for pname, t in model.named_parameters():
-            if t.ndim == 1:
-                t.add_(0.2 * torch.randn_like(t))
-            if pname.endswith("mlp.gate.weight"):
-                t.mul_(20.0)
-        model.lm_head.weight.mul_(8.0)
-    model.save_pretrained(path)
-    return path, model
+    return save_hf_tiny(path, Qwen3NextConfig, Qwen3NextForCausalLM, {**TINY, **CONFIGS[name], **overrides}, seed,
+                        noise=0.2, noise_buffers=False, tweak=sharpen_routers)
+
+
+def sharpen_routers(model: torch.nn.Module) -> None:
+    for name, t in model.named_parameters():
+        if name.endswith("mlp.gate.weight"):
+            t.mul_(20.0)
 
 
 def random_ids(n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def close(got: torch.Tensor, want: torch.Tensor, msg: str = "") -> None:
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=0, msg=lambda m: f"{msg}\n{m}")
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

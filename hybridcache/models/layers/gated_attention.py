@@ -8,7 +8,7 @@ from ...ops.attention import paged_attention
 from ..batch import ForwardBatch
 from .attention import KV_ROLE
 from .mlp import Linear
-from .qwen_norm import OffsetRMSNorm
+from .norm import RMSNorm
 from .rope import PartialRoPE
 
 
@@ -27,15 +27,15 @@ class GatedPagedAttention(nn.Module):
         self.k_proj = Linear(hidden, num_kv_heads * head_dim, bias, device, dtype)
         self.v_proj = Linear(hidden, num_kv_heads * head_dim, bias, device, dtype)
         self.o_proj = Linear(num_heads * head_dim, hidden, bias, device, dtype)
-        self.q_norm = OffsetRMSNorm(head_dim, eps, device, dtype)
-        self.k_norm = OffsetRMSNorm(head_dim, eps, device, dtype)
+        self.q_norm = RMSNorm(head_dim, eps, device, dtype, zero_centred=True)
+        self.k_norm = RMSNorm(head_dim, eps, device, dtype, zero_centred=True)
         self.rope = rope
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch,
-                cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x: [N, D] (all rows); cos_sin: [N, rotary_dim] each at `batch.positions` -> [N, D].
-        Writes the new tokens' K/V into this layer's pages."""
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """x: [N, D] (all rows) -> [N, D], rotated at `batch.positions`; writes the new tokens' K/V into this
+        layer's pages."""
         n, dh = x.shape[0], self.head_dim
+        cos_sin = self.rope.cos_sin(batch.positions, x.dtype)
         q, gate = self.q_proj(x).view(n, self.num_heads, 2 * dh).split(dh, dim=-1)
         q = self.rope(self.q_norm(q), *cos_sin)
         k = self.rope(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, dh)), *cos_sin)

@@ -10,7 +10,7 @@ from ...ops.gdn import gdn_decode, gdn_prefill, gdn_verify
 from ..batch import ForwardBatch
 from .mlp import Linear
 from .params import param
-from .qwen_norm import GatedRMSNorm
+from .norm import GatedRMSNorm
 
 STATE_NAME = "gdn"
 REPLAY_ROLES = ("replay_u", "replay_k", "replay_G", "replay_beta")

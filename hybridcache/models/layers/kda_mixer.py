@@ -8,25 +8,11 @@ from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.kda import kda_decode, kda_gate, kda_prefill, kda_verify
 from ..batch import ForwardBatch
 from .mlp import Linear
+from .norm import SigmoidGatedRMSNorm
 from .params import param
 
 STATE_NAME = "kda"
 PENDING_ROLES = ("pend_k", "pend_g", "pend_v", "pend_beta")
-
-
-class SigmoidGatedRMSNorm(nn.Module):
-    """`weight * norm(o) * sigmoid(gate)` over the last dim, all in fp32, result in o's dtype."""
-
-    def __init__(self, size: int, eps: float, device: torch.device | str, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = param(size, device=device, dtype=dtype)
-        self.eps = eps
-
-    def forward(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """o, gate: [..., D] -> [..., D]."""
-        h = o.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * h * torch.sigmoid(gate.float())).to(o.dtype)
 
 
 class KDAMixer(nn.Module):

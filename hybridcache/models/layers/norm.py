@@ -1,4 +1,8 @@
-"""RMSNorm, and the gated group-wise RMSNorm of Mamba2 mixers."""
+"""RMSNorm (plain `w` or zero-centred `1 + w`) and the gated RMSNorms of the recurrent mixers.
+
+All normalise in fp32; they differ in where the weight and the gate apply and in which dtype, as the
+checkpoints' reference implementations do, so each gated norm keeps its own `forward`.
+"""
 from __future__ import annotations
 
 import torch
@@ -8,32 +12,63 @@ from torch import nn
 from .params import param
 
 
-class RMSNorm(nn.Module):
-    """`weight * x / rms(x)`, normalised in fp32, weight applied in fp32, result in x's dtype."""
+def rms_normalise(h: torch.Tensor, eps: float) -> torch.Tensor:
+    """h: [..., D] (fp32) -> h / rms(h) over the last dim."""
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class WeightedNorm(nn.Module):
+    """A norm with a `weight [size]` as checkpoints store it and an epsilon."""
 
     def __init__(self, size: int, eps: float, device: torch.device | str, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = param(size, device=device, dtype=dtype)
         self.eps = eps
 
+
+class RMSNorm(WeightedNorm):
+    """`w * x / rms(x)`, or `(1 + w) * x / rms(x)` when `zero_centred` (the weight is stored around 0, as
+    Qwen3-Next's); normalised and weighted in fp32, result in x's dtype."""
+
+    def __init__(self, size: int, eps: float, device: torch.device | str, dtype: torch.dtype,
+                 zero_centred: bool = False) -> None:
+        super().__init__(size, eps, device, dtype)
+        self.zero_centred = zero_centred
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [N, D] -> [N, D]."""
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * h).to(x.dtype)
+        """x: [..., D] -> [..., D]."""
+        scale = self.weight.float()
+        if self.zero_centred:
+            scale = 1.0 + scale
+        return (rms_normalise(x.float(), self.eps) * scale).to(x.dtype)
 
 
-class GatedGroupRMSNorm(nn.Module):
-    """`weight * norm_g(y * silu(z))` with the RMS taken over each of `groups` equal slices of the channels."""
+class GatedGroupRMSNorm(WeightedNorm):
+    """Mamba2's `weight * norm_g(y * silu(z))`: gate first, RMS over each of `groups` equal channel slices."""
 
     def __init__(self, size: int, groups: int, eps: float, device: torch.device | str, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = param(size, device=device, dtype=dtype)
-        self.groups, self.eps = groups, eps
+        super().__init__(size, eps, device, dtype)
+        self.groups = groups
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y, z: [N, I] -> [N, I] in y's dtype (the weight multiplies after the cast, as transformers does)."""
         h = y.float() * F.silu(z.float())
-        g = h.view(*h.shape[:-1], self.groups, -1)
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        g = rms_normalise(h.view(*h.shape[:-1], self.groups, -1), self.eps)
         return self.weight * g.view(h.shape).to(y.dtype)
+
+
+class GatedRMSNorm(WeightedNorm):
+    """GDN's `weight * norm(y) * silu(z)` over the last dim (one value head); norm before gate, weight as stored."""
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """y, z: [..., V] -> [..., V] in y's dtype."""
+        h = self.weight * rms_normalise(y.float(), self.eps).to(y.dtype)
+        return (h * F.silu(z.float())).to(y.dtype)
+
+
+class SigmoidGatedRMSNorm(WeightedNorm):
+    """KDA's `weight * norm(o) * sigmoid(gate)` over the last dim, all in fp32, result in o's dtype."""
+
+    def forward(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """o, gate: [..., D] -> [..., D]."""
+        return (self.weight.float() * rms_normalise(o.float(), self.eps) * torch.sigmoid(gate.float())).to(o.dtype)

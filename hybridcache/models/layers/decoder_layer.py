@@ -1,0 +1,32 @@
+"""The pre-norm decoder layer of Qwen3-Next and Kimi Linear: a token mixer, then a feed-forward."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..batch import ForwardBatch
+
+
+class DecoderLayer(nn.Module):
+    """`h = x + mixer(input_layernorm(x)); h + mlp(post_attention_layernorm(h))`.
+
+    The mixer (read with the ForwardBatch) is registered under `mixer_name`, as checkpoints name it
+    (`self_attn`, `linear_attn`); `kind` is the layer kind it serves.
+    """
+
+    def __init__(self, kind: str, mixer_name: str, mixer: nn.Module, mlp: nn.Module, input_layernorm: nn.Module,
+                 post_attention_layernorm: nn.Module) -> None:
+        super().__init__()
+        self.kind, self.mixer_name = kind, mixer_name
+        self.add_module(mixer_name, mixer)
+        self.mlp = mlp
+        self.input_layernorm, self.post_attention_layernorm = input_layernorm, post_attention_layernorm
+
+    @property
+    def mixer(self) -> nn.Module:
+        return getattr(self, self.mixer_name)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """x: [N, D] -> [N, D]."""
+        x = x + self.mixer(self.input_layernorm(x), batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
