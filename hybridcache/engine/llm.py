@@ -40,7 +40,9 @@ class LLM:
 
     `device_cache_bytes` is split between recurrent slots (`num_slots`; by default up to `max_num_seqs`
     within half the budget) and attention pages; `host_cache_bytes` is the host tier that suspended
-    requests move to (by default as large as the device budget).
+    requests move to (by default as large as the device budget). `scheduling_policy`: "max_utilization"
+    (admit while there is room now, suspend on growth) or "reserve" (admit only with room for the whole
+    length, never suspend on growth).
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class LLM:
         speculative: SpeculativeConfig | None = None,
         max_model_len: int | None = None,
         num_slots: int | None = None,
+        scheduling_policy: str = "max_utilization",
         seed: int = 0,
     ) -> None:
         if dtype not in DTYPES:
@@ -91,7 +94,8 @@ class LLM:
             CacheConfig(device_bytes=device_cache_bytes, host_bytes=host_cache_bytes, page_size=page_size,
                         num_slots=num_slots, num_dummy_slots=0, device=str(self.device)),
         )
-        self.scheduler = Scheduler(self.manager, max_num_seqs, max_num_batched_tokens, self.generation_tokens)
+        self.scheduler = Scheduler(self.manager, max_num_seqs, max_num_batched_tokens, self.generation_tokens,
+                                   scheduling_policy)
         self.runner = ModelRunner(self.model, self.manager, self.device, speculative is not None)
         self.seed = seed
         self._requests: dict[int, Request] = {}

@@ -1,6 +1,8 @@
 """Who runs this step. Default policy, maximum utilisation: admit while there is room now; when a
 generating request cannot grow, suspend the most recent arrivals to the host tier (re-prefill them
-when the host tier is full); resume suspended requests first when room returns.
+when the host tier is full); resume suspended requests first when room returns. The `reserve` policy
+admits a request only when the pages of its whole length (prompt + max_tokens) are free beside what the
+running requests may still grow into, so growth never preempts.
 
 The scheduler asks the cache manager yes/no questions and moves requests between its queues; it never
 touches a tensor.
@@ -11,6 +13,9 @@ from dataclasses import dataclass, field
 
 from ..cache import HostTierFullError, HybridCacheManager
 from .request import Phase, Request
+
+
+POLICIES = ("max_utilization", "reserve")
 
 
 @dataclass
@@ -25,8 +30,12 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(
-        self, manager: HybridCacheManager, max_num_seqs: int, max_num_batched_tokens: int, generation_tokens: int
+        self, manager: HybridCacheManager, max_num_seqs: int, max_num_batched_tokens: int, generation_tokens: int,
+        policy: str = "max_utilization",
     ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown scheduling policy {policy!r}; choose from {POLICIES}")
+        self.policy = policy
         self.manager = manager
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens
@@ -96,11 +105,17 @@ class Scheduler:
         counts = [self.T] * len(generation)
         rows: list[tuple[Request, int]] = []
         candidates = [r for r in self.running if r.phase == Phase.PREFILL] + list(self.waiting)
+        reserved = self._pages_still_needed(self.running) if self.policy == "reserve" else 0
         for req in candidates:
             if budget <= 0:
                 break
             if req.phase == Phase.WAITING and len(self.running) >= self.max_num_seqs:
                 break
+            if req.phase == Phase.WAITING and self.policy == "reserve":
+                whole = self._pages_still_needed([req])
+                if reserved + whole > self.manager.num_free_pages:
+                    break
+                reserved += whole
             chunk = min(req.context_len - req.num_prefilled, budget)
             if not self.manager.can_prepare(ids + [req.req_id], counts + [chunk]):
                 break
@@ -113,6 +128,17 @@ class Scheduler:
                 req.phase = Phase.PREFILL
                 self._insert_running(req)
         return rows
+
+    def _pages_still_needed(self, requests: list[Request]) -> int:
+        """Pages the requests may still allocate before reaching their whole length (reserve policy)."""
+        mgr, need = self.manager, 0
+        if not mgr.page_roles:
+            return 0
+        for r in requests:
+            whole = -(-(len(r.prompt) + r.params.max_tokens + self.T) // mgr.page_size)
+            held = len(mgr.entry(r.req_id).pages) if r.phase in (Phase.PREFILL, Phase.DECODE) else 0
+            need += max(0, whole - held)
+        return need
 
     def _preempt(self, req: Request) -> None:
         """Suspend a generating request to the host tier, or drop it for re-prefill."""

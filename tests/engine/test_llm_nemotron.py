@@ -73,6 +73,18 @@ def test_equals_transformers_under_memory_pressure(checkpoint, k):
     assert llm.manager.requests() == [] and llm.manager.num_free_slots == llm.manager.num_slots
 
 
+def test_reserve_policy_never_preempts_and_gives_the_same_tokens(checkpoint):
+    path, ref = checkpoint
+    probe = pressured(path, SpeculativeConfig(num_draft_tokens=3), host_requests=4)
+    llm = LLM(path, max_num_seqs=4, speculative=SpeculativeConfig(num_draft_tokens=3),
+              device_cache_bytes=probe.manager.config.device_bytes, num_slots=4, page_size=4,
+              max_num_batched_tokens=24, scheduling_policy="reserve")
+    llm.step_hook = llm.manager.check_integrity
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == ref
+    assert llm.stats.num_suspensions == 0 and llm.stats.num_reprefills == 0
+
+
 def test_full_host_tier_falls_back_to_reprefill(checkpoint):
     path, ref = checkpoint
     llm = pressured(path, SpeculativeConfig(num_draft_tokens=3), host_requests=0)
