@@ -83,16 +83,14 @@ class CopyEngine:
         idx = self._index(rows)
         if not self.cuda:  # same memory: gather straight into the records
             for s, d, n in _runs(dst):
-                for role in roles:
-                    record_view(records[d : d + n], role, layout).copy_(gather_live(role, tensors, idx[s : s + n]).transpose(0, 1))
+                _pack(roles, tensors, idx[s : s + n], records[d : d + n], layout)
             return _live_bytes(roles, len(rows))
         with torch.cuda.stream(self.pack):
             staging = torch.empty(len(rows), layout.nbytes, dtype=torch.uint8, device=self.device)
         staging.record_stream(self.dma)
         for a, b in _chunks(len(rows), layout.nbytes):
             with torch.cuda.stream(self.pack):
-                for role in roles:
-                    record_view(staging[a:b], role, layout).copy_(gather_live(role, tensors, idx[a:b]).transpose(0, 1))
+                _pack(roles, tensors, idx[a:b], staging[a:b], layout)
             self.dma.wait_stream(self.pack)
             with torch.cuda.stream(self.dma):
                 for s, d, n in _runs(dst[a:b]):
@@ -148,6 +146,15 @@ def gather_live(role: RoleSpec, tensors: dict[str, torch.Tensor], idx: torch.Ten
         return t[:, idx]
     half = tensors[role.buffered_by][0, idx].long()
     return t.movedim(2 + role.buffer_dim, 2)[:, idx, half]
+
+
+def _pack(
+    roles: list[RoleSpec], tensors: dict[str, torch.Tensor], idx: torch.Tensor, records: torch.Tensor,
+    layout: RecordLayout,
+) -> None:
+    """Write the live bytes of device slots `idx` into records `[n, nbytes]`."""
+    for role in roles:
+        record_view(records, role, layout).copy_(gather_live(role, tensors, idx).transpose(0, 1))
 
 
 def _scatter(
