@@ -45,7 +45,7 @@ def copy_bandwidth(device: str, nbytes: int) -> float:
 
 
 def bench_case(B: int, k: int, H: int, HV: int, D: int, hist: int, act: torch.dtype, dev: str, iters: int,
-               use_graph: bool) -> tuple[float, float, float]:
+               use_graph: bool, profile: bool = False) -> tuple[float, float, float]:
     """Seconds per call of (replay verify + accept, intermediate verify + accept, plain decode)."""
     T = k + 1
     gen = torch.Generator(device=dev).manual_seed(B * 10 + k)
@@ -82,6 +82,14 @@ def bench_case(B: int, k: int, H: int, HV: int, D: int, hist: int, act: torch.dt
     def decode() -> None:
         gdn_decode(q[:, :1], kk[:, :1], v[:, :1], g[:, :1], beta[:, :1], ssm, slots, use_qk_l2norm_in_kernel=True)
 
+    if profile:
+        for name, fn in (("replay", replay), ("intermediate", intermediate)):
+            fn()
+            with torch.profiler.profile() as prof:
+                fn()
+            sort = "device_time_total" if dev == "cuda" else "cpu_time_total"
+            print(f"--- {name}, batch {B}, k {k}: one call")
+            print(prof.key_averages().table(sort_by=sort, row_limit=15))
     return tuple(timed(graphed(fn, dev, use_graph), dev, iters) for fn in (replay, intermediate, decode))
 
 
@@ -96,6 +104,7 @@ def main() -> None:
     ap.add_argument("--hist", type=int, default=16)
     ap.add_argument("--iters", type=int, help="timed calls (default 50 on cuda, 10 on cpu)")
     ap.add_argument("--no-graph", action="store_true", help="CUDA: time eager launches, not graph replays")
+    ap.add_argument("--profile", action="store_true", help="print the top kernels of each approach per case")
     args = ap.parse_args()
     dev, gpu = args.device, args.device == "cuda"
     H = args.heads or (16 if gpu else 2)
@@ -114,7 +123,8 @@ def main() -> None:
         T, hist = k + 1, max(args.hist, k + 1)
         hist_bytes = 2 * hist * (HV * D * act_bytes + H * D * act_bytes + 2 * HV * 4) + 8
         for B in args.batches:
-            s_r, s_i, s_d = bench_case(B, k, H, HV, D, hist, act, dev, iters, not args.no_graph)
+            s_r, s_i, s_d = bench_case(B, k, H, HV, D, hist, act, dev, iters, not args.no_graph,
+                                       args.profile)
             # least traffic each approach needs: replay reads the checkpoint and history, writes T history
             # entries and folds about once per HIST / mean-accept steps; intermediate reads the state, writes
             # T states, reads the accepted one and writes it back
