@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hybridcache.ops.conv1d.slot_io import put_rows, take_rows
+from hybridcache.ops.slot_io import put_rows, take_rows
 
 
 def _activate(out: Tensor, activation: str | None) -> Tensor:

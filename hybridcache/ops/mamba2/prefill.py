@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hybridcache.ops.conv1d.slot_io import put_rows, take_rows
+from hybridcache.ops.slot_io import put_rows, take_rows
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_state, process_dt
 
 

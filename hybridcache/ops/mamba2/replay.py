@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hybridcache.ops.conv1d.slot_io import put_rows, take_rows
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_state, process_dt
+from hybridcache.ops.replay_accept import replay_accept
+from hybridcache.ops.slot_io import put_rows, take_rows
 
 
 class _History:
@@ -159,16 +160,5 @@ def mamba2_verify(
     return y.to(x.dtype)
 
 
-def mamba2_accept(
-    pnat: Tensor, buf_idx: Tensor, slots: Tensor, num_tokens: int, num_valid: Tensor, hist: int
-) -> None:
-    """Accept rule of docs/layouts.md, in place, no host sync. pnat, buf_idx: [S] int32 (the
-    bookkeeping roles' `role[0]`); slots: [B]; num_valid: [B] (1 <= v <= T); hist: HIST.
-    Per row: if p + T > HIST: buf_idx ^= 1, pnat = v; else pnat = p + v."""
-    valid = slots >= 0
-    sc = slots.clamp_min(0)
-    p = pnat[sc].long()
-    fold = p + num_tokens > hist
-    v = num_valid.to(device=p.device, dtype=torch.long)
-    put_rows(pnat, (slots,), torch.where(fold, v, p + v), valid)
-    put_rows(buf_idx, (slots,), torch.where(fold, 1 - buf_idx[sc].long(), buf_idx[sc].long()), valid)
+mamba2_accept = replay_accept  # the accept rule is the same for every replay layer kind
+

@@ -1,0 +1,22 @@
+"""The replay bookkeeping after a verify step, shared by Mamba2 and GDN (docs/layouts.md), no host sync."""
+import torch
+
+from .slot_io import RowScatter
+
+
+def replay_accept(
+    pnat: torch.Tensor, buf_idx: torch.Tensor, slots: torch.Tensor, num_tokens: int, num_valid: torch.Tensor,
+    hist: int,
+) -> None:
+    """pnat, buf_idx [S] int32 (a bookkeeping role's `role[0]`, updated in place); slots [B] (negative:
+    padding, writes nothing); num_valid [B] valid tokens of the step (1..T); hist = HIST.
+
+    Per row with p = pnat[slot]: if p + T > HIST (the step folded) flip buf_idx and set pnat = v, else
+    pnat = p + v."""
+    sc = slots.clamp_min(0)
+    p, b = pnat[sc], buf_idx[sc]
+    folded = p + num_tokens > hist
+    v = num_valid.to(p.device, p.dtype)
+    scatter = RowScatter((slots,), slots >= 0)
+    scatter.put(pnat, torch.where(folded, v, p + v))
+    scatter.put(buf_idx, torch.where(folded, 1 - b, b))
