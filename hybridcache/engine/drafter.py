@@ -22,11 +22,11 @@ class NgramDrafter:
                         return follow
         return []
 
-    def propose_padded(self, tokens: list[int]) -> list[int]:
-        """Exactly `k` drafts: the proposal, padded by repeating its last token (or the last token).
+    @staticmethod
+    def pad(drafts: list[int], last_token: int, length: int) -> list[int]:
+        """`drafts` padded to `length` by repeating its last token (or `last_token` when empty).
 
-        Padding keeps one verify shape for the batch; a padded draft is an ordinary proposal, accepted
+        Padding gives the step's rows one verify shape; a padded draft is an ordinary proposal, accepted
         only when the model agrees with it, so outputs are unchanged."""
-        drafts = self.propose(tokens)
-        fill = drafts[-1] if drafts else tokens[-1]
-        return drafts + [fill] * (self.k - len(drafts))
+        fill = drafts[-1] if drafts else last_token
+        return drafts + [fill] * (length - len(drafts))

@@ -171,7 +171,9 @@ class LLM:
         if step.empty:
             return []
         drafts = self._draft(step)
-        logits = self.runner.run(step, drafts, self.generation_tokens)
+        longest = max(map(len, drafts.values()), default=0)
+        fed = {rid: NgramDrafter.pad(d, self._requests[rid].tokens[-1], longest) for rid, d in drafts.items()}
+        logits = self.runner.run(step, fed, 1 + longest)
         finished = self._commit(step, drafts, logits)
         self._stats.num_steps += 1
         if self.step_hook:
@@ -205,9 +207,11 @@ class LLM:
             )
 
     def _draft(self, step: ScheduledStep) -> dict[int, list[int]]:
+        """Each generation row's proposal. The runner pads them to the step's longest (one verify shape);
+        only a row's own drafts are judged, so its tokens and random draws never depend on its batch."""
         if self.drafter is None:
             return {}
-        return {r.req_id: self.drafter.propose_padded(r.tokens) for r in step.generation}
+        return {r.req_id: self.drafter.propose(r.tokens) for r in step.generation}
 
     def _commit(self, step: ScheduledStep, drafts: dict[int, list[int]], logits) -> list[RequestOutput]:
         accepted: list[int] = []
@@ -218,7 +222,7 @@ class LLM:
                 new_tokens[req.req_id] = choose(lg[None], [], req.params, req.generator)
         for req, lg in zip(step.generation, logits.generation):
             d = drafts.get(req.req_id, [])
-            out = choose(lg, d, req.params, req.generator)
+            out = choose(lg[: len(d) + 1], d, req.params, req.generator)
             accepted.append(len(out))  # the fed token plus the accepted drafts
             new_tokens[req.req_id] = out
             self._stats.num_draft_tokens += len(d)

@@ -17,11 +17,12 @@ def test_most_recent_occurrence_of_a_suffix_wins():
     assert d.propose([4, 1, 4, 2, 3, 4]) == [2, 3]
 
 
-def test_no_match_gives_no_drafts_and_padding_keeps_the_shape():
+def test_no_match_gives_no_drafts_and_padding_fills_to_the_step_length():
     d = NgramDrafter(SpeculativeConfig(num_draft_tokens=3))
     assert d.propose([1, 2, 3, 4]) == []
-    assert d.propose_padded([1, 2, 3, 4]) == [4, 4, 4]
-    assert d.propose_padded([1, 2, 1]) == [2, 1, 1]
+    assert NgramDrafter.pad([], 4, 3) == [4, 4, 4]
+    assert NgramDrafter.pad(d.propose([1, 2, 1]), 1, 3) == [2, 1, 1]
+    assert NgramDrafter.pad([7, 8], 1, 2) == [7, 8]
 
 
 def test_continuation_shorter_than_k_is_returned_as_is():
