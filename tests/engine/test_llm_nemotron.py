@@ -151,3 +151,19 @@ def test_bad_input_is_refused_and_the_others_run(checkpoint, tmp_path):
     (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "no_such_model"}))
     with pytest.raises(UnsupportedModelTypeError, match="nemotron_h"):
         LLM(bad)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_stop_tokens_and_eos_end_a_request_where_they_first_appear(checkpoint, k):
+    path, ref = checkpoint
+    spec = SpeculativeConfig(num_draft_tokens=k) if k else None
+    stop = ref[0][5]
+    cut = ref[0][: ref[0].index(stop) + 1]
+    llm = LLM(path, speculative=spec)
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=(stop,), ignore_eos=True))
+    assert out[0].token_ids == cut
+    llm.eos_token_id = stop  # the checkpoint's eos behaves the same unless ignore_eos
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=MAX_TOKENS))
+    assert out[0].token_ids == cut
+    out = llm.generate([PROMPTS[0]], GREEDY)
+    assert out[0].token_ids == ref[0]
