@@ -13,7 +13,8 @@ from .errors import (
     OutOfDeviceMemoryError,
     UnknownRequestError,
 )
-from .manager import HybridCacheManager, plan_roles, sizing_of
+from .manager import HybridCacheManager
+from .plan import plan_roles, sizing_of
 from .protocol import PageRoles, StateModule
 from .roles import RoleSpec
 from .sizing import Sizing, aux_bytes_per_slot, register_aux_bytes, unregister_aux_bytes

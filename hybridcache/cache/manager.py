@@ -1,16 +1,15 @@
 """`HybridCacheManager`: the facade the engine uses for pages, slots, tiers and the request lifecycle."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Hashable, Iterable, Sequence
 
+import numpy as np
 import torch
 
+from . import rebalance
 from .config import CacheConfig
-from .copy_engine import CopyEngine, gather_live, record_view
+from .copy_engine import CopyEngine
 from .device_tier import DeviceTier
-import numpy as np
-
 from .entries import Entry, Status, TokenCounts, pages_for
 from .errors import (
     BudgetTooSmallError,
@@ -24,30 +23,12 @@ from .errors import (
 )
 from .host_tier import HostTier
 from .id_pool import IdPool
+from .inspect import live_state
 from .integrity import check_integrity
-from .protocol import PageRoles, StateModule
-from .roles import RoleSpec, validate_roles
+from .plan import plan_roles
 from .sizing import Sizing
+from .protocol import PageRoles, StateModule
 from .step import Batch, StepIndices
-
-
-def _prefixed(module_name: str, role: RoleSpec) -> RoleSpec:
-    buffered = f"{module_name}.{role.buffered_by}" if role.buffered_by else None
-    return dataclasses.replace(role, name=f"{module_name}.{role.name}", buffered_by=buffered)
-
-
-def plan_roles(states: Sequence[StateModule], pages: PageRoles | None) -> tuple[list[RoleSpec], list[RoleSpec]]:
-    """The slot roles and page roles of a model, with names prefixed by their module (`"mamba2.ssm"`)."""
-    slot_roles = [_prefixed(m.name, r) for m in states for r in m.roles()]
-    page_roles = [_prefixed(pages.name, r) for r in pages.roles()] if pages else []
-    validate_roles(slot_roles + page_roles)
-    return slot_roles, page_roles
-
-
-def sizing_of(states: Sequence[StateModule], pages: PageRoles | None) -> Sizing:
-    """What a slot and a page of this model cost, without allocating anything."""
-    slot_roles, page_roles = plan_roles(states, pages)
-    return Sizing(tuple(slot_roles), tuple(page_roles))
 
 
 class HybridCacheManager:
@@ -382,11 +363,7 @@ class HybridCacheManager:
 
     def can_rebalance(self, num_slots: int) -> bool:
         """Whether the live requests fit `num_slots` slots and the pages left beside them."""
-        if num_slots < 1 or self.sizing.bytes_for(num_slots + self.config.num_dummy_slots, 0) > self.config.device_bytes:
-            return False
-        num_pages = self.sizing.split(self.config.device_bytes, num_slots + self.config.num_dummy_slots)
-        live = [e for e in self._entries.values() if e.on_device]
-        return len(live) <= num_slots and sum(self._live_pages(e) for e in live) <= num_pages
+        return rebalance.fits(self, num_slots)
 
     def rebalance(self, num_slots: int) -> int:
         """Re-split the device budget into `num_slots` request slots and as many pages as fit.
@@ -396,40 +373,8 @@ class HybridCacheManager:
         requests would not fit. Returns the bytes moved each way.
         """
         self._require_no_pending()
-        dummies = self.config.num_dummy_slots
-        if num_slots < 1:
-            raise BudgetTooSmallError(f"num_slots must be >= 1, got {num_slots}")
-        num_pages = self.sizing.split(self.config.device_bytes, num_slots + dummies)
-        live = [e for e in self._entries.values() if e.on_device]
-        live_pages = [e.pages[: self._live_pages(e)] for e in live]
-        if len(live) > num_slots or sum(map(len, live_pages)) > num_pages:
-            raise OutOfDeviceMemoryError(
-                f"{len(live)} live requests with {sum(map(len, live_pages))} pages do not fit "
-                f"{num_slots} slots and {num_pages} pages"
-            )
-        saved = HostTier(self.slot_roles, self.page_roles, len(live), sum(map(len, live_pages)), pin=self.copies.cuda)
-        order = list(range(len(live)))
-        flat_pages = [p for ps in live_pages for p in ps]
-        moved = self.copies.to_host(self.slot_roles, self.device_tier.slots, [e.slot for e in live],
-                                    saved.slot_layout, saved.slot_records, order)
-        moved += self.copies.to_host(self.page_roles, self.device_tier.pages, flat_pages,
-                                     saved.page_layout, saved.page_records, list(range(len(flat_pages))))
-        self.copies.synchronize()
-        self.device_tier.carve(num_slots + dummies, num_pages)
-        self.slot_pool = IdPool(num_slots + dummies, permanent=dummies)
-        self.page_pool = IdPool(num_pages)
-        new_slots = self.slot_pool.allocate(len(live))
-        new_pages = [self.page_pool.allocate(len(ps)) for ps in live_pages]
-        self.copies.to_device(self.slot_roles, self.device_tier.slots, new_slots,
-                              saved.slot_layout, saved.slot_records, order)
-        self.copies.to_device(self.page_roles, self.device_tier.pages, [p for ps in new_pages for p in ps],
-                              saved.page_layout, saved.page_records, list(range(len(flat_pages))))
-        for e, s, ps in zip(live, new_slots, new_pages):
-            e.slot, e.pages = s, ps
-        if dummies:
-            self.device_tier.zero_slots(torch.arange(dummies, device=self.device))
+        moved = rebalance.recarve(self, num_slots)
         self._batch = None
-        self.copies.synchronize()
         return moved
 
     # ------------------------------------------------------------------ inspection
@@ -437,25 +382,7 @@ class HybridCacheManager:
         """A copy of the request's live bytes by role: slot roles `[layers, *live_shape]`, page roles
         `[layers, live_pages, *shape]`; read from whichever tier holds it (for tests and debugging)."""
         self.copies.synchronize()
-        e = self.entry(req_id)
-        npages = self._live_pages(e)
-        out: dict[str, torch.Tensor] = {}
-        if e.on_device or e.status == Status.DUMMY:
-            idx = torch.tensor([e.slot], dtype=torch.long, device=self.device)
-            for r in self.slot_roles:
-                out[r.name] = gather_live(r, self.device_tier.slots, idx)[:, 0].cpu().clone()
-            pidx = torch.tensor(e.pages[:npages], dtype=torch.long, device=self.device)
-            for r in self.page_roles:
-                out[r.name] = self.device_tier.pages[r.name][:, pidx].cpu().clone()
-        elif e.status == Status.SUSPENDED:
-            host = self.host_tier
-            rec = host.slot_records[e.host_slot : e.host_slot + 1]
-            for r in self.slot_roles:
-                out[r.name] = record_view(rec, r, host.slot_layout)[0].clone()
-            prec = host.page_records[torch.tensor(e.host_pages, dtype=torch.long)]
-            for r in self.page_roles:
-                out[r.name] = record_view(prec, r, host.page_layout).transpose(0, 1).clone()
-        return out
+        return live_state(self, self.entry(req_id))
 
     def check_integrity(self) -> None:
         """Raise IntegrityError unless every slot and page has at most one owner and, per tier,

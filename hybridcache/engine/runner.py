@@ -7,7 +7,6 @@ import torch
 
 from ..cache import HybridCacheManager
 from .forward import forward_batch
-from .request import Request
 from .scheduler import ScheduledStep
 
 
