@@ -3,8 +3,8 @@
 The fast ops gather each group's pages into a padded ``[Bs, L, ...]`` tensor and run one masked
 ``scaled_dot_product_attention`` per group. Rows with few new tokens (decode, verify) share one group;
 each row with many new tokens (prefill) gets its own, so a long prefill never pads a batch of decodes
-to its length. A Triton kernel that reads the pages in place would replace ``gather_pages`` +
-``masked_attention`` for a group on CUDA.
+to its length. On CUDA, decode and verify steps skip all this: ``triton_paged.py`` reads the pages
+in place.
 """
 
 from __future__ import annotations

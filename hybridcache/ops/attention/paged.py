@@ -4,14 +4,32 @@ Pages: ``kv [P, 2, page_size, Hkv, D]`` (0 = key, 1 = value), one layer's slice 
 New tokens are flat: ``q [N, Hq, D]``, ``k, v [N, Hkv, D]``; row ``b`` owns
 ``[cu_seqlens[b], cu_seqlens[b + 1])`` at positions ``cached_lens[b] + i``. Prefill over a cached
 prefix, decode (one token) and verify (T tokens, causal among them) are the same call.
+
+On CUDA, when triton imports, steps of decode and verify rows run the Triton kernel in
+``triton_paged.py`` (pages read in place, no host sync); the rest run the torch path here.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from hybridcache.ops.attention._batched import gather_pages, group_rows, masked_attention, pad_queries, query_positions
+from hybridcache.ops.attention._batched import (
+    BATCH_MAX_NEW,
+    gather_pages,
+    group_rows,
+    masked_attention,
+    pad_queries,
+    query_positions,
+)
 from hybridcache.ops.attention._layout import check_rows, copy_into_slots, new_token_positions, token_slots
+
+try:
+    from hybridcache.ops.attention.triton_paged import attend_kv_pages_triton
+except ImportError:  # no triton (CPU installs): the torch path serves every call
+    attend_kv_pages_triton = None
+
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _check_kv(kv: Tensor, k: Tensor, v: Tensor) -> None:
@@ -37,6 +55,23 @@ def write_kv(kv: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cached_lens: 
     copy_into_slots(kv, key_slots + page_size, v)
 
 
+def use_triton(q: Tensor, kv: Tensor, page_table: Tensor) -> bool:
+    """Whether ``attend_kv_pages`` takes the Triton kernel, decided from host-known facts only.
+
+    A step qualifies when it averages at most BATCH_MAX_NEW new tokens per row (decode and verify
+    steps always do). The kernel is correct for any row; a step mostly made of prefill tokens goes
+    to the torch path, whose SDPA suits long query blocks better.
+    """
+    return (
+        attend_kv_pages_triton is not None
+        and q.is_cuda
+        and kv.is_cuda
+        and kv.dtype in TRITON_DTYPES
+        and q.shape[-1] <= 256
+        and q.shape[0] <= BATCH_MAX_NEW * page_table.shape[0]
+    )
+
+
 def attend_kv_pages(
     q: Tensor,
     kv: Tensor,
@@ -53,6 +88,20 @@ def attend_kv_pages(
     num_kv_heads = kv.shape[3]
     if q.ndim != 3 or q.shape[1] % num_kv_heads or q.shape[2] != kv.shape[4]:
         raise ValueError(f"q {tuple(q.shape)} must be [N, a multiple of {num_kv_heads}, {kv.shape[4]}]")
+    if use_triton(q, kv, page_table):
+        return attend_kv_pages_triton(q, kv, page_table, cached_lens, cu_seqlens, scale)
+    return attend_kv_pages_torch(q, kv, page_table, cached_lens, cu_seqlens, scale)
+
+
+def attend_kv_pages_torch(
+    q: Tensor,
+    kv: Tensor,
+    page_table: Tensor,
+    cached_lens: Tensor,
+    cu_seqlens: Tensor,
+    scale: float | None = None,
+) -> Tensor:
+    """The vectorized torch path of ``attend_kv_pages`` (CPU and CUDA; one host sync per call)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out = q.new_zeros(q.shape[0] + 1, *q.shape[1:])  # row N catches the padding
     for group in group_rows(cached_lens, cu_seqlens):
