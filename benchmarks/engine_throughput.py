@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.families import FAMILIES, build
+from benchmarks.families import add_model_args, checkpoint
 from hybridcache.cache import sizing_of
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,22 +26,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=sorted(FAMILIES), default="nemotron_h")
-    ap.add_argument("--size", choices=["tiny", "1b"], default="tiny")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
+    add_model_args(ap)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
     from hybridcache import LLM, SamplingParams, SpeculativeConfig
     from hybridcache.workload import make_prompts
 
-    path = Path(args.dir or f"/tmp/hybridcache-bench-{args.family}-{args.size}")
-    build(path, args.family, args.size)
+    path = checkpoint(args)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
     vocab = hf.config.vocab_size

@@ -1,6 +1,7 @@
 """Random checkpoints of each model family at two sizes, built once from a config (no download)."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import torch
@@ -74,3 +75,18 @@ def build(path: Path, family: str, size: str) -> Path:
         model.to(torch.bfloat16)  # halves the bytes written and read back for the large sizes
     model.save_pretrained(path)
     return path
+
+
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments every engine benchmark takes: which checkpoint, where, on what."""
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="nemotron_h")
+    ap.add_argument("--size", choices=["tiny", "1b"], default="tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dir", default=None, help="checkpoint directory (default: /tmp/hybridcache-bench-FAMILY-SIZE)")
+
+
+def checkpoint(args: argparse.Namespace) -> Path:
+    """The benchmark's checkpoint directory, built on first use."""
+    path = Path(args.dir or f"/tmp/hybridcache-bench-{args.family}-{args.size}")
+    return build(path, args.family, args.size)

@@ -7,27 +7,21 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
 from benchmarks.engine_throughput import sync
-from benchmarks.families import FAMILIES, build
+from benchmarks.families import add_model_args, checkpoint
 from hybridcache import LLM, SamplingParams
 from hybridcache.engine.request import Phase
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=sorted(FAMILIES), default="nemotron_h")
-    ap.add_argument("--size", choices=["tiny", "1b"], default="tiny")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
+    add_model_args(ap)
     ap.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    ap.add_argument("--dir", default=None)
     args = ap.parse_args()
-    path = Path(args.dir or f"/tmp/hybridcache-bench-{args.family}-{args.size}")
-    build(path, args.family, args.size)
+    path = checkpoint(args)
     llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=2, max_num_batched_tokens=16384,
               max_model_len=max(args.contexts) + 64)
     mgr, sched = llm.manager, llm.scheduler
