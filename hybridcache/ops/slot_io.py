@@ -24,6 +24,16 @@ def take_rows(src: Tensor, slots: Tensor, valid: Tensor | None = None) -> Tensor
     return rows.masked_fill_(~valid.view(-1, *([1] * (rows.ndim - 1))), 0)
 
 
+def read_rows(src: Tensor, slots: Tensor, has_initial: Tensor | None = None) -> Tensor:
+    """`take_rows` in fp32 for a state role: rows that are padding or have `has_initial` [B] false read zeros.
+
+    The mask is a fill, not a product, so stale NaNs in unused slots never leak."""
+    valid = slots >= 0
+    if has_initial is not None:
+        valid = valid & has_initial.to(valid.device)
+    return take_rows(src, slots, valid).float()
+
+
 class RowScatter:
     """One batch's write pattern, reusable for several roles indexed the same way.
 

@@ -105,3 +105,14 @@ def test_against_transformers():
     y_upd_hf = nh.causal_conv1d_update(xs.transpose(1, 2), state, weight, bias, activation="silu")
     torch.testing.assert_close(y_upd[0, 0], y_upd_hf[0, :, 0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(conv[2, :, :3], state[0], atol=0, rtol=0)
+
+
+def test_update_makes_no_host_sync_call():
+    """The CPU tripwire (tests/ops/tripwire.py): what would synchronise on a GPU raises here."""
+    from tests.ops.tripwire import no_host_sync
+
+    g = torch.Generator().manual_seed(0)
+    conv = torch.randn(4, 6, 3 + 3, generator=g)
+    x, weight, bias = torch.randn(3, 4, 6, generator=g), torch.randn(6, 4, generator=g), torch.randn(6, generator=g)
+    with no_host_sync():
+        causal_conv1d_update(x, weight, bias, conv, torch.tensor([2, -1, 0]), activation="silu")

@@ -141,3 +141,18 @@ def test_cuda_no_host_sync_and_graph_replay(cuda_only, family):
     close(o_graph.cpu()[live], o_eager.cpu()[live], 1e-5)
     for r in eager:
         close(graphed[r].float(), eager[r].float(), 1e-5)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_decode_verify_accept_make_no_host_sync_call(family):
+    """The CPU tripwire: what would synchronise on a GPU raises here, on every CI run."""
+    from tests.ops.tripwire import no_host_sync
+
+    pools, inputs_on, step, _ = FAMILIES[family]
+    p = pools()
+    x = inputs_on("cpu", 4)
+    decode, _, xd = decode_case(family, 4)
+    slots = torch.tensor([-1, 3, -1, 0])
+    with no_host_sync():
+        step(p, x, slots)
+        decode(*xd, p["ssm"], slots, use_qk_l2norm_in_kernel=True)

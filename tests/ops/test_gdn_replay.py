@@ -4,7 +4,8 @@ import torch
 
 from hybridcache.ops.gdn import gdn_accept, gdn_replay_state, gdn_verify
 from hybridcache.ops.gdn.naive import naive_gated_delta_rule, naive_gdn_replay_state, naive_gdn_verify
-from tests.ops.test_gdn import close, inputs
+from tests.ops import delta_rule_cases as cases
+from tests.ops.test_gdn import inputs
 
 S, H, HV, K, V = 6, 2, 4, 16, 8
 
@@ -49,16 +50,12 @@ def test_verify_matches_naive(device, T, hist, role_dtype, in_dtype):
     fast = {r: t.clone().to(device) for r, t in ref.items()}
     before = {r: t.clone() for r, t in ref.items()}
     assert len(set(ref["pnat"].tolist())) > 1 or T == 1  # rows mix PNAT values
-    slots = torch.tensor([4, -1, 0, 2, 5])
+    slots = torch.tensor(cases.VERIFY_SLOTS)
     x = inputs(5, T, H, HV, K, V, in_dtype, seed=7)
     o_ref = verify(naive_gdn_verify, x, ref, slots)
     o = verify(gdn_verify, x, fast, slots, device)
-    live = slots >= 0
-    close(o.cpu()[live], o_ref[live], 2e-2 if in_dtype == torch.bfloat16 else 2e-4)
-    for r in ROLES:
-        close(fast[r].cpu(), ref[r], 2e-2 if role_dtype == torch.bfloat16 and r in ("replay_u", "replay_k") else 2e-4)
-    for r in ROLES:  # slots 1 and 3 belong to no live row: untouched
-        assert torch.equal(fast[r].cpu()[[1, 3]], before[r][[1, 3]])
+    cases.check_verify_step(o, o_ref, fast, ref, before, ROLES, slots, cases.dtype_tol(in_dtype),
+                            lambda r: cases.dtype_tol(role_dtype if r in ("replay_u", "replay_k") else torch.float32))
 
 
 @pytest.mark.parametrize("T,hist", [(1, 16), (4, 5), (4, 16), (8, 9)])
@@ -66,25 +63,19 @@ def test_replay_equals_accepted_tokens_one_at_a_time(device, T, hist):
     """Many verify steps with random accepts (folds and flips included) vs feeding only accepted tokens."""
     gen = torch.Generator().manual_seed(T + hist)
     p = {r: t.to(device) for r, t in pools(hist).items()}
-    slots = torch.tensor([2, -1, 0, 5, 3])
-    live = [i for i, s in enumerate(slots.tolist()) if s >= 0]
-    state = {i: p["ssm"][slots[i]].cpu().float().clone()[None] for i in live}
+    slots = torch.tensor(cases.SEQ_SLOTS)
+    live, state = cases.live_states(p["ssm"], slots)
     folds = 0
     for step in range(10):
         x = inputs(len(slots), T, H, HV, K, V, seed=step)
         folds += int(((p["pnat"][slots.clamp(min=0)].cpu() + T > hist) & (slots >= 0)).sum())
         o = verify(gdn_verify, x, p, slots, device).cpu()
         num_valid = torch.randint(1, T + 1, (len(slots),), generator=gen)
-        for i in live:
-            n = int(num_valid[i])
-            o_seq, state[i] = naive_gated_delta_rule(*(t[i:i + 1, :n] for t in x), initial_state=state[i],
-                                                     output_final_state=True, use_qk_l2norm_in_kernel=True)
-            close(o[i, :n], o_seq[0])
+        cases.check_accepted_prefix(o, x, num_valid, live, state, naive_gated_delta_rule)
         gdn_accept(p["pnat"], p["buf_idx"], slots.to(device), T, num_valid.to(device), hist)
         eff = gdn_replay_state(*(p[r] for r in ("ssm", "replay_u", "replay_k", "replay_G", "pnat", "buf_idx")),
                                slots.to(device)).cpu()
-        for i in live:
-            close(eff[i], state[i][0])
+        cases.check_effective_states(eff, live, state)
     assert folds > 0 or T == 1
 
 
@@ -92,11 +83,8 @@ def test_replay_state_matches_naive_and_padding_reads_zero():
     hist, T = 8, 3
     p = pools(hist)
     seed_history(p, hist, T, torch.Generator().manual_seed(1))
-    args = [p[r] for r in ("ssm", "replay_u", "replay_k", "replay_G", "pnat", "buf_idx")]
-    slots = torch.tensor([5, 0, -1, 3])
-    eff = gdn_replay_state(*args, slots)
-    close(eff, naive_gdn_replay_state(*args, slots))
-    assert torch.equal(eff[2], torch.zeros_like(eff[2]))
+    cases.check_state_fn(gdn_replay_state, naive_gdn_replay_state,
+                         [p[r] for r in ("ssm", "replay_u", "replay_k", "replay_G", "pnat", "buf_idx")])
 
 
 def test_accept_bookkeeping():

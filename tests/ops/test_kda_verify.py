@@ -4,7 +4,8 @@ import torch
 
 from hybridcache.ops.kda import kda_accept, kda_effective_state, kda_verify
 from hybridcache.ops.kda.naive import naive_kda, naive_kda_effective_state, naive_kda_verify
-from tests.ops.test_kda import close, inputs
+from tests.ops import delta_rule_cases as cases
+from tests.ops.test_kda import inputs
 
 S, H, K, V = 6, 2, 16, 8
 ROLES = ["ssm", "pend_k", "pend_g", "pend_v", "pend_beta"]
@@ -35,15 +36,12 @@ def test_verify_matches_naive(device, T, P, dtype):
     assert len(set(ref["pend_n"].tolist())) > 1  # rows mix pend_n values
     before = {r: t.clone() for r, t in ref.items()}
     fast = {r: t.clone().to(device) for r, t in ref.items()}
-    slots = torch.tensor([4, -1, 0, 2, 5])
+    slots = torch.tensor(cases.VERIFY_SLOTS)
     x = inputs(5, T, H, K, V, dtype, seed=T)
     o_ref = verify(naive_kda_verify, x, ref, slots)
     o = verify(kda_verify, x, fast, slots, device)
-    live = slots >= 0
-    close(o.cpu()[live], o_ref[live], 2e-2 if dtype == torch.bfloat16 else 2e-4)
-    for r in ROLES:
-        close(fast[r].cpu(), ref[r], 2e-2 if dtype == torch.bfloat16 and r in ("pend_k", "pend_v") else 2e-4)
-        assert torch.equal(fast[r].cpu()[[1, 3]], before[r][[1, 3]])  # slots of no live row: untouched
+    cases.check_verify_step(o, o_ref, fast, ref, before, ROLES, slots, cases.dtype_tol(dtype),
+                            lambda r: cases.dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32))
 
 
 @pytest.mark.parametrize("T", [1, 4, 8])
@@ -51,31 +49,21 @@ def test_verify_equals_accepted_tokens_one_at_a_time(device, T):
     gen = torch.Generator().manual_seed(T)
     p = {r: t.to(device) for r, t in pools(max(T - 1, 1)).items()}
     p["pend_n"].zero_()
-    slots = torch.tensor([2, -1, 0, 5, 3])
-    live = [i for i, s in enumerate(slots.tolist()) if s >= 0]
-    state = {i: p["ssm"][slots[i]].cpu().float().clone()[None] for i in live}
+    slots = torch.tensor(cases.SEQ_SLOTS)
+    live, state = cases.live_states(p["ssm"], slots)
     for step in range(10):
         x = inputs(len(slots), T, H, K, V, seed=step)
         o = verify(kda_verify, x, p, slots, device).cpu()
         num_valid = torch.randint(1, T + 1, (len(slots),), generator=gen)
-        for i in live:
-            n = int(num_valid[i])
-            o_seq, state[i] = naive_kda(*(t[i:i + 1, :n] for t in x), initial_state=state[i],
-                                        output_final_state=True, use_qk_l2norm_in_kernel=True)
-            close(o[i, :n], o_seq[0])
+        cases.check_accepted_prefix(o, x, num_valid, live, state, naive_kda)
         kda_accept(p["pend_n"], slots.to(device), num_valid.to(device))
         eff = kda_effective_state(*(p[r] for r in ROLES), p["pend_n"], slots.to(device)).cpu()
-        for i in live:
-            close(eff[i], state[i][0])
+        cases.check_effective_states(eff, live, state)
 
 
 def test_effective_state_matches_naive_and_padding_reads_zero():
     p = pools(5)
-    args = [p[r] for r in ROLES] + [p["pend_n"]]
-    slots = torch.tensor([5, 0, -1, 3])
-    eff = kda_effective_state(*args, slots)
-    close(eff, naive_kda_effective_state(*args, slots))
-    assert torch.equal(eff[2], torch.zeros_like(eff[2]))
+    cases.check_state_fn(kda_effective_state, naive_kda_effective_state, [p[r] for r in ROLES] + [p["pend_n"]])
 
 
 def test_accept_bookkeeping():

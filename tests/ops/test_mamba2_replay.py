@@ -191,3 +191,20 @@ def test_decode_is_verify_of_one_token_without_history():
     y = _verify(mamba2_verify, inputs, roles, slots, kw)
     y_dec = mamba2_decode(x[:, 0], dt[:, 0], kw["A"], B[:, 0], C[:, 0], ssm, slots, kw["D"], kw["dt_bias"])
     torch.testing.assert_close(y[:, 0], y_dec, atol=1e-5, rtol=1e-5)
+
+
+def test_verify_decode_accept_make_no_host_sync_call():
+    """The CPU tripwire (tests/ops/tripwire.py): what would synchronise on a GPU raises here."""
+    from tests.ops.tripwire import no_host_sync
+
+    heads, head_dim, groups, dstate, hist, steps = 4, 4, 2, 4, 8, 4
+    g = torch.Generator().manual_seed(5)
+    kw = _params(heads)
+    roles = _roles(4, heads, head_dim, groups, dstate, hist, torch.float32, kw["A"], g, [0, 6, 3, 8], [0, 1, 1, 0])
+    slots = torch.tensor([2, -1, 0, 3])
+    inputs = _tokens((4, steps), heads, head_dim, groups, dstate, torch.float32, g)
+    x, dt, B, C = _tokens((4,), heads, head_dim, groups, dstate, torch.float32, g)
+    with no_host_sync():
+        _verify(mamba2_verify, inputs, roles, slots, kw)
+        mamba2_accept(roles["pnat"], roles["buf_idx"], slots, steps, torch.tensor([1, 1, 4, 2]), hist=hist)
+        mamba2_decode(x, dt, kw["A"], B, C, roles["ssm"], slots, kw["D"], kw["dt_bias"])

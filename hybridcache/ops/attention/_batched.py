@@ -9,6 +9,7 @@ in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -115,3 +116,23 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, scale: floa
     mask = visible[:, None, None].expand(batch, 1, group, tq, length).reshape(batch, 1, group * tq, length)
     out = F.scaled_dot_product_attention(q_fold, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale)
     return out.view(batch, hkv, group, tq, dv).permute(0, 3, 1, 2, 4).reshape(batch, tq, hq, dv)
+
+
+def attend_groups(
+    queries: Tensor,
+    cached_lens: Tensor,
+    cu_seqlens: Tensor,
+    out_tail: tuple[int, ...],
+    out_dtype: torch.dtype,
+    attend: Callable[[RowGroup, Tensor], Tensor],
+) -> Tensor:
+    """Run `attend(group, padded queries [Bs, max_new, ...]) -> [Bs, max_new, *out_tail]` for every group
+    of `group_rows` and scatter the results back to the flat order: returns [N, *out_tail] in `out_dtype`.
+
+    queries: [N, ...]. Padding entries of a group land in a dummy row N, dropped at the end (no sync).
+    """
+    out = queries.new_zeros(queries.shape[0] + 1, *out_tail, dtype=out_dtype)
+    for group in group_rows(cached_lens, cu_seqlens):
+        q_pad, dest = pad_queries(queries, group)
+        out[dest.flatten()] = attend(group, q_pad).flatten(0, 1).to(out_dtype)
+    return out[:-1]

@@ -23,10 +23,9 @@ from torch import Tensor
 from hybridcache.ops.attention._batched import (
     BATCH_MAX_NEW,
     RowGroup,
+    attend_groups,
     gather_pages,
-    group_rows,
     masked_attention,
-    pad_queries,
     query_positions,
 )
 from hybridcache.ops.attention._layout import check_rows, copy_into_slots, new_token_positions, token_slots
@@ -110,14 +109,13 @@ def mla_paged_attention(
     scale = (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5 if scale is None else scale
     queries = torch.cat([q_nope, q_rope], dim=-1)
     dn = q_nope.shape[-1]
-    out = q_nope.new_zeros(q_nope.shape[0] + 1, heads, dv)  # row N catches the padding
-    for group in group_rows(cached_lens, cu_seqlens):
+
+    def attend(group: RowGroup, q_pad: Tensor) -> Tensor:
         form = _pick_form(group, absorb)
         cached = gather_pages(latent_pages, page_table, group, slot=0)
-        q_pad, dest = pad_queries(queries, group)
-        o = form(q_pad[..., :dn], q_pad[..., dn:], cached, w_k, w_v, query_positions(group), scale)
-        out[dest.flatten()] = o.flatten(0, 1).to(out.dtype)
-    return out[:-1]
+        return form(q_pad[..., :dn], q_pad[..., dn:], cached, w_k, w_v, query_positions(group), scale)
+
+    return attend_groups(queries, cached_lens, cu_seqlens, (heads, dv), q_nope.dtype, attend)
 
 
 def _pick_form(group: RowGroup, absorb: bool | None) -> Callable[..., Tensor]:

@@ -9,6 +9,8 @@ its row and to itself.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -40,6 +42,27 @@ def _row_spans(cached_lens: Tensor, cu_seqlens: Tensor) -> list[tuple[int, int, 
     return [(cu[b], cu[b + 1] - cu[b], int(cached_lens[b])) for b in range(len(cu) - 1)]
 
 
+def _new_token_slots(
+    page_table: Tensor, cached_lens: Tensor, cu_seqlens: Tensor, page_size: int
+) -> Iterator[tuple[int, int, int]]:
+    """(flat index, page, offset) of every new token, row after row."""
+    for row, (start, count, cached) in enumerate(_row_spans(cached_lens, cu_seqlens)):
+        for i in range(count):
+            yield (start + i, *_slot(page_table, row, cached + i, page_size))
+
+
+def _rows_to_attend(
+    page_table: Tensor, cached_lens: Tensor, cu_seqlens: Tensor, page_size: int
+) -> Iterator[tuple[slice, int, Tensor, Tensor]]:
+    """For each row with new tokens: (its new tokens in the flat order, cached length, pages and offsets of
+    its positions 0..cached + count - 1)."""
+    for row, (start, count, cached) in enumerate(_row_spans(cached_lens, cu_seqlens)):
+        if count == 0:
+            continue
+        pages, offsets = _row_slots(page_table, row, cached + count, page_size)
+        yield slice(start, start + count), cached, pages, offsets
+
+
 def _causal_softmax(scores: Tensor, cached: int) -> Tensor:
     """scores [H, T, n] of T new tokens over n = cached + T positions -> probabilities."""
     t, n = scores.shape[-2:]
@@ -55,12 +78,9 @@ def write_kv(kv: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cached_lens: 
     cached_lens: [B]; cu_seqlens: [B + 1].
     """
     check_rows(page_table, cached_lens, cu_seqlens, k.shape[0])
-    page_size = kv.shape[2]
-    for row, (start, count, cached) in enumerate(_row_spans(cached_lens, cu_seqlens)):
-        for i in range(count):
-            page, offset = _slot(page_table, row, cached + i, page_size)
-            kv[page, 0, offset] = k[start + i]
-            kv[page, 1, offset] = v[start + i]
+    for n, page, offset in _new_token_slots(page_table, cached_lens, cu_seqlens, kv.shape[2]):
+        kv[page, 0, offset] = k[n]
+        kv[page, 1, offset] = v[n]
 
 
 def paged_attention(
@@ -73,26 +93,18 @@ def paged_attention(
     cu_seqlens: Tensor,
     scale: float | None = None,
 ) -> Tensor:
-    """Write k/v into the pages, then attend each new token over its row's prefix and new tokens.
-
-    q: [N, Hq, D]; k, v: [N, Hkv, D] with Hq a multiple of Hkv (query head h reads kv head
-    h // (Hq // Hkv)); kv: [P, 2, page_size, Hkv, D]. scale defaults to D ** -0.5.
-    Returns [N, Hq, D] in q's dtype.
-    """
+    """Reference of ``paged.paged_attention`` (same contract): write k/v, then per row repeat the kv heads
+    to the query heads and take a plain causal softmax over the row's positions. Returns [N, Hq, D]."""
     write_kv(kv, k, v, page_table, cached_lens, cu_seqlens)
-    page_size, num_kv_heads = kv.shape[2], kv.shape[3]
-    group = q.shape[1] // num_kv_heads
+    group = q.shape[1] // kv.shape[3]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out = torch.zeros(q.shape[0], q.shape[1], kv.shape[-1], dtype=q.dtype, device=q.device)
-    for row, (start, count, cached) in enumerate(_row_spans(cached_lens, cu_seqlens)):
-        if count == 0:
-            continue
-        pages, offsets = _row_slots(page_table, row, cached + count, page_size)
+    for rows, cached, pages, offsets in _rows_to_attend(page_table, cached_lens, cu_seqlens, kv.shape[2]):
         keys = kv[pages, 0, offsets].float().repeat_interleave(group, dim=1)  # [n, Hq, D]
         values = kv[pages, 1, offsets].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("thd,nhd->htn", q[start : start + count].float(), keys) * scale
+        scores = torch.einsum("thd,nhd->htn", q[rows].float(), keys) * scale
         probs = _causal_softmax(scores, cached)
-        out[start : start + count] = torch.einsum("htn,nhd->thd", probs, values).to(q.dtype)
+        out[rows] = torch.einsum("htn,nhd->thd", probs, values).to(q.dtype)
     return out
 
 
@@ -109,12 +121,10 @@ def write_latent(
     latent_pages: [P, page_size, R + Dr]; latent: [N, R] (after kv_a_layernorm); k_rope: [N, Dr].
     """
     check_rows(page_table, cached_lens, cu_seqlens, latent.shape[0])
-    page_size, rank = latent_pages.shape[1], latent.shape[1]
-    for row, (start, count, cached) in enumerate(_row_spans(cached_lens, cu_seqlens)):
-        for i in range(count):
-            page, offset = _slot(page_table, row, cached + i, page_size)
-            latent_pages[page, offset, :rank] = latent[start + i]
-            latent_pages[page, offset, rank:] = k_rope[start + i]
+    rank = latent.shape[1]
+    for n, page, offset in _new_token_slots(page_table, cached_lens, cu_seqlens, latent_pages.shape[1]):
+        latent_pages[page, offset, :rank] = latent[n]
+        latent_pages[page, offset, rank:] = k_rope[n]
 
 
 def mla_paged_attention(
@@ -139,18 +149,14 @@ def mla_paged_attention(
     scale defaults to (Dn + Dr) ** -0.5. Returns [N, H, Dv] in q_nope's dtype.
     """
     write_latent(latent_pages, latent, k_rope, page_table, cached_lens, cu_seqlens)
-    page_size, rank = latent_pages.shape[1], latent.shape[1]
+    rank = latent.shape[1]
     scale = (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5 if scale is None else scale
     out = torch.zeros(*q_nope.shape[:2], w_v.shape[1], dtype=q_nope.dtype, device=q_nope.device)
-    for row, (start, count, cached) in enumerate(_row_spans(cached_lens, cu_seqlens)):
-        if count == 0:
-            continue
-        pages, offsets = _row_slots(page_table, row, cached + count, page_size)
+    for rows, cached, pages, offsets in _rows_to_attend(page_table, cached_lens, cu_seqlens, latent_pages.shape[1]):
         cached_latent = latent_pages[pages, offsets].float()  # [n, R + Dr]
         c, rope_keys = cached_latent[:, :rank], cached_latent[:, rank:]
         keys = torch.einsum("nr,hdr->hnd", c, w_k.float())  # [H, n, Dn]
         values = torch.einsum("nr,hdr->hnd", c, w_v.float())  # [H, n, Dv]
-        rows = slice(start, start + count)
         scores = torch.einsum("thd,hnd->htn", q_nope[rows].float(), keys)
         scores = scores + torch.einsum("thd,nd->htn", q_rope[rows].float(), rope_keys)
         probs = _causal_softmax(scores * scale, cached)

@@ -16,10 +16,10 @@ from torch import Tensor
 
 from hybridcache.ops.attention._batched import (
     BATCH_MAX_NEW,
+    RowGroup,
+    attend_groups,
     gather_pages,
-    group_rows,
     masked_attention,
-    pad_queries,
     query_positions,
 )
 from hybridcache.ops.attention._layout import check_rows, copy_into_slots, new_token_positions, token_slots
@@ -103,14 +103,13 @@ def attend_kv_pages_torch(
 ) -> Tensor:
     """The vectorized torch path of ``attend_kv_pages`` (CPU and CUDA; one host sync per call)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    out = q.new_zeros(q.shape[0] + 1, *q.shape[1:])  # row N catches the padding
-    for group in group_rows(cached_lens, cu_seqlens):
+
+    def attend(group: RowGroup, q_pad: Tensor) -> Tensor:
         keys = gather_pages(kv[:, 0], page_table, group, slot=0)
         values = gather_pages(kv[:, 1], page_table, group, slot=1)
-        q_pad, dest = pad_queries(q.to(kv.dtype), group)
-        o = masked_attention(q_pad, keys, values, query_positions(group), scale)
-        out[dest.flatten()] = o.flatten(0, 1).to(q.dtype)
-    return out[:-1]
+        return masked_attention(q_pad, keys, values, query_positions(group), scale)
+
+    return attend_groups(q.to(kv.dtype), cached_lens, cu_seqlens, tuple(q.shape[1:]), q.dtype, attend)
 
 
 def paged_attention(

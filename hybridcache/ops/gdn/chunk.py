@@ -1,10 +1,8 @@
 """Chunked gated delta rule for prefill: variable-length flat batches, initial and final state."""
 import torch
 
+from ..delta_rule_common import chunked, prefill_slots
 from .block import block, prepare_qk
-from ..slot_io import put_rows
-from .pool_io import read_rows
-from .varlen import pack, pack_index
 
 
 def chunk_gated_delta_rule(
@@ -26,28 +24,8 @@ def chunk_gated_delta_rule(
     initial_state [B, HV, K, V]. With `cu_seqlens [N+1]` the batch is flat (B = 1) and holds N sequences;
     initial/final states are then [N, HV, K, V]. Returns o [B, T, HV, V] in v's dtype and the fp32 final state.
     """
-    if cu_seqlens is None:
-        B, T = q.shape[:2]
-        cu_seqlens = torch.arange(0, (B + 1) * T, T, device=q.device)
-        q, k, v, g, beta = (x.flatten(0, 1)[None] for x in (q, k, v, g, beta))
-    else:
-        assert q.shape[0] == 1, "with cu_seqlens the batch must be flat (B = 1)"
-        B, T = 1, q.shape[1]
-    gather, scatter = pack_index(cu_seqlens, chunk_size)
-    n, hv, dk, dv = gather.shape[0], v.shape[2], k.shape[-1], v.shape[-1]
-    qp, kp = prepare_qk(pack(q[0], gather), pack(k[0], gather), scale, use_qk_l2norm_in_kernel)
-    vp = pack(v[0].float(), gather).transpose(1, 2)
-    gp, bp = (pack(x[0].float(), gather).transpose(1, 2) for x in (g, beta))
-    h = q.new_zeros(n, hv, dk, dv, dtype=torch.float32)
-    if initial_state is not None:
-        h = initial_state.float().clone()
-    outs = []
-    for s in range(0, gather.shape[1], chunk_size):
-        c = slice(s, s + chunk_size)
-        o, h = block(h, qp[..., c, :], kp[..., c, :], vp[..., c, :], gp[..., c], bp[..., c])
-        outs.append(o)
-    o = torch.cat(outs, dim=-2).transpose(1, 2).flatten(0, 1)[scatter]
-    return o.to(v.dtype).view(B, T, hv, dv), (h if output_final_state else None)
+    return chunked(block, prepare_qk, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                   use_qk_l2norm_in_kernel, chunk_size)
 
 
 def gdn_prefill(
@@ -70,10 +48,5 @@ def gdn_prefill(
     slots [B] int64 (negative = padding); has_initial [B] bool (false = start from zeros).
     Writes each live row's final state to ssm[slot]; returns o [N, HV, V].
     """
-    h0 = read_rows(ssm, slots, has_initial)
-    o, h = chunk_gated_delta_rule(
-        q[None], k[None], v[None], g[None], beta[None], scale, h0, True, cu_seqlens,
-        use_qk_l2norm_in_kernel, chunk_size,
-    )
-    put_rows(ssm, (slots,), h, slots >= 0)
-    return o[0]
+    return prefill_slots(chunk_gated_delta_rule, q, k, v, g, beta, cu_seqlens, ssm, slots, has_initial, scale,
+                         use_qk_l2norm_in_kernel, chunk_size)

@@ -1,9 +1,8 @@
 """Decode: T tokens per row (plain decode T = 1, or a verify step without replay) updating the state."""
 import torch
 
+from ..delta_rule_common import decode_slots
 from .block import block, prepare_qk
-from ..slot_io import put_rows
-from .pool_io import read_rows
 
 
 def gdn_decode(
@@ -23,8 +22,4 @@ def gdn_decode(
     Runs the T tokens from ssm[slot] (zeros where has_initial is false), writes the state after the last
     token back, returns o [B, T, HV, V] in v's dtype.
     """
-    qh, kh = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)
-    h0 = read_rows(ssm, slots, has_initial)
-    o, h = block(h0, qh, kh, v.float().transpose(1, 2), g.float().transpose(1, 2), beta.float().transpose(1, 2))
-    put_rows(ssm, (slots,), h, slots >= 0)
-    return o.transpose(1, 2).to(v.dtype)
+    return decode_slots(block, prepare_qk, q, k, v, g, beta, ssm, slots, has_initial, scale, use_qk_l2norm_in_kernel)

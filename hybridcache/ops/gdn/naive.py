@@ -7,6 +7,7 @@ The pool-facing references take the same arguments as their fast counterparts.
 import torch
 from torch import Tensor
 
+from ..delta_rule_naive import decode_rows, prefill_rows, scaled_qk, spans
 from .block import l2norm
 
 
@@ -20,12 +21,9 @@ def _token(h: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
 
 
 def _prep(q: Tensor, k: Tensor, hv: int, scale: float | None, norm: bool) -> tuple[Tensor, Tensor]:
-    """q, k [..., H, K] -> fp32 [..., HV, K], normalised if asked, q scaled."""
-    q, k = q.float(), k.float()
-    if norm:
-        q, k = l2norm(q), l2norm(k)
+    """q, k [..., H, K] -> fp32 [..., HV, K] (key heads repeated per value head), normalised if asked, q scaled."""
+    q, k = scaled_qk(q, k, scale, l2norm if norm else None)
     r = hv // k.shape[-2]
-    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
     return q.repeat_interleave(r, dim=-2), k.repeat_interleave(r, dim=-2)
 
 
@@ -47,15 +45,10 @@ def naive_gated_delta_rule(
     Returns o [B, T, HV, V] (v's dtype) and the fp32 final state if asked.
     """
     B, T, hv, dv = *v.shape[:3], v.shape[-1]
-    if cu_seqlens is None:
-        spans = [(b, 0, T) for b in range(B)]
-    else:
-        cu = cu_seqlens.tolist()
-        spans = [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
     qs, ks = _prep(q, k, hv, scale, use_qk_l2norm_in_kernel)
     o = torch.zeros(B, T, hv, dv)
     finals = []
-    for i, (b, start, end) in enumerate(spans):
+    for i, (b, start, end) in enumerate(spans(B, T, cu_seqlens)):
         h = torch.zeros(hv, k.shape[-1], dv) if initial_state is None else initial_state[i].float()
         for t in range(start, end):
             o[b, t], h, _ = _token(h, qs[b, t], ks[b, t], v[b, t].float(), g[b, t].float(), beta[b, t].float())
@@ -63,42 +56,20 @@ def naive_gated_delta_rule(
     return o.to(v.dtype), (torch.stack(finals) if output_final_state else None)
 
 
-def _initial(ssm: torch.Tensor, slot: int, has_initial: bool) -> torch.Tensor:
-    return ssm[slot].float() if has_initial else torch.zeros_like(ssm[slot], dtype=torch.float32)
-
-
 def naive_gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, ssm: Tensor,
                       slots: Tensor, has_initial: Tensor, scale: float | None = None,
                       use_qk_l2norm_in_kernel: bool = False, chunk_size: int = 64) -> torch.Tensor:
     """Reference of `gdn_prefill`: q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; returns o [N, HV, V]."""
-    o = torch.zeros(v.shape, dtype=v.dtype)
-    cu = cu_seqlens.tolist()
-    for i, slot in enumerate(slots.tolist()):
-        if slot < 0:
-            continue
-        span = slice(cu[i], cu[i + 1])
-        h0 = _initial(ssm, slot, bool(has_initial[i]))[None]
-        o_i, h = naive_gated_delta_rule(
-            q[None, span], k[None, span], v[None, span], g[None, span], beta[None, span], scale, h0, True,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-        o[span], ssm[slot] = o_i[0], h[0]
-    return o
+    return prefill_rows(naive_gated_delta_rule, q, k, v, g, beta, cu_seqlens, ssm, slots, has_initial, scale,
+                        use_qk_l2norm_in_kernel)
 
 
 def naive_gdn_decode(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, ssm: Tensor, slots: Tensor,
                      has_initial: Tensor | None = None, scale: float | None = None,
                      use_qk_l2norm_in_kernel: bool = False) -> torch.Tensor:
     """Reference of `gdn_decode`: q, k [B, T, H, K]; v [B, T, HV, V]; returns o [B, T, HV, V]."""
-    o = torch.zeros(v.shape, dtype=v.dtype)
-    for i, slot in enumerate(slots.tolist()):
-        if slot < 0:
-            continue
-        h0 = _initial(ssm, slot, has_initial is None or bool(has_initial[i]))[None]
-        o_i, h = naive_gated_delta_rule(
-            q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1], scale, h0, True,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-        o[i], ssm[slot] = o_i[0], h[0]
-    return o
+    return decode_rows(naive_gated_delta_rule, q, k, v, g, beta, ssm, slots, has_initial, scale,
+                       use_qk_l2norm_in_kernel)
 
 
 def _replay(h: Tensor, replay_u: Tensor, replay_k: Tensor, replay_G: Tensor, slot: int, p: int,

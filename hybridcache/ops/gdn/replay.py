@@ -9,10 +9,10 @@ its new tokens start from; only rows with p + T > HIST write it back to ssm. New
 """
 import torch
 
-from ..slot_io import RowScatter, put_rows
+from ..delta_rule_common import head_major
+from ..slot_io import RowScatter, put_rows, read_rows
 from .block import block_from_reads, prepare_qk, read_state
 from .history import fold, read_history
-from .pool_io import read_rows
 
 
 def gdn_replay_state(
@@ -69,7 +69,7 @@ def gdn_verify(
     qn, kn = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)  # [B, H, T, K]
     # padding rows read a clamped slot: zero their reads so that stale NaNs never reach their outputs
     xh = torch.where(valid[:, None, None, None], read_state(torch.cat([qn, kn], dim=-2), h), 0.0)
-    vt, gt, bt = (y.float().transpose(1, 2) for y in (v, g, beta))
+    vt, gt, bt = head_major(v, g, beta)
     o, u, c = block_from_reads(qn, kn, vt, gt, bt, xh[..., :T, :], xh[..., T:, :])
 
     buf = torch.where(folds, 1 - hist.b, hist.b)

@@ -1,8 +1,7 @@
 """KDA decode: T tokens per row from the slot's state, writing the state after the last one."""
 import torch
 
-from ..gdn.pool_io import read_rows
-from ..slot_io import put_rows
+from ..delta_rule_common import decode_slots
 from .block import block, prepare_qk
 
 
@@ -22,8 +21,4 @@ def kda_decode(
 
     Returns o [B, T, H, V] in v's dtype.
     """
-    qh, kh = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)
-    h0 = read_rows(ssm, slots, has_initial)
-    o, h = block(h0, qh, kh, *(x.float().transpose(1, 2) for x in (v, g, beta)))
-    put_rows(ssm, (slots,), h, slots >= 0)
-    return o.transpose(1, 2).to(v.dtype)
+    return decode_slots(block, prepare_qk, q, k, v, g, beta, ssm, slots, has_initial, scale, use_qk_l2norm_in_kernel)

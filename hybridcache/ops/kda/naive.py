@@ -6,6 +6,7 @@ the pool-facing references take the same arguments as their fast counterparts.
 import torch
 from torch import Tensor
 
+from ..delta_rule_naive import decode_rows, prefill_rows, scaled_qk, spans
 from .block import l2norm
 
 
@@ -18,13 +19,6 @@ def _token(h: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
 
 def _read(h: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.einsum("hkv,hk->hv", h, q)
-
-
-def _prep(q: torch.Tensor, k: torch.Tensor, scale: float | None, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    q, k = q.float(), k.float()
-    if norm:
-        q, k = l2norm(q), l2norm(k)
-    return q * (q.shape[-1] ** -0.5 if scale is None else scale), k
 
 
 def naive_kda(
@@ -45,15 +39,10 @@ def naive_kda(
     Returns o [B, T, H, V] (v's dtype) and the fp32 final state if asked.
     """
     B, T, H, dv = *v.shape[:3], v.shape[-1]
-    if cu_seqlens is None:
-        spans = [(b, 0, T) for b in range(B)]
-    else:
-        cu = cu_seqlens.tolist()
-        spans = [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
-    qs, ks = _prep(q, k, scale, use_qk_l2norm_in_kernel)
+    qs, ks = scaled_qk(q, k, scale, l2norm if use_qk_l2norm_in_kernel else None)
     o = torch.zeros(B, T, H, dv)
     finals = []
-    for i, (b, start, end) in enumerate(spans):
+    for i, (b, start, end) in enumerate(spans(B, T, cu_seqlens)):
         h = torch.zeros(H, k.shape[-1], dv) if initial_state is None else initial_state[i].float()
         for t in range(start, end):
             h = _token(h, ks[b, t], v[b, t].float(), g[b, t].float(), beta[b, t].float())
@@ -66,33 +55,15 @@ def naive_kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
                       slots: Tensor, has_initial: Tensor, scale: float | None = None,
                       use_qk_l2norm_in_kernel: bool = False, chunk_size: int = 64) -> torch.Tensor:
     """Reference of `kda_prefill`: q, k, g [N, H, K]; v [N, H, V]; beta [N, H]; returns o [N, H, V]."""
-    o = torch.zeros(v.shape, dtype=v.dtype)
-    cu = cu_seqlens.tolist()
-    for i, slot in enumerate(slots.tolist()):
-        if slot < 0:
-            continue
-        span = slice(cu[i], cu[i + 1])
-        h0 = ssm[slot].float() if bool(has_initial[i]) else torch.zeros(ssm.shape[1:])
-        o_i, h = naive_kda(q[None, span], k[None, span], v[None, span], g[None, span], beta[None, span], scale,
-                           h0[None], True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-        o[span], ssm[slot] = o_i[0], h[0]
-    return o
+    return prefill_rows(naive_kda, q, k, v, g, beta, cu_seqlens, ssm, slots, has_initial, scale,
+                        use_qk_l2norm_in_kernel)
 
 
 def naive_kda_decode(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, ssm: Tensor, slots: Tensor,
                      has_initial: Tensor | None = None, scale: float | None = None,
                      use_qk_l2norm_in_kernel: bool = False) -> torch.Tensor:
     """Reference of `kda_decode`: q, k, g [B, T, H, K]; v [B, T, H, V]; returns o [B, T, H, V]."""
-    o = torch.zeros(v.shape, dtype=v.dtype)
-    for i, slot in enumerate(slots.tolist()):
-        if slot < 0:
-            continue
-        start = has_initial is None or bool(has_initial[i])
-        h0 = ssm[slot].float() if start else torch.zeros(ssm.shape[1:])
-        o_i, h = naive_kda(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1], scale, h0[None], True,
-                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-        o[i], ssm[slot] = o_i[0], h[0]
-    return o
+    return decode_rows(naive_kda, q, k, v, g, beta, ssm, slots, has_initial, scale, use_qk_l2norm_in_kernel)
 
 
 def _replay_pending(h: Tensor, pend_k: Tensor, pend_g: Tensor, pend_v: Tensor, pend_beta: Tensor, slot: int,
@@ -118,7 +89,7 @@ def naive_kda_verify(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s
                      scale: float | None = None, use_qk_l2norm_in_kernel: bool = False) -> torch.Tensor:
     """Reference of `kda_verify` (docs/layouts.md): returns o [B, T, H, V]."""
     T = q.shape[1]
-    qs, ks = _prep(q, k, scale, use_qk_l2norm_in_kernel)
+    qs, ks = scaled_qk(q, k, scale, l2norm if use_qk_l2norm_in_kernel else None)
     o = torch.zeros(v.shape, dtype=v.dtype)
     for i, slot in enumerate(slots.tolist()):
         if slot < 0:

@@ -3,7 +3,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..gdn.pool_io import gather_rows
+from ..slot_io import take_rows
 
 
 class Pending(NamedTuple):
@@ -25,7 +25,7 @@ def read_pending(
     slots: torch.Tensor,
 ) -> Pending:
     """pend_k, pend_g [S, P, H, K]; pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] int32. No host sync."""
-    n = gather_rows(pend_n, slots).long()
+    n = take_rows(pend_n, slots).long()
     m = torch.arange(pend_k.shape[1], device=n.device) < n[:, None]  # [B, P]
     sc = slots.clamp(min=0)
 

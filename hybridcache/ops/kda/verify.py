@@ -4,8 +4,8 @@ No host sync: padding rows are kept out of the writes by `hybridcache.ops.slot_i
 """
 import torch
 
-from ..gdn.pool_io import read_rows
-from ..slot_io import RowScatter, put_rows
+from ..delta_rule_common import head_major
+from ..slot_io import RowScatter, put_rows, read_rows
 from .block import block, prepare_qk
 from .pending import read_pending
 
@@ -53,7 +53,7 @@ def kda_verify(
     P, T = pend_k.shape[1], q.shape[1]
     assert T - 1 <= P, f"a verify step of {T} tokens needs pending caches for {T - 1} drafts, have {P}"
     qn, kn = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)
-    vt, gt, bt = (x.float().transpose(1, 2) for x in (v, g, beta))
+    vt, gt, bt = head_major(v, g, beta)
     h = read_rows(ssm, slots)
     p = read_pending(pend_k, pend_g, pend_v, pend_beta, pend_n, slots)
     # one block: the P pending slots (identity past pend_n), then the T new tokens

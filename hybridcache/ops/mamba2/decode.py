@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from hybridcache.ops.slot_io import put_rows, take_rows
-from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_state, process_dt
+from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, add_skip, check_dims, process_dt
 
 
 def mamba2_decode(
@@ -23,18 +23,14 @@ def mamba2_decode(
 ) -> Tensor:
     """See `mamba2_decode_ref`. x: [B, H, P]; dt: [B, H]; B, C: [B, G, N]; ssm: [S, H, P, N] fp32,
     updated in place (padding rows write nothing). Returns y: [B, H, P] in x's dtype."""
-    batch, heads, head_dim = x.shape
-    groups, dstate = B.shape[1:]
-    reps = heads // groups
-    check_state(ssm, heads, head_dim, dstate)
+    batch = x.shape[0]
+    heads, head_dim, groups, dstate, reps = check_dims(x, B, ssm)
     valid = slots >= 0
     dtp = process_dt(dt, dt_bias, dt_limit)  # [B, H]
     h = take_rows(ssm, slots, valid).view(batch, groups, reps, head_dim, dstate)
     h.mul_(torch.exp(dtp * A.float()).view(batch, groups, reps, 1, 1))
     xdt = (x.float() * dtp[..., None]).view(batch, groups, reps, head_dim, 1)
     h.addcmul_(xdt, B.float().view(batch, groups, 1, 1, dstate))
-    y = torch.einsum("bgrpn,bgn->bgrp", h, C.float()).reshape(batch, heads, head_dim)
-    if D is not None:
-        y = y + D.float()[:, None] * x.float()
+    y = add_skip(torch.einsum("bgrpn,bgn->bgrp", h, C.float()).reshape(batch, heads, head_dim), x, D)
     put_rows(ssm, (slots,), h.view(batch, heads, head_dim, dstate), valid)
     return y.to(x.dtype)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from hybridcache.ops.slot_io import put_rows, take_rows
-from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_state, process_dt
+from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, add_skip, causal_decay, check_dims, process_dt
 
 
 def mamba2_verify_intermediate(
@@ -30,24 +30,18 @@ def mamba2_verify_intermediate(
     """x: [B, T, H, P]; dt: [B, T, H]; B, C: [B, T, G, N]; ssm: [S, H, P, N] (read);
     inter: [S, T_max, H, P, N] fp32 (states after each new token written at [0, T)).
     Returns y: [B, T, H, P] in x's dtype."""
-    batch, steps, heads, head_dim = x.shape
-    groups, dstate = B.shape[2:]
-    reps = heads // groups
-    check_state(ssm, heads, head_dim, dstate)
+    batch, steps = x.shape[:2]
+    heads, head_dim, groups, dstate, reps = check_dims(x, B, ssm)
     valid = slots >= 0
     h0 = take_rows(ssm, slots, valid).view(batch, 1, groups, reps, head_dim, dstate)
     dtp = process_dt(dt, dt_bias, dt_limit)  # [B, T, H]
     cum = torch.cumsum(dtp * A.float(), dim=1).transpose(1, 2)  # [B, H, T]
-    causal = torch.ones(steps, steps, dtype=torch.bool, device=x.device).tril()
-    weight = torch.exp(torch.where(causal, cum[..., :, None] - cum[..., None, :], -torch.inf))
-    weight = (weight * dtp.transpose(1, 2)[:, :, None, :]).view(batch, groups, reps, steps, steps)
+    weight = (causal_decay(cum) * dtp.transpose(1, 2)[:, :, None, :]).view(batch, groups, reps, steps, steps)
     xs = x.float().view(batch, steps, groups, reps, head_dim)
     xw = torch.einsum("bgrts,bsgrp->btgrsp", weight, xs)
     states = torch.einsum("btgrsp,bsgn->btgrpn", xw, B.float())
     states += h0 * torch.exp(cum).transpose(1, 2).reshape(batch, steps, groups, reps, 1, 1)
-    y = torch.einsum("btgn,btgrpn->btgrp", C.float(), states).reshape(batch, steps, heads, head_dim)
-    if D is not None:
-        y = y + D.float()[:, None] * x.float()
+    y = add_skip(torch.einsum("btgn,btgrpn->btgrp", C.float(), states).reshape(batch, steps, heads, head_dim), x, D)
     t = torch.arange(steps, device=x.device)
     put_rows(inter, (slots[:, None], t[None]), states.reshape(batch, steps, heads, head_dim, dstate), valid)
     return y.to(x.dtype)

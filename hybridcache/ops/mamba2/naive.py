@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, heads_of_groups, process_dt
+from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, add_skip, check_steps, heads_of_groups, process_dt
 
 
 def _step(h: Tensor, x: Tensor, dt: Tensor, dA: Tensor, B: Tensor) -> Tensor:
@@ -26,10 +26,22 @@ def _step(h: Tensor, x: Tensor, dt: Tensor, dA: Tensor, B: Tensor) -> Tensor:
 
 def _out(h: Tensor, x: Tensor, C: Tensor, D: Tensor | None) -> Tensor:
     """y = C h + D x. h: [H, P, N]; x: [H, P]; C: [H, N]. Returns [H, P] fp32."""
-    y = (h * C.float()[:, None, :]).sum(-1)
-    if D is not None:
-        y = y + D.float()[:, None] * x.float()
-    return y
+    return add_skip((h * C.float()[:, None, :]).sum(-1), x, D)
+
+
+def _token(h: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None) -> tuple[Tensor, Tensor]:
+    """One new token (dt processed, B and C per head) -> (state after it, y [H, P] fp32)."""
+    h = _step(h, x, dt, dt * A.float(), B)
+    return h, _out(h, x, C, D)
+
+
+def _inputs(
+    x: Tensor, dt: Tensor, B: Tensor, C: Tensor, dt_bias: Tensor | None, dt_limit: DtLimit
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(zeroed output like x, processed dt, B per head, C per head) for x [..., H, P], B/C [..., G, N]."""
+    heads = x.shape[-2]
+    y = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    return y, process_dt(dt, dt_bias, dt_limit), heads_of_groups(B, heads), heads_of_groups(C, heads)
 
 
 def mamba2_prefill_ref(
@@ -52,18 +64,15 @@ def mamba2_prefill_ref(
     slots: [B] (negative = padding, writes nothing); has_initial: [B] bool; cu_seqlens: [B + 1].
     Returns y: [N, H, P] in x's dtype.
     """
-    heads = x.shape[1]
-    y = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
-    dtp = process_dt(dt, dt_bias, dt_limit)
-    Bh, Ch = heads_of_groups(B, heads), heads_of_groups(C, heads)
+    y, dtp, Bh, Ch = _inputs(x, dt, B, C, dt_bias, dt_limit)
     for b in range(slots.shape[0]):
         slot = int(slots[b])
         h = torch.zeros(ssm.shape[1:], dtype=torch.float32, device=x.device)
         if slot >= 0 and bool(has_initial[b]):
             h = ssm[slot].clone()
         for t in range(int(cu_seqlens[b]), int(cu_seqlens[b + 1])):
-            h = _step(h, x[t], dtp[t], dtp[t] * A.float(), Bh[t])
-            y[t] = _out(h, x[t], Ch[t], D).to(x.dtype)
+            h, y_t = _token(h, x[t], dtp[t], A, Bh[t], Ch[t], D)
+            y[t] = y_t.to(x.dtype)
         if slot >= 0:
             ssm[slot] = h
     return y
@@ -82,19 +91,13 @@ def mamba2_decode_ref(
     dt_limit: DtLimit = NO_LIMIT,
 ) -> Tensor:
     """One token per row (selective state update). x: [B, H, P]; dt: [B, H]; B, C: [B, G, N].
-    Updates ssm[slot] in place; padding rows read zeros and write nothing. Returns y: [B, H, P]."""
-    heads = x.shape[1]
-    y = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
-    dtp = process_dt(dt, dt_bias, dt_limit)
-    Bh, Ch = heads_of_groups(B, heads), heads_of_groups(C, heads)
-    for b in range(slots.shape[0]):
-        slot = int(slots[b])
-        h = ssm[slot].clone() if slot >= 0 else torch.zeros(ssm.shape[1:], device=x.device)
-        h = _step(h, x[b], dtp[b], dtp[b] * A.float(), Bh[b])
-        y[b] = _out(h, x[b], Ch[b], D).to(x.dtype)
-        if slot >= 0:
-            ssm[slot] = h
-    return y
+    Updates ssm[slot] in place; padding rows read zeros and write nothing. Returns y: [B, H, P].
+
+    The same as a prefill of B one-token sequences, each starting from its slot's state."""
+    batch = x.shape[0]
+    has_initial = torch.ones(batch, dtype=torch.bool, device=x.device)
+    cu_seqlens = torch.arange(batch + 1, device=x.device)
+    return mamba2_prefill_ref(x, dt, A, B, C, ssm, slots, has_initial, cu_seqlens, D, dt_bias, dt_limit)
 
 
 def replay_state_ref(
@@ -154,11 +157,8 @@ def mamba2_verify_ref(
     """
     batch, steps, heads = x.shape[:3]
     hist = replay_x.shape[2]
-    if steps > hist:
-        raise ValueError(f"T={steps} exceeds the replay history length {hist}")
-    y = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
-    dtp = process_dt(dt, dt_bias, dt_limit)
-    Bh, Ch = heads_of_groups(B, heads), heads_of_groups(C, heads)
+    check_steps(steps, hist)
+    y, dtp, Bh, Ch = _inputs(x, dt, B, C, dt_bias, dt_limit)
     one = slots.new_zeros(1)
     for b in range(batch):
         slot = int(slots[b])
@@ -172,8 +172,8 @@ def mamba2_verify_ref(
             start = p
             cum = replay_dA_cumsum[slot, buf, :, p - 1].clone() if p > 0 else torch.zeros(heads, device=x.device)
         for t in range(steps):
-            h = _step(h, x[b, t], dtp[b, t], dtp[b, t] * A.float(), Bh[b, t])
-            y[b, t] = _out(h, x[b, t], Ch[b, t], D).to(x.dtype)
+            h, y_t = _token(h, x[b, t], dtp[b, t], A, Bh[b, t], Ch[b, t], D)
+            y[b, t] = y_t.to(x.dtype)
             cum = cum + dtp[b, t] * A.float()
             if not live:
                 continue

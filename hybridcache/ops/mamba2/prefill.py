@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hybridcache.ops.slot_io import put_rows, take_rows
-from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_state, process_dt
+from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, add_skip, causal_decay, check_dims, process_dt
 
 
 def _grid(cu_seqlens: Tensor, num_tokens: int, chunk: int) -> tuple[Tensor, Tensor, int]:
@@ -71,8 +71,7 @@ def mamba2_chunk_scan_varlen(
     xdt = (xg * dtg[..., None]).view(*shape, groups, reps, head_dim)
 
     # 1. inside each chunk: y_l += sum_{s <= l} (C_l . B_s) exp(c_l - c_s) dt_s x_s
-    causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
-    decay = torch.exp(torch.where(causal, cum[..., :, None] - cum[..., None, :], -torch.inf))  # [B,Cm,H,Q,Q]
+    decay = causal_decay(cum)  # [B,Cm,H,Q,Q]
     cb = torch.einsum("bclgn,bcsgn->bcgls", Cg, Bg)
     scores = cb[:, :, :, None] * decay.view(*shape[:2], groups, reps, q, q)
     y = torch.einsum("bcgrls,bcsgrp->bclgrp", scores, xdt)
@@ -99,9 +98,7 @@ def mamba2_chunk_scan_varlen(
     from_start = torch.exp(cum).view(*shape[:2], groups, reps, q)  # [B,Cm,G,R,Q]
     y_off = torch.einsum("bclgn,bcgrpn->bclgrp", Cg, starts[:, :-1])
     y = y + y_off * from_start.permute(0, 1, 4, 2, 3)[..., None]
-    y = y.reshape(batch * cmax * q, heads, head_dim)[where]
-    if D is not None:
-        y = y + D.float()[:, None] * x.float()
+    y = add_skip(y.reshape(batch * cmax * q, heads, head_dim)[where], x, D)
     return y.to(x.dtype), final
 
 
@@ -122,7 +119,7 @@ def mamba2_prefill(
 ) -> Tensor:
     """Prefill through slots; see `mamba2_prefill_ref`. x: [N, H, P]; ssm: [S, H, P, N] fp32 (written).
     Returns y: [N, H, P]."""
-    check_state(ssm, x.shape[1], x.shape[2], B.shape[-1])
+    check_dims(x, B, ssm)
     valid = slots >= 0
     init = take_rows(ssm, slots, valid & has_initial.to(valid.device))
     y, final = mamba2_chunk_scan_varlen(x, dt, A, B, C, cu_seqlens, init, D, dt_bias, dt_limit, chunk_size)

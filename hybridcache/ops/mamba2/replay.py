@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_state, process_dt
+from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, add_skip, check_dims, check_steps, process_dt
 from hybridcache.ops.replay_accept import replay_accept
 from hybridcache.ops.slot_io import put_rows, take_rows
 
@@ -24,16 +24,20 @@ from hybridcache.ops.slot_io import put_rows, take_rows
 class _History:
     """One batch's view of the active replay buffers. Tokens at or past `count` are zeroed.
 
+    valid: [B] (slot >= 0); count: [B] (valid tokens p, 0 for padding rows); buf: [B] (active buffer);
     x: [B, HIST, H, P] fp32; B: [B, HIST, G, N] fp32; dt, cum: [B, H, HIST] fp32;
-    count: [B] (valid tokens, p); last_cum: [B, H] (cum of token p - 1, 0 when p = 0).
+    last_cum: [B, H] (cum of token p - 1, 0 when p = 0).
     """
 
     def __init__(self, replay_x: Tensor, replay_B: Tensor, replay_dt: Tensor, replay_dA_cumsum: Tensor,
-                 slots: Tensor, valid: Tensor, count: Tensor, buf: Tensor) -> None:
+                 pnat: Tensor, buf_idx: Tensor, slots: Tensor) -> None:
         hist = replay_x.shape[2]
+        valid = slots >= 0
         sc = slots.clamp_min(0)
+        count = torch.where(valid, pnat[sc].long(), 0)
+        buf = torch.where(valid, buf_idx[sc].long(), 0)
         live = (torch.arange(hist, device=slots.device) < count[:, None]) & valid[:, None]  # [B, HIST]
-        self.count = count
+        self.valid, self.count, self.buf = valid, count, buf
         self.x = torch.where(live[..., None, None], replay_x[sc, buf].float(), 0.0)
         self.B = torch.where(live[..., None, None], replay_B[sc, buf].float(), 0.0)
         self.dt = torch.where(live[:, None], replay_dt[sc, buf].float(), 0.0)
@@ -73,12 +77,8 @@ def replay_state(
 ) -> Tensor:
     """Effective state (checkpoint + the pnat valid history tokens folded), writing nothing.
     Returns [B, H, P, N] fp32; zeros for padding rows."""
-    valid = slots >= 0
-    sc = slots.clamp_min(0)
-    count = torch.where(valid, pnat[sc].long(), 0)
-    buf = torch.where(valid, buf_idx[sc].long(), 0)
-    hist = _History(replay_x, replay_B, replay_dt, replay_dA_cumsum, slots, valid, count, buf)
-    return _fold(take_rows(ssm, slots, valid), hist, valid)
+    hist = _History(replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots)
+    return _fold(take_rows(ssm, slots, hist.valid), hist, hist.valid)
 
 
 def mamba2_verify(
@@ -101,20 +101,14 @@ def mamba2_verify(
 ) -> Tensor:
     """Replay verify; see `mamba2_verify_ref`. x: [B, T, H, P]; dt: [B, T, H]; B, C: [B, T, G, N].
     Returns y: [B, T, H, P] in x's dtype."""
-    batch, steps, heads, head_dim = x.shape
-    groups, dstate = B.shape[2:]
-    reps = heads // groups
+    batch, steps = x.shape[:2]
     size = replay_x.shape[2]
-    if steps > size:
-        raise ValueError(f"T={steps} exceeds the replay history length {size}")
-    check_state(ssm, heads, head_dim, dstate)
+    check_steps(steps, size)
+    heads, head_dim, groups, dstate, reps = check_dims(x, B, ssm)
     device = x.device
-    valid = slots >= 0
-    sc = slots.clamp_min(0)
-    p = torch.where(valid, pnat[sc].long(), 0)
-    buf = torch.where(valid, buf_idx[sc].long(), 0)
+    hist = _History(replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots)
+    valid, p, buf = hist.valid, hist.count, hist.buf
     fold = valid & (p + steps > size)
-    hist = _History(replay_x, replay_B, replay_dt, replay_dA_cumsum, slots, valid, p, buf)
 
     h = _fold(take_rows(ssm, slots, valid), hist, fold)  # [B, H, P, N]
     put_rows(ssm, (slots,), h, fold)
@@ -143,9 +137,7 @@ def mamba2_verify(
     y = torch.einsum("bgrtl,blgrp->btgrp", scores, src_x)
     y_ckpt = torch.einsum("btgn,bgrpn->btgrp", Cf, h.view(batch, groups, reps, head_dim, dstate))
     y = y + y_ckpt * torch.exp(cum_new).view(batch, steps, groups, reps, 1)
-    y = y.reshape(batch, steps, heads, head_dim)
-    if D is not None:
-        y = y + D.float()[:, None] * x.float()
+    y = add_skip(y.reshape(batch, steps, heads, head_dim), x, D)
 
     # append at [p, p + T) of buffer b, or after a fold at [0, T) of buffer 1 - b
     target = torch.where(fold, 1 - buf, buf)[:, None]  # [B, 1]
