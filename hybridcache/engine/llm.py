@@ -214,38 +214,45 @@ class LLM:
         return {r.req_id: self.drafter.propose(r.tokens) for r in step.generation}
 
     def _commit(self, step: ScheduledStep, drafts: dict[int, list[int]], logits) -> list[RequestOutput]:
-        accepted: list[int] = []
-        new_tokens: dict[int, list[int]] = {}
-        for (req, chunk), lg in zip(step.context, logits.context):
-            accepted.append(chunk)
-            if lg is not None:
-                new_tokens[req.req_id] = choose(lg[None], [], req.params, req.generator)
-        for req, lg in zip(step.generation, logits.generation):
-            d = drafts.get(req.req_id, [])
-            out = choose(lg[: len(d) + 1], d, req.params, req.generator)
-            accepted.append(len(out))  # the fed token plus the accepted drafts
-            new_tokens[req.req_id] = out
-            self._stats.num_draft_tokens += len(d)
-            self._stats.num_accepted_tokens += len(out) - 1
+        """Choose tokens, record acceptance in the cache, advance the requests; returns the finished."""
+        new_tokens, accepted = self._sample(step, drafts, logits)
         self.manager.accept(accepted)
-        finished: list[RequestOutput] = []
         for req, chunk in step.context:
             req.num_prefilled += chunk
             if req.num_prefilled == req.context_len:
                 self.manager.start_generation(req.req_id)
                 req.phase = Phase.DECODE
+        for req in step.generation:
+            req.num_prefilled += len(new_tokens[req.req_id])  # the fed token and the accepted drafts
+        finished = []
         for req in [r for r, _ in step.context] + step.generation:
             toks = new_tokens.get(req.req_id)
             if toks is None:
                 continue
             before = len(req.output)
-            if req.phase == Phase.DECODE and req in step.generation:
-                req.num_prefilled += len(toks)  # fed token + accepted drafts are now cached
             if req.append(toks):
                 self.scheduler.finish(req)
                 finished.append(RequestOutput(req.req_id, req.prompt, list(req.output), self._decode(req.output)))
             self._stats.num_generated_tokens += len(req.output) - before
         return finished
+
+    def _sample(self, step: ScheduledStep, drafts: dict[int, list[int]], logits) -> tuple[dict[int, list[int]], list[int]]:
+        """New tokens per request, and per row the tokens now valid in the cache (context rows: the chunk;
+        generation rows: the fed token plus the accepted drafts)."""
+        new_tokens: dict[int, list[int]] = {}
+        accepted: list[int] = []
+        for (req, chunk), lg in zip(step.context, logits.context):
+            accepted.append(chunk)
+            if lg is not None:  # the prompt is done: its last position gives the first token
+                new_tokens[req.req_id] = choose(lg[None], [], req.params, req.generator)
+        for req, lg in zip(step.generation, logits.generation):
+            d = drafts.get(req.req_id, [])
+            out = choose(lg[: len(d) + 1], d, req.params, req.generator)
+            accepted.append(len(out))
+            new_tokens[req.req_id] = out
+            self._stats.num_draft_tokens += len(d)
+            self._stats.num_accepted_tokens += len(out) - 1
+        return new_tokens, accepted
 
     def _decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None
