@@ -25,6 +25,7 @@ class DeviceTier:
         self.arena = torch.zeros(arena_bytes, dtype=torch.uint8, device=device)
         self.slots: dict[str, torch.Tensor] = {}
         self.pages: dict[str, torch.Tensor] = {}
+        self.by_module: dict[str, dict[str, torch.Tensor]] = {}
         self.num_slots = 0
         self.num_pages = 0
 
@@ -41,6 +42,10 @@ class DeviceTier:
                 out[role.name] = flat.view(role.dtype).view(role.layers, rows, *role.shape)
                 cursor += align(nbytes)
         self.slots, self.pages = views
+        self.by_module = {}
+        for name, t in self.slots.items():  # "mamba2.ssm" -> by_module["mamba2"]["ssm"]
+            module, role = name.split(".", 1)
+            self.by_module.setdefault(module, {})[role] = t
         self.num_slots, self.num_pages = num_slots, num_pages
 
     def zero_slots(self, slots: torch.Tensor) -> None:

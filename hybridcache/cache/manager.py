@@ -6,16 +6,14 @@ from typing import Hashable, Iterable, Sequence
 import numpy as np
 import torch
 
-from . import rebalance
+from . import rebalance, tiering
 from .config import CacheConfig
 from .copy_engine import CopyEngine
 from .device_tier import DeviceTier
 from .entries import Entry, Status, TokenCounts, pages_for
 from .errors import (
-    BudgetTooSmallError,
     DoubleFreeError,
     DuplicateRequestError,
-    HostTierFullError,
     InvalidTransitionError,
     LayoutError,
     OutOfDeviceMemoryError,
@@ -50,17 +48,7 @@ class HybridCacheManager:
         self.sizing = Sizing(tuple(self.slot_roles), tuple(self.page_roles))
 
         dummies = config.num_dummy_slots
-        if config.num_slots is None:
-            per_slot = max(self.sizing.bytes_per_slot, 1)
-            num_slots = int(config.device_bytes * config.slot_share) // per_slot - dummies
-        else:
-            num_slots = config.num_slots
-        num_pages = self.sizing.split(config.device_bytes, num_slots + dummies) if num_slots >= 1 else 0
-        if num_slots < 1 or (self.page_roles and num_pages < 1):  # no page roles: no pages needed
-            raise BudgetTooSmallError(
-                f"device budget {config.device_bytes} B cannot hold one request: a slot costs "
-                f"{self.sizing.bytes_per_slot} B (plus {dummies} dummy slots), a page {self.sizing.bytes_per_page} B"
-            )
+        num_slots, num_pages = self.sizing.device_split(config.device_bytes, config.num_slots, config.slot_share, dummies)
         self.device_tier = DeviceTier(self.slot_roles, self.page_roles, config.device_bytes, self.device)
         self.device_tier.carve(num_slots + dummies, num_pages)
         self.slot_pool = IdPool(num_slots + dummies, permanent=dummies)
@@ -113,14 +101,13 @@ class HybridCacheManager:
         return list(self._entries)
 
     def state_tensors(self, module: StateModule | str) -> dict[str, torch.Tensor]:
-        """Device role tensors `[layers, slots, ...]` of one state module, by local role name."""
-        name = module if isinstance(module, str) else module.name
-        prefix = name + "."
-        return {k[len(prefix) :]: t for k, t in self.device_tier.slots.items() if k.startswith(prefix)}
+        """Device role tensors `[layers, slots, ...]` of one state module, by local role name (the tier's
+        own mapping, rebuilt by a rebalance: read it, do not keep it across one)."""
+        return self.device_tier.by_module[module if isinstance(module, str) else module.name]
 
     def page_tensors(self) -> dict[str, torch.Tensor]:
-        """Device page role tensors `[layers, pages, ...]` by full role name."""
-        return dict(self.device_tier.pages)
+        """Device page role tensors `[layers, pages, ...]` by full role name (same caveat)."""
+        return self.device_tier.pages
 
     def pages_needed(self, req_id: Hashable, num_new: int) -> int:
         e = self.entry(req_id)
@@ -138,11 +125,6 @@ class HybridCacheManager:
         entries = [self.entry(r) for r in req_ids]
         pages = sum(len(e.host_pages) for e in entries)
         return len(entries) <= self.slot_pool.num_free and pages <= self.page_pool.num_free
-
-    def can_suspend(self, req_ids: Sequence[Hashable]) -> bool:
-        entries = [self.entry(r) for r in req_ids]
-        pages = sum(self._live_pages(e) for e in entries)
-        return len(entries) <= self.host_tier.slot_pool.num_free and pages <= self.host_tier.page_pool.num_free
 
     def device_bytes_needed(self, num_tokens: int) -> int:
         return self.sizing.request_bytes(num_tokens, self.page_size)
@@ -198,7 +180,7 @@ class HybridCacheManager:
         if not self.page_roles:  # a model without attention layers holds no pages
             grow[:] = 0
         grow_rows = np.flatnonzero(grow > 0).tolist()
-        fresh_rows = [i for i, e in enumerate(batch.entries) if e.status == Status.WAITING]
+        fresh_rows = batch.waiting_rows
         need_pages = int(grow[grow_rows].sum()) if grow_rows else 0
         if len(fresh_rows) > self.slot_pool.num_free or need_pages > self.page_pool.num_free:
             raise OutOfDeviceMemoryError(
@@ -213,6 +195,7 @@ class HybridCacheManager:
                 e.slot, e.status = slot, Status.CONTEXT
                 batch.set_slot(row, slot)
             self._zero_slots(slots)
+            batch.waiting_rows = []
         if grow_rows:
             new_pages = [self.page_pool.allocate(int(grow[r])) for r in grow_rows]
             for r, pages in zip(grow_rows, new_pages):
@@ -221,7 +204,7 @@ class HybridCacheManager:
         self.copies.fence()
         self._pending = (batch, n)
         num_new_t = batch.num_new_tensor(n, num_new if isinstance(num_new, int) else None)
-        return batch.indices(cached, num_new_t, fresh_rows)
+        return batch.indices(cached, n, num_new_t, fresh_rows)
 
     def accept(self, num_valid: Sequence[int] | torch.Tensor | np.ndarray | None = None) -> None:
         """Close the prepared step: context rows commit all their tokens, generation rows `num_valid`.
@@ -281,28 +264,7 @@ class HybridCacheManager:
                 raise InvalidTransitionError(f"request {e.req_id!r} is a dummy; dummies are never suspended")
             if e.status != Status.GENERATION:
                 raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}; only GENERATION can suspend")
-        live = [e.pages[: self._live_pages(e)] for e in entries]
-        host = self.host_tier
-        if len(entries) > host.slot_pool.num_free or sum(map(len, live)) > host.page_pool.num_free:
-            raise HostTierFullError(
-                f"host tier has {host.slot_pool.num_free} slots and {host.page_pool.num_free} pages free; "
-                f"suspending needs {len(entries)} and {sum(map(len, live))}"
-            )
-        host_slots = host.slot_pool.allocate(len(entries))
-        host_pages = [host.page_pool.allocate(len(p)) for p in live]
-        moved = self.copies.to_host(
-            self.slot_roles, self.device_tier.slots, [e.slot for e in entries],
-            host.slot_layout, host.slot_records, host_slots,
-        )
-        moved += self.copies.to_host(
-            self.page_roles, self.device_tier.pages, [p for ps in live for p in ps],
-            host.page_layout, host.page_records, [p for ps in host_pages for p in ps],
-        )
-        for e, hs, hp in zip(entries, host_slots, host_pages):
-            self.slot_pool.release([e.slot])
-            self.page_pool.release(e.pages)
-            e.slot, e.pages, e.host_slot, e.host_pages = -1, [], hs, hp
-            e.status = Status.SUSPENDED
+        moved = tiering.to_host(self, entries)
         self._note_move("suspensions", len(entries), "bytes_to_host", moved)
         return moved
 
@@ -313,28 +275,7 @@ class HybridCacheManager:
         for e in entries:
             if e.status != Status.SUSPENDED:
                 raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}, not SUSPENDED")
-        npages = sum(len(e.host_pages) for e in entries)
-        if len(entries) > self.slot_pool.num_free or npages > self.page_pool.num_free:
-            raise OutOfDeviceMemoryError(
-                f"resume needs {len(entries)} slots and {npages} pages; "
-                f"{self.slot_pool.num_free} and {self.page_pool.num_free} are free"
-            )
-        slots = self.slot_pool.allocate(len(entries))
-        pages = [self.page_pool.allocate(len(e.host_pages)) for e in entries]
-        host = self.host_tier
-        moved = self.copies.to_device(
-            self.slot_roles, self.device_tier.slots, slots,
-            host.slot_layout, host.slot_records, [e.host_slot for e in entries],
-        )
-        moved += self.copies.to_device(
-            self.page_roles, self.device_tier.pages, [p for ps in pages for p in ps],
-            host.page_layout, host.page_records, [p for e in entries for p in e.host_pages],
-        )
-        for e, s, ps in zip(entries, slots, pages):
-            host.slot_pool.release([e.host_slot])
-            host.page_pool.release(e.host_pages)
-            e.slot, e.pages, e.host_slot, e.host_pages = s, ps, -1, []
-            e.status = Status.GENERATION
+        moved = tiering.to_device(self, entries)
         self._note_move("resumes", len(entries), "bytes_to_device", moved)
         return moved
 

@@ -12,6 +12,7 @@ import torch
 from .errors import BudgetTooSmallError, OutOfDeviceMemoryError
 from .host_tier import HostTier
 from .id_pool import IdPool
+from .tiering import copy_in, copy_out
 
 if TYPE_CHECKING:
     from .manager import HybridCacheManager
@@ -46,18 +47,14 @@ def recarve(mgr: "HybridCacheManager", num_slots: int) -> int:
     copies, tier = mgr.copies, mgr.device_tier
     saved = HostTier(mgr.slot_roles, mgr.page_roles, len(live), len(flat_pages), pin=copies.cuda)
     slot_order, page_order = list(range(len(live))), list(range(len(flat_pages)))
-    moved = copies.to_host(mgr.slot_roles, tier.slots, [e.slot for e in live], saved.slot_layout,
-                           saved.slot_records, slot_order)
-    moved += copies.to_host(mgr.page_roles, tier.pages, flat_pages, saved.page_layout, saved.page_records, page_order)
+    moved = copy_out(mgr, saved, [e.slot for e in live], flat_pages, slot_order, page_order)
     copies.synchronize()
     tier.carve(num_slots + dummies, num_pages)
     mgr.slot_pool = IdPool(num_slots + dummies, permanent=dummies)
     mgr.page_pool = IdPool(num_pages)
     new_slots = mgr.slot_pool.allocate(len(live))
     new_pages = [mgr.page_pool.allocate(len(ps)) for ps in live_pages]
-    copies.to_device(mgr.slot_roles, tier.slots, new_slots, saved.slot_layout, saved.slot_records, slot_order)
-    copies.to_device(mgr.page_roles, tier.pages, [p for ps in new_pages for p in ps], saved.page_layout,
-                     saved.page_records, page_order)
+    copy_in(mgr, saved, new_slots, [p for ps in new_pages for p in ps], slot_order, page_order)
     for e, slot, pages in zip(live, new_slots, new_pages):
         e.slot, e.pages = slot, pages
     if dummies:  # their rows are scratch: zero them so a padding row never reads NaN bit patterns

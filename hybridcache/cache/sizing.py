@@ -77,3 +77,17 @@ class Sizing:
         while pages > 0 and self.bytes_for(num_slots, pages) > budget:
             pages -= 1
         return pages
+
+    def device_split(self, budget: int, num_slots: int | None, slot_share: float, dummies: int) -> tuple[int, int]:
+        """(request slots, pages) of a device budget: `num_slots` slots (or `slot_share` of the bytes)
+        beside `dummies` permanent ones, and the pages that fit the rest. Raises BudgetTooSmallError when
+        one request (a slot, and a page if the model has page roles) does not fit."""
+        if num_slots is None:
+            num_slots = int(budget * slot_share) // max(self.bytes_per_slot, 1) - dummies
+        num_pages = self.split(budget, num_slots + dummies) if num_slots >= 1 else 0
+        if num_slots < 1 or (self.page_roles and num_pages < 1):
+            raise BudgetTooSmallError(
+                f"device budget {budget} B cannot hold one request: a slot costs {self.bytes_per_slot} B "
+                f"(plus {dummies} dummy slots), a page {self.bytes_per_page} B"
+            )
+        return num_slots, num_pages

@@ -19,6 +19,8 @@ class StepIndices:
     num_new      [B] int32  tokens this step feeds per row
     fresh        [B] bool   the row starts from a zero state (its context begins now)
     generation   [B] bool   the row is a decode / verify row (its acceptance is recorded)
+    host_cached_lens, host_num_new  [B] int64 numpy: the same counts on the host, so that token
+                 offsets and positions can be laid out without reading the device back
     """
 
     slots: torch.Tensor
@@ -27,6 +29,8 @@ class StepIndices:
     num_new: torch.Tensor
     fresh: torch.Tensor
     generation: torch.Tensor
+    host_cached_lens: np.ndarray
+    host_num_new: np.ndarray
 
     @property
     def batch_size(self) -> int:
@@ -48,6 +52,7 @@ class Batch:
         self.dummy = np.array([e.status == Status.DUMMY for e in entries], dtype=bool)
         self.npages = np.array([len(e.pages) for e in entries], dtype=np.int64)
         self.gen_rows = [i for i, e in enumerate(entries) if e.status == Status.GENERATION]
+        self.waiting_rows = [i for i, e in enumerate(entries) if e.status == Status.WAITING]  # emptied once served
         self.gen_mask = np.zeros(len(entries), dtype=bool)
         self.gen_mask[self.gen_rows] = True
         width = max(2 * int(self.npages.max(initial=0)), 1)
@@ -93,7 +98,7 @@ class Batch:
             self._num_new_key = key
         return self._num_new
 
-    def indices(self, cached: np.ndarray, num_new: torch.Tensor, fresh_rows: list[int]) -> StepIndices:
+    def indices(self, cached: np.ndarray, n: np.ndarray, num_new: torch.Tensor, fresh_rows: list[int]) -> StepIndices:
         if fresh_rows:
             fresh = torch.zeros(len(self.entries), dtype=torch.bool)
             fresh[fresh_rows] = True
@@ -107,4 +112,6 @@ class Batch:
             num_new=num_new,
             fresh=fresh,
             generation=self.generation,
+            host_cached_lens=cached,
+            host_num_new=n,
         )

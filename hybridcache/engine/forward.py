@@ -1,6 +1,7 @@
 """Turns the manager's step indices into the model's `ForwardBatch`."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..cache import HybridCacheManager, StepIndices
@@ -15,23 +16,21 @@ def forward_batch(
     speculative: bool,
 ) -> ForwardBatch:
     """Rows of `step` must be ordered context rows first; generation rows feed `generation_tokens` each."""
-    num_new = step.num_new.long()
-    cu = torch.zeros(num_new.shape[0] + 1, dtype=torch.long, device=num_new.device)
-    torch.cumsum(num_new, 0, out=cu[1:])
-    total = int(cu[-1])
-    row_of_token = torch.repeat_interleave(torch.arange(num_new.shape[0], device=num_new.device), num_new, output_size=total)
-    offset = torch.arange(total, device=num_new.device) - cu[:-1][row_of_token]
-    positions = step.cached_lens.long()[row_of_token] + offset
-    num_context_tokens = int(cu[num_context_rows])
+    n, cached = step.host_num_new, step.host_cached_lens
+    cu = np.zeros(len(n) + 1, dtype=np.int64)
+    np.cumsum(n, out=cu[1:])
+    starts = np.repeat(cu[:-1], n)  # laid out on the host: the counts are known there, no read-back
+    positions = np.repeat(cached, n) + np.arange(cu[-1]) - starts
+    device = step.slots.device
     return ForwardBatch(
-        positions=positions,
-        cu_seqlens=cu.to(torch.int32),
+        positions=torch.from_numpy(positions).to(device, non_blocking=True),
+        cu_seqlens=torch.from_numpy(cu.astype(np.int32)).to(device, non_blocking=True),
         cached_lens=step.cached_lens,
         slots=step.slots,
         has_initial=~step.fresh,
         page_table=step.page_table,
         num_context_rows=num_context_rows,
-        num_context_tokens=num_context_tokens,
+        num_context_tokens=int(cu[num_context_rows]),
         generation_tokens=generation_tokens,
         states={m.name: manager.state_tensors(m) for m in manager.states},
         pages=manager.page_tensors(),

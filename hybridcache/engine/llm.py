@@ -106,12 +106,9 @@ class LLM:
     # ---------------------------------------------------------------------------------- public
     @property
     def stats(self) -> Stats:
-        s = self._stats
-        s.num_suspensions = self.scheduler.num_suspensions
-        s.num_resumes = self.scheduler.num_resumes
-        s.num_reprefills = self.scheduler.num_reprefills
-        s.bytes_to_host = self.manager.stats["bytes_to_host"]
-        s.bytes_to_device = self.manager.stats["bytes_to_device"]
+        s, m = self._stats, self.manager.stats
+        s.num_suspensions, s.num_resumes, s.num_reprefills = m["suspensions"], m["resumes"], m["reprefills"]
+        s.bytes_to_host, s.bytes_to_device = m["bytes_to_host"], m["bytes_to_device"]
         return s
 
     def rebalance(self, num_slots: int) -> int:

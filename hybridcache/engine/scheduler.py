@@ -43,7 +43,6 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # PREFILL or DECODE, holding device state
         self.suspended: list[Request] = []
-        self.num_suspensions = self.num_resumes = self.num_reprefills = 0
 
     def add(self, req: Request) -> None:
         self.manager.add_request(req.req_id)
@@ -90,7 +89,6 @@ class Scheduler:
             self.suspended.pop(0)
             req.phase = Phase.DECODE
             self._insert_running(req)
-            self.num_resumes += 1
 
     def _generation_rows(self) -> list[Request]:
         while True:
@@ -100,9 +98,10 @@ class Scheduler:
             self._preempt(self.running[-1])
 
     def _context_rows(self, generation: list[Request]) -> list[tuple[Request, int]]:
+        mgr = self.manager
         budget = self.token_budget - self.T * len(generation)
-        ids = [r.req_id for r in generation]
-        counts = [self.T] * len(generation)
+        free_slots = mgr.num_free_slots
+        free_pages = mgr.num_free_pages - sum(mgr.pages_needed(r.req_id, self.T) for r in generation)
         rows: list[tuple[Request, int]] = []
         candidates = [r for r in self.running if r.phase == Phase.PREFILL] + list(self.waiting)
         reserved = self._pages_still_needed(self.running) if self.policy == "reserve" else 0
@@ -113,14 +112,14 @@ class Scheduler:
                 break
             if req.phase == Phase.WAITING and self.policy == "reserve":
                 whole = self._pages_still_needed([req])
-                if reserved + whole > self.manager.num_free_pages:
+                if reserved + whole > mgr.num_free_pages:
                     break
                 reserved += whole
             chunk = min(req.context_len - req.num_prefilled, budget)
-            if not self.manager.can_prepare(ids + [req.req_id], counts + [chunk]):
+            need_slot, need_pages = int(req.phase == Phase.WAITING), mgr.pages_needed(req.req_id, chunk)
+            if need_slot > free_slots or need_pages > free_pages:  # what prepare_step would refuse
                 break
-            ids.append(req.req_id)
-            counts.append(chunk)
+            free_slots, free_pages = free_slots - need_slot, free_pages - need_pages
             rows.append((req, chunk))
             budget -= chunk
             if req.phase == Phase.WAITING:
@@ -148,14 +147,12 @@ class Scheduler:
                 self.manager.suspend([req.req_id])
                 req.phase = Phase.SUSPENDED
                 self._insert_sorted(self.suspended, req)
-                self.num_suspensions += 1
                 return
             except HostTierFullError:
                 pass
         self.manager.reprefill(req.req_id)
         req.phase, req.num_prefilled = Phase.WAITING, 0
         self._enqueue_waiting(req)
-        self.num_reprefills += 1
 
     def _enqueue_waiting(self, req: Request) -> None:
         self._insert_sorted(self.waiting, req)
