@@ -41,8 +41,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from . import LLM, SamplingParams, SpeculativeConfig
     from .cache import sizing_of
-    from .models.checkpoint import read_config
-    from .models.loader import load_model
     from .workload import make_prompts
 
     torch.manual_seed(0)
@@ -51,12 +49,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else ensure_default_model(default_model_dir())
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     spec = SpeculativeConfig(method="ngram", num_draft_tokens=args.num_draft_tokens)
-    config = read_config(model_dir)
-    prompts = make_prompts(args.num_requests, int(config["vocab_size"]), seed=args.seed)
+    reference = LLM(model_dir, device=args.device, max_num_seqs=args.num_requests, speculative=None,
+                    max_num_batched_tokens=4096)
+    prompts = make_prompts(args.num_requests, reference.vocab_size, seed=args.seed)
     longest = max(map(len, prompts)) + args.max_tokens + args.num_draft_tokens + 1
-    model = load_model(model_dir)
+    model = reference.model  # the speculative run's cache is sized from the same layers, with drafts
     sizing = sizing_of(model.state_modules(args.num_draft_tokens), model.page_roles(16))
-    del model
     # a slot for every sequence but pages for about a third of the batch at full length: growth forces
     # suspensions; a host tier of a few requests forces re-prefills too
     per_request = sizing.request_bytes(longest, 16)
@@ -73,8 +71,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar.close()
     tokens = sum(len(o.token_ids) for o in outs)
 
-    reference = LLM(model_dir, device=args.device, max_num_seqs=len(prompts), speculative=None,
-                    max_num_batched_tokens=4096)
     ref = reference.generate(prompts, params)
     same = sum(o.token_ids == r.token_ids for o, r in zip(outs, ref))
     s = llm.stats
