@@ -40,9 +40,12 @@ class ModelRunner:
             tokens += [req.tokens[-1]] + drafts.get(req.req_id, [])
             counts.append(generation_tokens)
         indices = self.manager.prepare_step(ids, counts)
-        batch = forward_batch(self.manager, indices, len(step.context), generation_tokens, self.speculative)
-        input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        hidden = self.model(input_ids, batch)
+        try:
+            batch = forward_batch(self.manager, indices, len(step.context), generation_tokens, self.speculative)
+            hidden = self.model(torch.tensor(tokens, dtype=torch.long, device=self.device), batch)
+        except BaseException:
+            self.manager.cancel_step()  # nothing was committed: the same rows can run again
+            raise
         ends, offset = [], 0
         wanted: list[int] = []
         for (req, chunk), n in zip(step.context, counts):

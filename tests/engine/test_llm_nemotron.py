@@ -167,3 +167,27 @@ def test_stop_tokens_and_eos_end_a_request_where_they_first_appear(checkpoint, k
     assert out[0].token_ids == cut
     out = llm.generate([PROMPTS[0]], GREEDY)
     assert out[0].token_ids == ref[0]
+
+
+def test_a_failed_forward_commits_nothing_and_the_next_step_runs(checkpoint, monkeypatch):
+    path, ref = checkpoint
+    llm = LLM(path)
+    llm.add_request(PROMPTS[0], GREEDY)
+    real = type(llm.model).forward
+    calls = {"n": 0}
+
+    def flaky(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("device lost")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(llm.model), "forward", flaky)
+    done = []
+    with pytest.raises(RuntimeError, match="device lost"):
+        while llm.has_unfinished():
+            done += llm.step()
+    llm.manager.check_integrity()
+    while llm.has_unfinished():
+        done += llm.step()
+    assert done[0].token_ids == ref[0]
