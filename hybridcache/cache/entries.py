@@ -1,4 +1,4 @@
-"""What the manager knows of one request: its status and what it holds in each tier."""
+"""What the planner knows of one request: its lifecycle status and what it holds in each tier."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,11 +9,14 @@ import numpy as np
 
 
 class Status(IntEnum):
-    WAITING = 0  # holds nothing; the next step starts its context from a zero state
+    """The one lifecycle of a request, shared by the cache and the engine (ordered: `> SUSPENDED` is over)."""
+
+    WAITING = 0  # holds nothing; its next step starts its context from a zero state
     CONTEXT = 1  # prefill chunks; holds a device slot and pages
     GENERATION = 2  # decode / verify steps; holds a device slot and pages
     SUSPENDED = 3  # holds a host slot and host pages only
-    DUMMY = 4  # padding row: a permanent device slot, never saved
+    FINISHED = 4  # freed; the engine keeps the request's output, the cache nothing
+    DUMMY = 5  # padding row: a permanent device slot, never saved
 
 
 class TokenCounts:
@@ -46,6 +49,7 @@ class Entry:
     pages: list[int] = field(default_factory=list)
     host_slot: int = -1
     host_pages: list[int] = field(default_factory=list)
+    fresh: bool = False  # took its slot since the last planned step: the slot must be zeroed first
 
     @property
     def num_tokens(self) -> int:
@@ -61,5 +65,6 @@ class Entry:
         return self.status in (Status.CONTEXT, Status.GENERATION)
 
 
-def pages_for(num_tokens: int, page_size: int) -> int:
+def pages_for(num_tokens, page_size: int):
+    """Pages that hold `num_tokens` tokens (an int, or elementwise over a numpy array)."""
     return -(-num_tokens // page_size)

@@ -42,3 +42,12 @@ class DoubleFreeError(CacheError, ValueError):
 
 class IntegrityError(CacheError, AssertionError):
     """An ownership invariant is broken: a slot or page owned twice, or counts that do not add up."""
+
+
+class InvalidCountError(CacheError, ValueError):
+    """A token or accept count that is not an integer in range (non-positive, past a row's tokens, overflowing)."""
+
+
+class StateLostError(CacheError, RuntimeError):
+    """A rebalance failed after the arena was re-carved and the old carving could not be restored: the live
+    requests' state is gone; the planner restarts them from their tokens."""

@@ -1,9 +1,8 @@
-"""The host tier: flat byte records, one per host slot and one per host page, pinned when CUDA is used."""
+"""The host tier: flat byte records (the planner owns their ids), one per host slot and one per host page, pinned when CUDA is used."""
 from __future__ import annotations
 
 import torch
 
-from .id_pool import IdPool
 from .roles import RecordLayout, RoleSpec
 
 
@@ -25,8 +24,6 @@ class HostTier:
         self.page_layout = RecordLayout.of(page_roles)
         self.slot_records = torch.zeros(num_slots, self.slot_layout.nbytes, dtype=torch.uint8, pin_memory=pin)
         self.page_records = torch.zeros(num_pages, self.page_layout.nbytes, dtype=torch.uint8, pin_memory=pin)
-        self.slot_pool = IdPool(num_slots)
-        self.page_pool = IdPool(num_pages)
 
     @staticmethod
     def counts_for(

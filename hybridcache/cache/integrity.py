@@ -9,7 +9,7 @@ from .errors import IntegrityError
 from .id_pool import IdPool
 
 if TYPE_CHECKING:
-    from .manager import HybridCacheManager
+    from .planner import Planner
 
 
 def _check_pool(name: str, pool: IdPool, holders: Counter) -> None:
@@ -27,9 +27,10 @@ def _check_pool(name: str, pool: IdPool, holders: Counter) -> None:
         raise IntegrityError(f"{name}: pool owns {sorted(set(pool.owned_ids()) ^ owned)} that no request holds")
 
 
-def check_integrity(mgr: "HybridCacheManager") -> None:
+def check_integrity(mgr: "Planner") -> None:
+    """Every slot and page has at most one owner and, per tier, free + owned + permanent == total."""
     slots, pages, host_slots, host_pages, dummy_slots = Counter(), Counter(), Counter(), Counter(), Counter()
-    for e in mgr._entries.values():
+    for e in mgr.entries():
         holds_device = e.slot >= 0 or bool(e.pages)
         holds_host = e.host_slot >= 0 or bool(e.host_pages)
         if e.status == Status.WAITING and (holds_device or holds_host or e.num_tokens):
@@ -37,12 +38,12 @@ def check_integrity(mgr: "HybridCacheManager") -> None:
         if e.on_device:
             if e.slot < mgr.slot_pool.permanent or holds_host:
                 raise IntegrityError(f"device request {e.req_id!r} holds slot {e.slot} / host state")
-            if len(e.pages) < pages_for(e.num_tokens, mgr.page_size) and mgr.page_roles:
+            if len(e.pages) < pages_for(e.num_tokens, mgr.page_size) and mgr.has_pages:
                 raise IntegrityError(f"request {e.req_id!r}: {e.num_tokens} tokens on {len(e.pages)} pages")
         if e.status == Status.SUSPENDED:
             if holds_device or e.host_slot < 0:
                 raise IntegrityError(f"suspended request {e.req_id!r} holds device state or no host slot")
-            if len(e.host_pages) != (pages_for(e.num_tokens, mgr.page_size) if mgr.page_roles else 0):
+            if len(e.host_pages) != mgr.live_pages(e):
                 raise IntegrityError(f"suspended request {e.req_id!r}: {len(e.host_pages)} host pages")
         if e.status == Status.DUMMY:
             if not 0 <= e.slot < mgr.slot_pool.permanent or e.pages or holds_host:
@@ -58,10 +59,10 @@ def check_integrity(mgr: "HybridCacheManager") -> None:
         twice = [i for i, n in counter.items() if n > 1]
         if twice:
             raise IntegrityError(f"{what}s owned twice: {twice}")
-    free_dummies = mgr._free_dummy_slots
+    free_dummies = mgr.free_dummy_slots
     if sorted(free_dummies + list(dummy_slots)) != list(range(mgr.slot_pool.permanent)):
         raise IntegrityError("dummy slots: free + owned != permanent")
     _check_pool("device slots", mgr.slot_pool, slots)
     _check_pool("device pages", mgr.page_pool, pages)
-    _check_pool("host slots", mgr.host_tier.slot_pool, host_slots)
-    _check_pool("host pages", mgr.host_tier.page_pool, host_pages)
+    _check_pool("host slots", mgr.host_slot_pool, host_slots)
+    _check_pool("host pages", mgr.host_page_pool, host_pages)

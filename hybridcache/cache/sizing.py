@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .entries import pages_for
 from .errors import BudgetTooSmallError, LayoutError
 from .roles import RoleSpec, align
 
@@ -62,8 +63,9 @@ class Sizing:
         )
 
     def request_bytes(self, num_tokens: int, page_size: int) -> int:
-        """Device bytes one request of `num_tokens` tokens holds: its pages and its slot, every role."""
-        return self.bytes_per_slot + -(-num_tokens // page_size) * self.bytes_per_page
+        """Device bytes one request of `num_tokens` tokens holds: its pages and its slot, every role, with
+        each role's alignment (so N times this always carves N such requests)."""
+        return self.bytes_for(1, pages_for(num_tokens, page_size) if self.page_roles else 0)
 
     def split(self, budget: int, num_slots: int) -> int:
         """Pages that fit beside `num_slots` slots in `budget` bytes (at most; alignment included)."""

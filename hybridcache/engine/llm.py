@@ -7,13 +7,17 @@ from typing import Callable, Sequence
 
 import torch
 
+import numpy as np
+
 from ..cache import CacheConfig, HybridCacheManager, sizing_of
 from ..models.checkpoint import read_config
 from ..models.loader import load_model, load_tokenizer
 from .drafter import NgramDrafter
 from .errors import InvalidRequestError, RequestTooLargeError
 from .params import SamplingParams, SpeculativeConfig
-from .request import Phase, Request, RequestOutput
+from .interrupts import deferred_interrupts
+from .policy import DemandSplit, PreemptionPolicy
+from .request import Request, RequestOutput
 from .runner import ModelRunner
 from .sampler import choose
 from .scheduler import ScheduledStep, Scheduler
@@ -31,6 +35,8 @@ class Stats:
     num_accepted_tokens: int = 0
     bytes_to_host: int = 0
     bytes_to_device: int = 0
+    num_rebalances: int = 0
+    num_aborted_rows: int = 0  # rows of failed steps, restarted from their tokens
     num_steps: int = 0
     num_generated_tokens: int = 0
 
@@ -38,11 +44,14 @@ class Stats:
 class LLM:
     """Serve a hybrid checkpoint directory (config.json + *.safetensors) with continuous batching.
 
-    `device_cache_bytes` is split between recurrent slots (`num_slots`; by default up to `max_num_seqs`
-    within half the budget) and attention pages; `host_cache_bytes` is the host tier that suspended
-    requests move to (by default as large as the device budget). `scheduling_policy`: "max_utilization"
-    (admit while there is room now, suspend on growth) or "reserve" (admit only with room for the whole
-    length, never suspend on growth).
+    `device_cache_bytes` holds recurrent slots and attention pages; their split follows demand (it is
+    re-carved live, bit-exact, when one side runs short while the other sits idle) unless `num_slots`
+    fixes it. `host_cache_bytes` is the host tier that suspended requests move to (by default as large as
+    the device budget). `scheduling_policy`: "max_utilization" (admit while there is room now, preempt on
+    growth) or "reserve" (admit only with room for the whole length, never preempt on growth).
+
+    A step that fails (an exception or Ctrl-C in the forward, the sampler or the drafter) restarts its
+    rows from their tokens; `generate` then aborts its requests and re-raises, and the LLM stays usable.
     """
 
     def __init__(
@@ -60,6 +69,7 @@ class LLM:
         num_slots: int | None = None,
         scheduling_policy: str = "max_utilization",
         seed: int = 0,
+        preemption: PreemptionPolicy | None = None,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -74,7 +84,7 @@ class LLM:
         self.max_model_len = max_model_len or int(cfg.get("max_position_embeddings") or cfg.get("model_max_length") or 4096)
         self.speculative = speculative
         k = speculative.num_draft_tokens if speculative else 0
-        self.generation_tokens = k + 1
+        self.verify_tokens = k + 1
         self.drafter = NgramDrafter(speculative) if speculative else None
         states = self.model.state_modules(k)
         pages = self.model.page_roles(page_size)
@@ -84,8 +94,10 @@ class LLM:
             # configs would otherwise ask for terabytes); pass the budget explicitly for anything else
             tokens = min(self.max_model_len, DEFAULT_TOKENS_PER_SEQ) + k
             device_cache_bytes = max_num_seqs * sizing.request_bytes(tokens, page_size)
+        self.split = DemandSplit(sizing, page_size, device_cache_bytes, 0, max_num_seqs, self.verify_tokens,
+                                 follow_demand=num_slots is None)
         if num_slots is None:
-            num_slots = min(max_num_seqs, max(1, device_cache_bytes // 2 // max(sizing.bytes_per_slot, 1)))
+            num_slots = self.split.initial_slots()
         self.sizing = sizing
         if host_cache_bytes is None:
             host_cache_bytes = device_cache_bytes
@@ -94,8 +106,8 @@ class LLM:
             CacheConfig(device_bytes=device_cache_bytes, host_bytes=host_cache_bytes, page_size=page_size,
                         num_slots=num_slots, num_dummy_slots=0, device=str(self.device)),
         )
-        self.scheduler = Scheduler(self.manager, max_num_seqs, max_num_batched_tokens, self.generation_tokens,
-                                   scheduling_policy)
+        self.scheduler = Scheduler(self.manager, max_num_seqs, max_num_batched_tokens, self.verify_tokens,
+                                   scheduling_policy, preemption, self.split)
         self.runner = ModelRunner(self.model, self.manager, self.device, speculative is not None)
         self.seed = seed
         self._requests: dict[int, Request] = {}
@@ -109,15 +121,20 @@ class LLM:
         s, m = self._stats, self.manager.stats
         s.num_suspensions, s.num_resumes, s.num_reprefills = m["suspensions"], m["resumes"], m["reprefills"]
         s.bytes_to_host, s.bytes_to_device = m["bytes_to_host"], m["bytes_to_device"]
+        s.num_rebalances, s.num_aborted_rows = m["rebalances"], m["aborted_rows"]
         return s
 
     def rebalance(self, num_slots: int) -> int:
         """Change the device split between recurrent slots and attention pages while requests are live;
-        requests that no longer fit are suspended (or re-prefilled), the rest move with every role."""
-        return self.scheduler.rebalance(num_slots)
+        requests that no longer fit are preempted, the rest move with every role. Refused
+        (BudgetTooSmallError, nothing changed) when the split could not run the longest request known."""
+        with deferred_interrupts():
+            return self.scheduler.rebalance(num_slots)
 
     def device_bytes_needed(self, num_tokens: int) -> int:
-        """Device bytes one request of `num_tokens` tokens holds: its pages and its slot, every role."""
+        """Device bytes one request of `num_tokens` tokens holds: its pages and its slot, every role.
+        A budget of `device_bytes_needed(L + num_draft_tokens + 1)` runs any one request of length L; N
+        times that runs N at once."""
         return self.manager.device_bytes_needed(num_tokens)
 
     def generate(
@@ -127,7 +144,8 @@ class LLM:
         progress: Callable[[int, int], None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order. All prompts are checked
-        before any runs: a bad one raises and nothing is queued."""
+        before any runs: a bad one raises and nothing is queued. If anything raises while they run
+        (Ctrl-C included), their requests are aborted and the error reaches the caller."""
         params = sampling_params or SamplingParams()
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(plist) != len(prompts):
@@ -135,13 +153,24 @@ class LLM:
         encoded = [self._encode(p) for p in prompts]
         for ids, p in zip(encoded, plist):
             self._validate(ids, p)
-        rids = [self.add_request(ids, p) for ids, p in zip(encoded, plist)]
+        if self.scheduler.has_work:
+            raise InvalidRequestError("generate() needs an idle engine: finish or abort the requests added with add_request()")
+        rids: list[int] = []
         done: dict[int, RequestOutput] = {}
-        while len(done) < len(rids):
-            for out in self.step():
-                done[out.request_id] = out
-            if progress:
-                progress(len(done), len(rids))
+        try:
+            for ids, p in zip(encoded, plist):
+                rids.append(self.add_request(ids, p))
+            while len(done) < len(rids):
+                for out in self.step():
+                    done[out.request_id] = out
+                if progress:
+                    progress(len(done), len(rids))
+        except BaseException:
+            with deferred_interrupts():
+                for rid in rids:
+                    if rid not in done:
+                        self.abort_request(rid)
+            raise
         return [done[r] for r in rids]
 
     def add_request(self, prompt: Sequence[int] | str, params: SamplingParams | None = None) -> int:
@@ -149,29 +178,49 @@ class LLM:
         params = params or SamplingParams()
         ids = self._encode(prompt)
         self._validate(ids, params)
-        rid = self._next_id
-        self._next_id += 1
-        gen = None
-        if not params.greedy:
-            gen = torch.Generator().manual_seed(params.seed if params.seed is not None else self.seed * 1_000_003 + rid)
-        req = Request(rid, ids, params, self.eos_token_id, arrival=rid, generator=gen)
-        self._requests[rid] = req
-        self.scheduler.add(req)
+        with deferred_interrupts():
+            rid = self._next_id
+            gen = None
+            if not params.greedy:
+                gen = torch.Generator().manual_seed(params.seed if params.seed is not None else self.seed * 1_000_003 + rid)
+            req = Request(rid, ids, params, self.eos_token_id, arrival=rid, generator=gen)
+            self.scheduler.add(req)
+            self._requests[rid] = req
+            self._next_id += 1
         return rid
+
+    def abort_request(self, request_id: int) -> None:
+        """Stop a request and release everything it holds; unknown or finished ids are ignored."""
+        req = self._requests.pop(request_id, None)
+        if req is not None and not req.finished:
+            with deferred_interrupts():
+                self.scheduler.finish(req)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
 
     def step(self) -> list[RequestOutput]:
-        """One scheduler step and one forward; returns the requests that finished in it."""
-        step = self.scheduler.schedule()
+        """One scheduler step and one forward; returns the requests that finished in it. If it raises,
+        the step's rows restart from their tokens and stay queued."""
+        with deferred_interrupts():
+            step = self.scheduler.schedule()
         if step.empty:
             return []
         drafts = self._draft(step)
         longest = max(map(len, drafts.values()), default=0)
-        fed = {rid: NgramDrafter.pad(d, self._requests[rid].tokens[-1], longest) for rid, d in drafts.items()}
-        logits = self.runner.run(step, fed, 1 + longest)
-        finished = self._commit(step, drafts, logits)
+        try:
+            with deferred_interrupts():
+                plan, tokens, positions = self._plan(step, drafts, 1 + longest)
+            logits = self.runner.run(plan, tokens, len(step.context), 1 + longest, positions)
+            new_tokens, accepted = self._sample(step, drafts, logits, 1 + longest)
+            with deferred_interrupts():
+                self.manager.accept(accepted)
+                finished = self._advance(step, drafts, new_tokens)
+        except BaseException:
+            with deferred_interrupts():
+                if self.manager.has_pending_step:
+                    self.scheduler.restart(self.manager.abort_step(), self._requests)
+            raise
         self._stats.num_steps += 1
         if self.step_hook:
             self.step_hook()
@@ -196,11 +245,11 @@ class LLM:
             raise InvalidRequestError(
                 f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) = {total} exceeds max_model_len {self.max_model_len}"
             )
-        need_pages = -(-(total + self.generation_tokens) // self.manager.page_size)
-        if self.manager.page_roles and need_pages > self.manager.num_pages:
+        need = self.device_bytes_needed(total + self.verify_tokens)
+        if need > self.manager.config.device_bytes:
             raise RequestTooLargeError(
-                f"a request of {total} tokens needs {self.device_bytes_needed(total + self.generation_tokens)} device "
-                f"bytes ({need_pages} pages); the device cache holds {self.manager.num_pages} pages"
+                f"a request of {total} tokens needs {need} device bytes even alone; the device cache holds "
+                f"{self.manager.config.device_bytes}"
             )
 
     def _draft(self, step: ScheduledStep) -> dict[int, list[int]]:
@@ -210,17 +259,56 @@ class LLM:
             return {}
         return {r.req_id: self.drafter.propose(r.tokens) for r in step.generation}
 
-    def _commit(self, step: ScheduledStep, drafts: dict[int, list[int]], logits) -> list[RequestOutput]:
-        """Choose tokens, record acceptance in the cache, advance the requests; returns the finished."""
-        new_tokens, accepted = self._sample(step, drafts, logits)
-        self.manager.accept(accepted)
+    def _plan(self, step: ScheduledStep, drafts: dict[int, list[int]], width: int):
+        """The step plan, the flat token ids and the flat positions whose logits are needed: a context
+        row's last token when its prompt is done, every position of a generation row."""
+        ids, counts, tokens, positions, offset = [], [], [], [], 0
+        for req, chunk in step.context:
+            ids.append(req.req_id)
+            counts.append(chunk)
+            tokens += req.tokens[req.num_prefilled : req.num_prefilled + chunk]
+            offset += chunk
+            if req.num_prefilled + chunk == req.context_len and not req.output:
+                positions.append(offset - 1)
+        for req in step.generation:
+            ids.append(req.req_id)
+            counts.append(width)
+            tokens += [req.tokens[-1]] + NgramDrafter.pad(drafts.get(req.req_id, []), req.tokens[-1], width - 1)
+            positions += range(offset, offset + width)
+            offset += width
+        plan = self.manager.planner.plan_step(ids, counts)
+        return plan, np.asarray(tokens, dtype=np.int64), np.asarray(positions, dtype=np.int64)
+
+    def _sample(self, step: ScheduledStep, drafts: dict[int, list[int]], logits, width: int):
+        """New tokens per request, and per row the tokens now valid in the cache (context rows: the chunk;
+        generation rows: the fed token plus the accepted drafts)."""
+        new_tokens: dict[int, list[int]] = {}
+        accepted: list[int] = []
+        row = 0
+        for req, chunk in step.context:
+            accepted.append(chunk)
+            if req.num_prefilled + chunk == req.context_len and not req.output:
+                new_tokens[req.req_id] = choose(logits[row : row + 1], [], req.params, req.generator)
+                row += 1
+        for req in step.generation:
+            d = drafts.get(req.req_id, [])
+            out = choose(logits[row : row + len(d) + 1], d, req.params, req.generator)
+            row += width
+            accepted.append(len(out))
+            new_tokens[req.req_id] = out
+        return new_tokens, accepted
+
+    def _advance(self, step: ScheduledStep, drafts: dict[int, list[int]],
+                 new_tokens: dict[int, list[int]]) -> list[RequestOutput]:
+        """Move the requests past the committed step; returns the finished ones."""
         for req, chunk in step.context:
             req.num_prefilled += chunk
             if req.num_prefilled == req.context_len:
                 self.manager.start_generation(req.req_id)
-                req.phase = Phase.DECODE
         for req in step.generation:
             req.num_prefilled += len(new_tokens[req.req_id])  # the fed token and the accepted drafts
+            self._stats.num_draft_tokens += len(drafts.get(req.req_id, []))
+            self._stats.num_accepted_tokens += len(new_tokens[req.req_id]) - 1
         finished = []
         for req in [r for r, _ in step.context] + step.generation:
             toks = new_tokens.get(req.req_id)
@@ -229,27 +317,10 @@ class LLM:
             before = len(req.output)
             if req.append(toks):
                 self.scheduler.finish(req)
+                self._requests.pop(req.req_id, None)
                 finished.append(RequestOutput(req.req_id, req.prompt, list(req.output), self._decode(req.output)))
             self._stats.num_generated_tokens += len(req.output) - before
         return finished
-
-    def _sample(self, step: ScheduledStep, drafts: dict[int, list[int]], logits) -> tuple[dict[int, list[int]], list[int]]:
-        """New tokens per request, and per row the tokens now valid in the cache (context rows: the chunk;
-        generation rows: the fed token plus the accepted drafts)."""
-        new_tokens: dict[int, list[int]] = {}
-        accepted: list[int] = []
-        for (req, chunk), lg in zip(step.context, logits.context):
-            accepted.append(chunk)
-            if lg is not None:  # the prompt is done: its last position gives the first token
-                new_tokens[req.req_id] = choose(lg[None], [], req.params, req.generator)
-        for req, lg in zip(step.generation, logits.generation):
-            d = drafts.get(req.req_id, [])
-            out = choose(lg[: len(d) + 1], d, req.params, req.generator)
-            accepted.append(len(out))
-            new_tokens[req.req_id] = out
-            self._stats.num_draft_tokens += len(d)
-            self._stats.num_accepted_tokens += len(out) - 1
-        return new_tokens, accepted
 
     def _decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None

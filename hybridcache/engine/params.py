@@ -1,12 +1,39 @@
-"""User-facing parameters: sampling and speculative decoding."""
+"""User-facing parameters: sampling and speculative decoding.
+
+Both refuse a bad field at construction with `InvalidParamsError`, before anything is queued.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from numbers import Integral, Real
+
+MIN_TEMPERATURE = 1e-2  # below this, dividing logits by it only amplifies noise: use 0 (greedy)
+
+
+class InvalidParamsError(ValueError):
+    """A `SamplingParams` or `SpeculativeConfig` field out of its domain; nothing was constructed."""
+
+
+def _int(name: str, value: object) -> int:
+    """`value` as an int; a bool, float or string is refused (True is not 1 token, 2.0 is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise InvalidParamsError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def _finite(name: str, value: object) -> float:
+    """`value` as a finite float; an int is accepted, a bool or string is not."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise InvalidParamsError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise InvalidParamsError(f"{name} must be finite, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request samples. `temperature == 0` is greedy; `top_k <= 0` and `top_p == 1` disable them."""
+    """How one request samples. `temperature == 0` is greedy; `top_k == 0` and `top_p == 1` disable them."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -17,15 +44,42 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        max_tokens = _int("max_tokens", self.max_tokens)
+        if max_tokens < 1:
+            raise InvalidParamsError(f"max_tokens must be >= 1, got {max_tokens}")
+        temperature = _finite("temperature", self.temperature)
+        if temperature < 0:
+            raise InvalidParamsError(f"temperature must be >= 0, got {temperature!r}")
+        if 0 < temperature < MIN_TEMPERATURE:
+            raise InvalidParamsError(
+                f"temperature must be 0 or >= {MIN_TEMPERATURE}, got {temperature!r}; use 0 for greedy"
+            )
+        top_p = _finite("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise InvalidParamsError(f"top_p must be in (0, 1], got {top_p!r}")
+        top_k = _int("top_k", self.top_k)
+        if top_k < 0:
+            raise InvalidParamsError(f"top_k must be >= 1, or 0 to disable, got {top_k}")
+        seed = None if self.seed is None else _int("seed", self.seed)
+        if seed is not None and not 0 <= seed < 2**64:
+            raise InvalidParamsError(f"seed must be None or an int in [0, 2**64), got {seed}")
+        stop_token_ids = self._stop_token_ids()
+        if not isinstance(self.ignore_eos, bool):  # "no" would be truthy
+            kind = type(self.ignore_eos).__name__
+            raise InvalidParamsError(f"ignore_eos must be a bool, got {self.ignore_eos!r} ({kind})")
+        for name, value in [("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
+                            ("top_k", top_k), ("seed", seed), ("stop_token_ids", stop_token_ids)]:
+            object.__setattr__(self, name, value)
+
+    def _stop_token_ids(self) -> tuple[int, ...]:
+        raw = self.stop_token_ids
+        if isinstance(raw, (str, bytes)) or not hasattr(raw, "__iter__"):
+            raise InvalidParamsError(f"stop_token_ids must be a sequence of ints, got {raw!r} ({type(raw).__name__})")
+        ids = tuple(_int("stop_token_ids entry", t) for t in raw)
+        bad = [t for t in ids if t < 0]
+        if bad:
+            raise InvalidParamsError(f"stop_token_ids must be >= 0, got {bad[0]} in {ids}")
+        return ids
 
     @property
     def greedy(self) -> bool:
@@ -43,9 +97,15 @@ class SpeculativeConfig:
     min_ngram: int = 1
 
     def __post_init__(self) -> None:
-        if self.method != "ngram":
-            raise ValueError(f"unknown speculative method {self.method!r}; supported: 'ngram'")
-        if self.num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
-        if not 1 <= self.min_ngram <= self.max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+        if not isinstance(self.method, str) or self.method != "ngram":
+            raise InvalidParamsError(f"unknown speculative method {self.method!r}; supported: 'ngram'")
+        num_draft_tokens = _int("num_draft_tokens", self.num_draft_tokens)
+        if num_draft_tokens < 1:
+            raise InvalidParamsError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        max_ngram, min_ngram = _int("max_ngram", self.max_ngram), _int("min_ngram", self.min_ngram)
+        if not 1 <= min_ngram <= max_ngram:
+            raise InvalidParamsError(
+                f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}"
+            )
+        for name, value in [("num_draft_tokens", num_draft_tokens), ("max_ngram", max_ngram), ("min_ngram", min_ngram)]:
+            object.__setattr__(self, name, value)

@@ -1,20 +1,11 @@
-"""A request's life in the engine: its tokens, its sampling state and where it is in the lifecycle."""
+"""A request in the engine: its tokens and its sampling state. Its lifecycle status is the planner's."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
 
 import torch
 
 from .params import SamplingParams
-
-
-class Phase(IntEnum):
-    WAITING = 0  # not started, or dropped for re-prefill
-    PREFILL = 1  # context chunks running
-    DECODE = 2  # generating
-    SUSPENDED = 3  # state on the host tier
-    FINISHED = 4
 
 
 @dataclass(eq=False)
@@ -24,10 +15,10 @@ class Request:
     params: SamplingParams
     eos_token_id: int | None
     arrival: int
-    phase: Phase = Phase.WAITING
     output: list[int] = field(default_factory=list)
     num_prefilled: int = 0  # tokens of `tokens` in the cache
     generator: torch.Generator | None = None
+    finished: bool = False
 
     @property
     def tokens(self) -> list[int]:
@@ -47,7 +38,7 @@ class Request:
         for t in tokens:
             self.output.append(t)
             if t in stops or len(self.output) >= self.params.max_tokens:
-                self.phase = Phase.FINISHED
+                self.finished = True
                 return True
         return False
 

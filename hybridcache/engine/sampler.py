@@ -22,7 +22,9 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.top_p < 1.0:
         sorted_p, order = probs.sort(-1, descending=True)
         before = sorted_p.cumsum(-1) - sorted_p  # mass strictly ahead of each token
-        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        drop = before >= params.top_p
+        drop[..., 0] = False  # the likeliest token always stays: fp32 rounds a top_p below ~1e-45 to 0
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs

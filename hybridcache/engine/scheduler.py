@@ -1,19 +1,21 @@
 """Who runs this step. Default policy, maximum utilisation: admit while there is room now; when a
-generating request cannot grow, suspend the most recent arrivals to the host tier (re-prefill them
-when the host tier is full); resume suspended requests first when room returns. The `reserve` policy
-admits a request only when the pages of its whole length (prompt + max_tokens) are free beside what the
-running requests may still grow into, so growth never preempts.
+generating request cannot grow, preempt (the preemption policy picks the victim and swap or re-prefill);
+resume suspended requests first when room returns. The `reserve` policy admits a request only when the
+pages of its whole length (prompt + max_tokens) are free beside what the running requests may still grow
+into, so growth never preempts. The device split between slots and pages follows demand (`DemandSplit`).
 
-The scheduler asks the cache manager yes/no questions and moves requests between its queues; it never
-touches a tensor.
+Each decision is one `planner.allocate(...)` call: it allocates, or returns False having changed nothing.
+The scheduler never touches a tensor; the request's lifecycle status is the planner's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Hashable, Sequence
 
-from ..cache import HostTierFullError, HybridCacheManager
-from .request import Phase, Request
-
+from ..cache import BudgetTooSmallError, HostTierFullError, HybridCacheManager, Status
+from .errors import SchedulerStuckError
+from .policy import DemandSplit, PreemptionPolicy
+from .request import Request
 
 POLICIES = ("max_utilization", "reserve")
 
@@ -30,139 +32,204 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(
-        self, manager: HybridCacheManager, max_num_seqs: int, max_num_batched_tokens: int, generation_tokens: int,
-        policy: str = "max_utilization",
+        self, manager: HybridCacheManager, max_num_seqs: int, max_num_batched_tokens: int, verify_tokens: int,
+        policy: str = "max_utilization", preemption: PreemptionPolicy | None = None,
+        split: DemandSplit | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown scheduling policy {policy!r}; choose from {POLICIES}")
         self.policy = policy
         self.manager = manager
+        self.planner = manager.planner
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens
-        self.T = generation_tokens
+        self.verify_tokens = verify_tokens  # tokens a generation row feeds: the last sampled one + drafts
+        self.preemption = preemption or PreemptionPolicy()
+        self.split = split
         self.waiting: list[Request] = []
-        self.running: list[Request] = []  # PREFILL or DECODE, holding device state
+        self.running: list[Request] = []  # CONTEXT or GENERATION, holding device state
         self.suspended: list[Request] = []
 
+    # ------------------------------------------------------------------ queues
     def add(self, req: Request) -> None:
-        self.manager.add_request(req.req_id)
-        self._enqueue_waiting(req)
+        self.planner.add(req.req_id)
+        _insert_sorted(self.waiting, req)
 
     def finish(self, req: Request) -> None:
-        self.running.remove(req)
-        self.manager.free(req.req_id)
+        """The request is done: the cache forgets it."""
+        self._remove(req)
+        self.planner.free(req.req_id)
+
+    def restart(self, req_ids: Sequence[Hashable], requests: dict[Hashable, Request]) -> None:
+        """The cache dropped these requests' state (a failed step): they start again from their tokens."""
+        for rid in req_ids:
+            req = requests[rid]
+            self._remove(req)
+            req.num_prefilled = 0
+            _insert_sorted(self.waiting, req)
+
+    def status(self, req: Request) -> Status:
+        return self.planner.status(req.req_id)
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.suspended)
 
+    def known(self) -> list[Request]:
+        return self.running + self.suspended + self.waiting
+
+    # ------------------------------------------------------------------ one step
     def schedule(self) -> ScheduledStep:
         self._resume_suspended()
         step = ScheduledStep()
         step.generation = self._generation_rows()
         step.context = self._context_rows(step.generation)
         while step.empty and self.running:
-            # everyone is stuck (prefills holding pages): free room by preempting the latest arrival
-            self._preempt(self.running[-1])
+            # everyone is stuck (prefills holding pages): free room by preempting a victim
+            self._preempt(self.preemption.victim(self.running))
             self._resume_suspended()
             step.generation = self._generation_rows()
             step.context = self._context_rows(step.generation)
+        if step.empty and self.has_work:
+            raise SchedulerStuckError(
+                f"no request can run: {len(self.waiting)} waiting and {len(self.suspended)} suspended do not fit "
+                f"{self.planner.num_slots} slots and {self.planner.num_pages} pages"
+            )
         return step
 
     def rebalance(self, num_slots: int) -> int:
         """Re-split the device cache into `num_slots` slots and the pages that fit beside them, first
-        preempting the most recent arrivals until the live requests fit. Returns the bytes moved."""
+        preempting victims until the live requests fit. Refused (BudgetTooSmallError, nothing changed) when the
+        split cannot hold the longest request known. Returns the bytes moved."""
         mgr = self.manager
-        if num_slots < 1 or mgr.sizing.bytes_for(num_slots + mgr.config.num_dummy_slots, 0) > mgr.config.device_bytes:
-            raise ValueError(f"{num_slots} slots do not fit the device budget of {mgr.config.device_bytes} bytes")
+        if not mgr.can_split(num_slots, self._longest_pages()):
+            raise BudgetTooSmallError(
+                f"{num_slots} slots do not fit the device budget of {mgr.config.device_bytes} bytes with room "
+                f"for the longest request ({self._longest_pages()} pages)"
+            )
         while self.running and not mgr.can_rebalance(num_slots):
-            self._preempt(self.running[-1])
-        return self.manager.rebalance(num_slots)
+            self._preempt(self.preemption.victim(self.running))
+        return mgr.rebalance(num_slots)
 
-    # -------------------------------------------------------------------------------------------
+    # ------------------------------------------------------------------ internals
     def _resume_suspended(self) -> None:
         while self.suspended and len(self.running) < self.max_num_seqs:
             req = self.suspended[0]
-            if not self.manager.can_resume([req.req_id]):
+            try:
+                self.manager.resume([req.req_id])
+            except MemoryError:
+                if self._shrink(wants_slot=True):
+                    continue
                 return
-            self.manager.resume([req.req_id])
             self.suspended.pop(0)
-            req.phase = Phase.DECODE
-            self._insert_running(req)
+            _insert_sorted(self.running, req)
 
     def _generation_rows(self) -> list[Request]:
         while True:
-            gen = [r for r in self.running if r.phase == Phase.DECODE]
-            if not gen or self.manager.can_prepare([r.req_id for r in gen], [self.T] * len(gen)):
+            gen = [r for r in self.running if self.status(r) == Status.GENERATION]
+            if not gen or self.planner.allocate([r.req_id for r in gen], self.verify_tokens):
                 return gen
-            self._preempt(self.running[-1])
+            if not self._shrink(wants_slot=False):
+                self._preempt(self.preemption.victim(self.running))
 
     def _context_rows(self, generation: list[Request]) -> list[tuple[Request, int]]:
-        mgr = self.manager
-        budget = self.token_budget - self.T * len(generation)
-        free_slots = mgr.num_free_slots
-        free_pages = mgr.num_free_pages - sum(mgr.pages_needed(r.req_id, self.T) for r in generation)
+        budget = self.token_budget - self.verify_tokens * len(generation)
         rows: list[tuple[Request, int]] = []
-        candidates = [r for r in self.running if r.phase == Phase.PREFILL] + list(self.waiting)
+        candidates = [r for r in self.running if self.status(r) == Status.CONTEXT] + list(self.waiting)
         reserved = self._pages_still_needed(self.running) if self.policy == "reserve" else 0
         for req in candidates:
             if budget <= 0:
                 break
-            if req.phase == Phase.WAITING and len(self.running) >= self.max_num_seqs:
+            waiting = self.status(req) == Status.WAITING
+            if waiting and len(self.running) >= self.max_num_seqs:
                 break
-            if req.phase == Phase.WAITING and self.policy == "reserve":
+            if waiting and self.policy == "reserve":
                 whole = self._pages_still_needed([req])
-                if reserved + whole > mgr.num_free_pages:
+                if reserved + whole > self.planner.page_pool.num_free:
                     break
                 reserved += whole
             chunk = min(req.context_len - req.num_prefilled, budget)
-            need_slot, need_pages = int(req.phase == Phase.WAITING), mgr.pages_needed(req.req_id, chunk)
-            if need_slot > free_slots or need_pages > free_pages:  # what prepare_step would refuse
+            if not self._allocate_context(req, chunk, waiting):
                 break
-            free_slots, free_pages = free_slots - need_slot, free_pages - need_pages
             rows.append((req, chunk))
             budget -= chunk
-            if req.phase == Phase.WAITING:
+            if waiting:
                 self.waiting.remove(req)
-                req.phase = Phase.PREFILL
-                self._insert_running(req)
+                _insert_sorted(self.running, req)
         return rows
+
+    def _allocate_context(self, req: Request, chunk: int, waiting: bool) -> bool:
+        """Allocate one context chunk, re-splitting the device budget once if that is what blocks it."""
+        if self.planner.allocate([req.req_id], chunk):
+            return True
+        no_slot = waiting and self.planner.slot_pool.num_free == 0
+        moved = self._grow(req) if no_slot else self._shrink(wants_slot=waiting)
+        return moved and self.planner.allocate([req.req_id], chunk)
+
+    def _grow(self, blocked: Request) -> bool:
+        if self.split is None:
+            return False
+        target = self.split.grow_to(self.planner.num_slots, self.running, blocked, self.known())
+        return target is not None and self._resplit(target)
+
+    def _shrink(self, wants_slot: bool) -> bool:
+        if self.split is None or self.planner.slot_pool.num_free == 0:
+            return False
+        live, _ = self.planner.live_counts()
+        target = self.split.shrink_to(self.planner.num_slots, live, wants_slot)
+        return target is not None and self._resplit(target)
+
+    def _resplit(self, num_slots: int) -> bool:
+        mgr = self.manager
+        if not (mgr.can_split(num_slots, self._longest_pages()) and mgr.can_rebalance(num_slots)):
+            return False
+        if mgr.pages_beside(num_slots) == mgr.num_pages:
+            return False
+        mgr.rebalance(num_slots)
+        return True
+
+    def _longest_pages(self) -> int:
+        if self.split is None:
+            return 0
+        return max((self.split.whole_pages(r) for r in self.known()), default=0)
 
     def _pages_still_needed(self, requests: list[Request]) -> int:
         """Pages the requests may still allocate before reaching their whole length (reserve policy)."""
-        mgr, need = self.manager, 0
-        if not mgr.page_roles:
+        if not self.planner.has_pages or self.split is None:
             return 0
+        need = 0
         for r in requests:
-            whole = -(-(len(r.prompt) + r.params.max_tokens + self.T) // mgr.page_size)
-            held = len(mgr.entry(r.req_id).pages) if r.phase in (Phase.PREFILL, Phase.DECODE) else 0
-            need += max(0, whole - held)
+            held = len(self.planner.entry(r.req_id).pages)
+            need += max(0, self.split.whole_pages(r) - held)
         return need
 
     def _preempt(self, req: Request) -> None:
-        """Suspend a generating request to the host tier, or drop it for re-prefill."""
-        self.running.remove(req)
-        if req.phase == Phase.DECODE:
-            try:
-                self.manager.suspend([req.req_id])
-                req.phase = Phase.SUSPENDED
-                self._insert_sorted(self.suspended, req)
-                return
-            except HostTierFullError:
-                pass
+        """Suspend a generating request to the host tier when the policy prefers it and the host tier has
+        room; otherwise drop it for re-prefill."""
+        e = self.planner.entry(req.req_id)
+        if e.status == Status.GENERATION:
+            live = self.manager.sizing.request_bytes(e.num_tokens, self.planner.page_size)
+            if self.preemption.swap(live, e.num_tokens):
+                try:
+                    self.manager.suspend([req.req_id])
+                    self.running.remove(req)
+                    _insert_sorted(self.suspended, req)
+                    return
+                except HostTierFullError:
+                    pass
         self.manager.reprefill(req.req_id)
-        req.phase, req.num_prefilled = Phase.WAITING, 0
-        self._enqueue_waiting(req)
+        self.running.remove(req)
+        req.num_prefilled = 0
+        _insert_sorted(self.waiting, req)
 
-    def _enqueue_waiting(self, req: Request) -> None:
-        self._insert_sorted(self.waiting, req)
+    def _remove(self, req: Request) -> None:
+        for queue in (self.waiting, self.running, self.suspended):
+            if req in queue:
+                queue.remove(req)
 
-    def _insert_running(self, req: Request) -> None:
-        self._insert_sorted(self.running, req)
 
-    @staticmethod
-    def _insert_sorted(queue: list[Request], req: Request) -> None:
-        i = len(queue)
-        while i > 0 and queue[i - 1].arrival > req.arrival:
-            i -= 1
-        queue.insert(i, req)
+def _insert_sorted(queue: list[Request], req: Request) -> None:
+    i = len(queue)
+    while i > 0 and queue[i - 1].arrival > req.arrival:
+        i -= 1
+    queue.insert(i, req)

@@ -43,8 +43,10 @@ class RowScatter:
 
     def __init__(self, index: tuple[Tensor, ...], valid: Tensor) -> None:
         batch = valid.shape[0]
-        first = valid.to(torch.int32).argmax().view(1)  # first valid row, 0 when none is valid (no sync)
-        self._batch, self._first = batch, first
+        self._batch = batch
+        if batch == 0:  # nothing to write: `put` returns at once
+            return
+        self._first = valid.to(torch.int32).argmax().view(1)  # first valid row, 0 when none is valid (no sync)
         redirected = []
         for idx in index:
             if idx.shape[0] == batch:
@@ -61,6 +63,8 @@ class RowScatter:
 
     def put(self, dst: Tensor, values: Tensor) -> None:
         """`dst[index] = values` for the valid rows, in place (a view is fine); values: [B, *E, *R]."""
+        if self._batch == 0:
+            return
         keep_valid = self.first_valid.view(-1, *([1] * (values.ndim - 1)))
         keep = torch.where(keep_valid, self._pick(values).to(dst.dtype), dst[self.first_index])  # read first
         dst.index_put_(self.index, values.to(dst.dtype))

@@ -8,7 +8,8 @@ import torch
 from ..cache.errors import LayoutError
 from ..cache.protocol import StateModule
 from ..cache.roles import RoleSpec
-from .replay import shift_conv_window
+from ..ops.conv1d import shift_conv_window
+from ..ops.kda.accept import kda_accept
 
 
 class KDAState(StateModule):
@@ -64,5 +65,5 @@ class KDAState(StateModule):
     ) -> None:
         if not self.replay:
             return
-        tensors["pend_n"][0, slots] = (num_valid - 1).to(torch.int32)
+        kda_accept(tensors["pend_n"][0], slots, num_valid)
         shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1)

@@ -26,7 +26,7 @@ def snapshot(mgr):
         {r: (mgr.entry(r).status, mgr.entry(r).slot, list(mgr.entry(r).pages), mgr.entry(r).host_slot,
              list(mgr.entry(r).host_pages), mgr.entry(r).num_tokens) for r in mgr.requests()},
         mgr.slot_pool.num_free, mgr.page_pool.num_free,
-        mgr.host_tier.slot_pool.num_free, mgr.host_tier.page_pool.num_free,
+        mgr.planner.host_slot_pool.num_free, mgr.planner.host_page_pool.num_free,
     )
 
 

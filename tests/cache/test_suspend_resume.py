@@ -55,7 +55,7 @@ def test_resumed_as_context_starts_from_zero(kind, device):
     mgr.free("b")
     mgr.reprefill("a")
     assert mgr.status("a") == Status.WAITING
-    assert mgr.host_tier.slot_pool.num_owned == 0 and mgr.host_tier.page_pool.num_owned == 0
+    assert mgr.planner.host_slot_pool.num_owned == 0 and mgr.planner.host_page_pool.num_owned == 0
     step = mgr.prepare_step(["a"], [5])
     assert bool(step.fresh[0]) and int(step.cached_lens[0]) == 0
     state = mgr.live_state("a")
@@ -78,11 +78,11 @@ def test_freed_while_suspended_keeps_nothing(kind, device):
     mgr = make_manager(kind, device)
     run_to_generation(mgr, "a", 9)
     mgr.suspend(["a"])
-    assert mgr.host_tier.slot_pool.num_owned == 1 and mgr.host_tier.page_pool.num_owned == 3
+    assert mgr.planner.host_slot_pool.num_owned == 1 and mgr.planner.host_page_pool.num_owned == 3
     mgr.free("a")
     mgr.check_integrity()
     assert mgr.requests() == []
-    assert mgr.host_tier.slot_pool.num_owned == 0 and mgr.host_tier.page_pool.num_owned == 0
+    assert mgr.planner.host_slot_pool.num_owned == 0 and mgr.planner.host_page_pool.num_owned == 0
     assert mgr.slot_pool.num_owned == 0 and mgr.page_pool.num_owned == 0
 
 
@@ -101,7 +101,7 @@ def test_dummy_suspend_is_refused_and_its_slot_kept(kind, device):
     assert int(step.slots[1]) == slot and (step.page_table[1] == -1).all()
     mgr.accept([1, 1])
     mgr.check_integrity()
-    assert mgr.host_tier.slot_pool.num_owned == 0
+    assert mgr.planner.host_slot_pool.num_owned == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)

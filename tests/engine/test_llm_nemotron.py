@@ -121,7 +121,7 @@ def test_random_arrivals_under_pressure_equal_the_unconstrained_run(checkpoint):
     assert s.num_suspensions + s.num_reprefills > 0, s
     llm.manager.check_integrity()
     assert llm.manager.requests() == []
-    assert llm.manager.host_tier.slot_pool.num_owned == 0 and llm.manager.page_pool.num_owned == 0
+    assert llm.manager.planner.host_slot_pool.num_owned == 0 and llm.manager.page_pool.num_owned == 0
 
 
 def test_bad_input_is_refused_and_the_others_run(checkpoint, tmp_path):
@@ -136,6 +136,8 @@ def test_bad_input_is_refused_and_the_others_run(checkpoint, tmp_path):
         llm.add_request(list(range(60)), GREEDY)
     with pytest.raises(InvalidRequestError, match="empty prompt"):
         llm.generate([PROMPTS[1], []], GREEDY)  # nothing of the batch is queued
+    with pytest.raises(InvalidRequestError, match="idle engine"):
+        llm.generate([PROMPTS[1]], GREEDY)  # it would finish, and drop, the request added before
     done = []
     while llm.has_unfinished():
         done += llm.step()

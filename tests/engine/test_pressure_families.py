@@ -63,4 +63,4 @@ def test_random_arrivals_rebalances_and_pressure_equal_the_unconstrained_run(che
     assert llm.manager.requests() == []
     mgr = llm.manager
     assert mgr.slot_pool.num_owned == 0 and mgr.page_pool.num_owned == 0
-    assert mgr.host_tier.slot_pool.num_owned == 0 and mgr.host_tier.page_pool.num_owned == 0
+    assert mgr.planner.host_slot_pool.num_owned == 0 and mgr.planner.host_page_pool.num_owned == 0

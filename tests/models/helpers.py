@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from hybridcache.cache import CacheConfig, HybridCacheManager
-from hybridcache.engine.forward import forward_batch
+from hybridcache.engine.forward_batch import forward_batch
 from hybridcache.states import KVPages
 
 TINY = dict(
@@ -84,7 +84,7 @@ class Driver:
         rows = [*context, *generation]
         step = self.mgr.prepare_step([r for r, _ in rows], [len(t) for _, t in rows])
         tokens = len(generation[0][1]) if generation else 1
-        batch = forward_batch(self.mgr, step, len(context), tokens, speculative)
+        batch = forward_batch(self.mgr.store, step, len(context), tokens, speculative)
         ids = torch.tensor([tok for _, t in rows for tok in t], dtype=torch.long, device=self.device)
         logits = self.model.logits(self.model(ids, batch)).cpu()
         return list(logits.split([len(t) for _, t in rows]))

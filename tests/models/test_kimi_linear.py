@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import hybridcache.models.kimi_linear  # noqa: F401  (registers "kimi_linear")
-from hybridcache.engine.forward import forward_batch
+from hybridcache.engine.forward_batch import forward_batch
 from hybridcache.models import ModelLoadError, TensorShapeError, UnsupportedConfigError, load_model
 
 from .helpers import Driver, close, reference_logits, save_hf_tiny
@@ -196,7 +196,7 @@ def test_plain_decode_over_pending_draft_roles_is_refused(tiny):
     drv = Driver(load_model(tiny[0]), num_draft_tokens=3)
     drv.prefill({"a": tokens(5, 13)})
     step = drv.mgr.prepare_step(["a"], [1])
-    batch = forward_batch(drv.mgr, step, 0, 1, speculative=False)
+    batch = forward_batch(drv.mgr.store, step, 0, 1, speculative=False)
     with pytest.raises(ValueError, match="speculative=True"):
         drv.model(torch.tensor([7]), batch)
 

@@ -67,4 +67,4 @@ def test_step_kind_must_match_the_state_roles(tmp_path):
         drv.prefill({"a": [5, 6, 7]})
         with pytest.raises(ValueError, match=message):
             drv.step([], [("a", [8])], speculative)
-        drv.mgr.cancel_step()
+        drv.mgr.abort_step()

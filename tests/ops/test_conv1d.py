@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridcache.ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
+from hybridcache.ops.conv1d import causal_conv1d_prefill, causal_conv1d_update, shift_conv_window
 from hybridcache.ops.conv1d.naive import causal_conv1d_prefill_ref, causal_conv1d_update_ref
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
@@ -116,3 +116,11 @@ def test_update_makes_no_host_sync_call():
     x, weight, bias = torch.randn(3, 4, 6, generator=g), torch.randn(6, 4, generator=g), torch.randn(6, generator=g)
     with no_host_sync():
         causal_conv1d_update(x, weight, bias, conv, torch.tensor([2, -1, 0]), activation="silu")
+
+
+def test_accept_keeps_the_window_the_valid_tokens_leave():
+    # W = 3, k = 3: after verify the row holds cat(window, x)[1:] = [w1 w2 x0 x1 x2 x3]
+    conv = torch.arange(2 * 6, dtype=torch.float32).view(1, 2, 1, 6)  # [L, S, C, W + k]
+    shift_conv_window(conv, torch.tensor([0, 1]), torch.tensor([1, 4]), width=3)
+    assert conv[0, 0, 0, :3].tolist() == [0.0, 1.0, 2.0]  # v = 1: the window ends at x0
+    assert conv[0, 1, 0, :3].tolist() == [9.0, 10.0, 11.0]  # v = 4: the window ends at x3

@@ -93,3 +93,8 @@ def test_accept_bookkeeping():
     # T = 4, HIST = 8: slots 2 (5 + 4 > 8) and 3 fold and flip; slot 0 is not in the batch
     gdn_accept(pnat, buf, torch.tensor([1, 2, -1, 3]), 4, torch.tensor([2, 4, 1, 1]), 8)
     assert pnat.tolist() == [0, 5, 4, 1] and buf.tolist() == [0, 1, 1, 0]
+    none = torch.tensor([], dtype=torch.long)
+    gdn_accept(pnat, buf, none, 4, none, 8)  # no rows
+    # T per row: slot 1 (5 + 2 <= 8) appends, slot 2 (4 + 5 > 8) folds
+    gdn_accept(pnat, buf, torch.tensor([1, 2]), torch.tensor([2, 5]), torch.tensor([1, 3]), 8)
+    assert pnat.tolist() == [0, 6, 3, 1] and buf.tolist() == [0, 1, 0, 0]

@@ -70,3 +70,5 @@ def test_accept_bookkeeping():
     pend_n = torch.tensor([2, 2, 2, 2], dtype=torch.int32)
     kda_accept(pend_n, torch.tensor([3, -1, 0]), torch.tensor([1, 4, 4]))
     assert pend_n.tolist() == [3, 2, 2, 0]
+    kda_accept(pend_n, torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long))  # no rows
+    assert pend_n.tolist() == [3, 2, 2, 0]

@@ -5,25 +5,34 @@ import torch
 from hybridcache.cache import CacheConfig, HybridCacheManager, LayoutError, aux_bytes_per_slot, register_aux_bytes
 from hybridcache.cache.sizing import unregister_aux_bytes
 from hybridcache.states import AuxState, GDNState, KDAState, KVPages, Mamba2State
-from hybridcache.states.replay import accept_replay, shift_conv_window
 
 
-def test_replay_accept_rule_folds_flips_and_appends():
-    pnat = torch.tensor([[0, 5, 14, 13, 2]], dtype=torch.int32)
-    buf = torch.tensor([[0, 1, 0, 1, 1]], dtype=torch.int32)
-    slots = torch.tensor([1, 2, 3])
+def test_replay_accept_hook_folds_flips_appends_and_shifts_the_conv_window():
+    state = Mamba2State(1, 1, 1, 1, 1, conv_kernel=4, num_draft_tokens=3, hist=16)  # W = 3, k = 3
+    roles = {
+        "pnat": torch.tensor([[0, 5, 14, 13, 2]], dtype=torch.int32),
+        "buf_idx": torch.tensor([[0, 1, 0, 1, 1]], dtype=torch.int32),
+        "conv": torch.arange(5 * 6, dtype=torch.float32).view(1, 5, 1, 6),  # [L, S, C, W + k]
+    }
     # HIST 16, T 4: slot 1 (p 5) appends, slot 2 (p 14) folded, slot 3 (p 13 -> 17 > 16) folded
-    accept_replay(pnat, buf, slots, torch.tensor([4, 4, 4]), torch.tensor([2, 3, 1]), hist=16)
-    assert pnat.tolist() == [[0, 7, 3, 1, 2]]
-    assert buf.tolist() == [[0, 1, 1, 0, 1]]
+    state.on_accept(roles, torch.tensor([1, 2, 3]), torch.tensor([4, 4, 4], dtype=torch.int32),
+                    torch.tensor([2, 3, 1], dtype=torch.int32))
+    assert roles["pnat"].tolist() == [[0, 7, 3, 1, 2]]
+    assert roles["buf_idx"].tolist() == [[0, 1, 1, 0, 1]]
+    # each row holds cat(window, x)[1:]; v valid tokens leave the window [v - 1, v + 2)
+    assert roles["conv"][0, :, 0, :3].tolist() == [[0, 1, 2], [7, 8, 9], [14, 15, 16], [18, 19, 20], [24, 25, 26]]
 
 
-def test_conv_window_keeps_what_the_valid_tokens_leave():
-    # W = 3, k = 3: after verify the row holds cat(window, x)[1:] = [w1 w2 x0 x1 x2 x3]
-    conv = torch.arange(2 * 6, dtype=torch.float32).view(1, 2, 1, 6)
-    shift_conv_window(conv, torch.tensor([0, 1]), torch.tensor([1, 4]), width=3)
-    assert conv[0, 0, 0, :3].tolist() == [0.0, 1.0, 2.0]  # v = 1: the window ends at x0
-    assert conv[0, 1, 0, :3].tolist() == [9.0, 10.0, 11.0]  # v = 4: the window ends at x3
+def test_kda_accept_hook_keeps_the_accepted_drafts_pending_and_shifts_the_conv_window():
+    state = KDAState(1, 1, 1, conv_kernel=4, num_draft_tokens=3)
+    roles = {
+        "pend_n": torch.tensor([[2, 2, 2, 2]], dtype=torch.int32),
+        "conv": torch.arange(4 * 6, dtype=torch.float32).view(1, 4, 1, 6),
+    }
+    state.on_accept(roles, torch.tensor([3, 0]), torch.tensor([4, 4], dtype=torch.int32),
+                    torch.tensor([1, 4], dtype=torch.int32))
+    assert roles["pend_n"].tolist() == [[3, 2, 2, 0]]  # v - 1 accepted drafts stay pending
+    assert roles["conv"][0, :, 0, :3].tolist() == [[3, 4, 5], [6, 7, 8], [12, 13, 14], [18, 19, 20]]
 
 
 def test_role_sets_follow_speculation():

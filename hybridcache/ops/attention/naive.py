@@ -14,7 +14,26 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from hybridcache.ops.attention._layout import PageTableError, check_rows
+from hybridcache.ops.attention import PageTableError  # the error type both paths raise, not fast code
+
+
+def _check_rows(page_table: Tensor, cached_lens: Tensor, cu_seqlens: Tensor, num_tokens: int) -> None:
+    """Shape and dtype checks of the index tensors (ValueError; the fast path makes the same).
+
+    page_table: [B, max_pages] int; cached_lens: [B] int; cu_seqlens: [B + 1] int.
+    """
+    if page_table.ndim != 2:
+        raise ValueError(f"page_table must be [B, max_pages], got shape {tuple(page_table.shape)}")
+    batch = page_table.shape[0]
+    if tuple(cached_lens.shape) != (batch,):
+        raise ValueError(f"cached_lens must be [{batch}], got shape {tuple(cached_lens.shape)}")
+    if tuple(cu_seqlens.shape) != (batch + 1,):
+        raise ValueError(f"cu_seqlens must be [{batch + 1}], got shape {tuple(cu_seqlens.shape)}")
+    for name, t in (("page_table", page_table), ("cached_lens", cached_lens), ("cu_seqlens", cu_seqlens)):
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+    if num_tokens < 0:
+        raise ValueError(f"negative token count {num_tokens}")
 
 
 def _slot(page_table: Tensor, row: int, pos: int, page_size: int) -> tuple[int, int]:
@@ -77,7 +96,7 @@ def write_kv(kv: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cached_lens: 
     kv: [P, 2, page_size, Hkv, D]; k, v: [N, Hkv, D]; page_table: [B, max_pages] int32;
     cached_lens: [B]; cu_seqlens: [B + 1].
     """
-    check_rows(page_table, cached_lens, cu_seqlens, k.shape[0])
+    _check_rows(page_table, cached_lens, cu_seqlens, k.shape[0])
     for n, page, offset in _new_token_slots(page_table, cached_lens, cu_seqlens, kv.shape[2]):
         kv[page, 0, offset] = k[n]
         kv[page, 1, offset] = v[n]
@@ -120,7 +139,7 @@ def write_latent(
 
     latent_pages: [P, page_size, R + Dr]; latent: [N, R] (after kv_a_layernorm); k_rope: [N, Dr].
     """
-    check_rows(page_table, cached_lens, cu_seqlens, latent.shape[0])
+    _check_rows(page_table, cached_lens, cu_seqlens, latent.shape[0])
     rank = latent.shape[1]
     for n, page, offset in _new_token_slots(page_table, cached_lens, cu_seqlens, latent_pages.shape[1]):
         latent_pages[page, offset, :rank] = latent[n]

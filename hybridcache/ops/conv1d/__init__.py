@@ -1,5 +1,6 @@
-"""Causal depthwise conv1d over pool conv windows: prefill (flat varlen) and decode/verify update."""
+"""Causal depthwise conv1d over pool conv windows: prefill (flat varlen), decode/verify update, and the
+window's accept rule after a verify step."""
 
-from hybridcache.ops.conv1d.fast import causal_conv1d_prefill, causal_conv1d_update
+from hybridcache.ops.conv1d.fast import causal_conv1d_prefill, causal_conv1d_update, shift_conv_window
 
-__all__ = ["causal_conv1d_prefill", "causal_conv1d_update"]
+__all__ = ["causal_conv1d_prefill", "causal_conv1d_update", "shift_conv_window"]

@@ -2,7 +2,8 @@
 
 Same contracts as `naive.py`. Prefill gathers, for each token, its K inputs from one table that
 stacks the flat tokens, every row's initial window and a zero row; the update unfolds
-cat(window, x) per row.
+cat(window, x) per row. `shift_conv_window` (the accept rule after a verify step) has no reference: it is
+one gather.
 """
 
 from __future__ import annotations
@@ -92,3 +93,19 @@ def causal_conv1d_update(
     if w + steps - 1 > 0:
         put_rows(conv[:, :, : w + steps - 1], (slots,), seq[:, :, 1:], valid)
     return y
+
+
+def shift_conv_window(conv: Tensor, slots: Tensor, num_valid: Tensor, width: int) -> None:
+    """The conv window's accept rule after a verify step (every recurrent layer kind with a short conv).
+
+    conv: [L, S, C, W + k] (every layer of a module; written in place), holding `cat(window, x)[..., 1:]`
+    after `causal_conv1d_update`; slots: [n] live slots (no padding rows); num_valid: [n] (1..T); width = W.
+    Keeps the window that the `v` valid tokens leave: `conv[..., :W] = conv[..., v - 1 : v - 1 + W]`.
+    """
+    if conv.shape[-1] == width or width == 0:
+        return
+    rows = conv[:, slots]  # [L, n, C, W + k]
+    start = (num_valid.long() - 1).clamp(min=0)
+    idx = start[:, None] + torch.arange(width, device=conv.device)  # [n, W]
+    idx = idx[None, :, None, :].expand(rows.shape[0], rows.shape[1], rows.shape[2], width)
+    conv[:, slots, :, :width] = rows.gather(-1, idx)

@@ -3,7 +3,7 @@
 Layouts follow flash-linear-attention (q, k [B, T, H, K], v [B, T, HV, V], HV = H·r); pool roles follow
 docs/layouts.md. References with the same signatures live in `naive.py`.
 """
-from .accept import gdn_accept
+from ..replay_accept import replay_accept as gdn_accept  # the accept rule every replay layer kind shares
 from .block import l2norm
 from .chunk import chunk_gated_delta_rule, gdn_prefill
 from .decode import gdn_decode

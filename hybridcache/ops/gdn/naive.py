@@ -8,7 +8,11 @@ import torch
 from torch import Tensor
 
 from ..delta_rule_naive import decode_rows, prefill_rows, scaled_qk, spans
-from .block import l2norm
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """`x * rsqrt(sum(x²) + eps)` over the last dim, as transformers' qwen3_next and fla do (not F.normalize)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 def _token(h: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -22,7 +26,7 @@ def _token(h: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
 
 def _prep(q: Tensor, k: Tensor, hv: int, scale: float | None, norm: bool) -> tuple[Tensor, Tensor]:
     """q, k [..., H, K] -> fp32 [..., HV, K] (key heads repeated per value head), normalised if asked, q scaled."""
-    q, k = scaled_qk(q, k, scale, l2norm if norm else None)
+    q, k = scaled_qk(q, k, scale, _l2norm if norm else None)
     r = hv // k.shape[-2]
     return q.repeat_interleave(r, dim=-2), k.repeat_interleave(r, dim=-2)
 
@@ -102,7 +106,7 @@ def naive_gdn_verify(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s
     """Reference of `gdn_verify` (docs/layouts.md): returns o [B, T, HV, V]."""
     T, hv, hist = q.shape[1], v.shape[2], replay_u.shape[2]
     qs, ks = _prep(q, k, hv, scale, use_qk_l2norm_in_kernel)
-    kn = l2norm(k.float()) if use_qk_l2norm_in_kernel else k.float()
+    kn = _l2norm(k.float()) if use_qk_l2norm_in_kernel else k.float()
     o = torch.zeros(v.shape, dtype=v.dtype)
     for i, slot in enumerate(slots.tolist()):
         if slot < 0:

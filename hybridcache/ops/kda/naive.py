@@ -7,7 +7,11 @@ import torch
 from torch import Tensor
 
 from ..delta_rule_naive import decode_rows, prefill_rows, scaled_qk, spans
-from .block import l2norm
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """`x / sqrt(sum(x²) + eps)` over the last dim, as transformers' kimi_linear does (fla's Triton form)."""
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 def _token(h: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
@@ -39,7 +43,7 @@ def naive_kda(
     Returns o [B, T, H, V] (v's dtype) and the fp32 final state if asked.
     """
     B, T, H, dv = *v.shape[:3], v.shape[-1]
-    qs, ks = scaled_qk(q, k, scale, l2norm if use_qk_l2norm_in_kernel else None)
+    qs, ks = scaled_qk(q, k, scale, _l2norm if use_qk_l2norm_in_kernel else None)
     o = torch.zeros(B, T, H, dv)
     finals = []
     for i, (b, start, end) in enumerate(spans(B, T, cu_seqlens)):
@@ -89,7 +93,7 @@ def naive_kda_verify(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s
                      scale: float | None = None, use_qk_l2norm_in_kernel: bool = False) -> torch.Tensor:
     """Reference of `kda_verify` (docs/layouts.md): returns o [B, T, H, V]."""
     T = q.shape[1]
-    qs, ks = scaled_qk(q, k, scale, l2norm if use_qk_l2norm_in_kernel else None)
+    qs, ks = scaled_qk(q, k, scale, _l2norm if use_qk_l2norm_in_kernel else None)
     o = torch.zeros(v.shape, dtype=v.dtype)
     for i, slot in enumerate(slots.tolist()):
         if slot < 0:

@@ -13,9 +13,27 @@ from the checkpoint, inclusive of the token), pnat [S], buf_idx [S] (read only).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, add_skip, check_steps, heads_of_groups, process_dt
+DtLimit = tuple[float, float]
+NO_LIMIT: DtLimit = (0.0, float("inf"))
+
+
+def _process_dt(dt: Tensor, dt_bias: Tensor | None, dt_limit: DtLimit = NO_LIMIT) -> Tensor:
+    """softplus(dt + dt_bias) clamped to dt_limit, in fp32. dt: [..., H]; dt_bias: [H] or None."""
+    dt = dt.float()
+    if dt_bias is not None:
+        dt = dt + dt_bias.float()
+    return F.softplus(dt).clamp(min=dt_limit[0], max=dt_limit[1])
+
+
+def _heads_of_groups(t: Tensor, num_heads: int) -> Tensor:
+    """[..., G, N] -> [..., H, N]: head h reads group h // (H // G)."""
+    groups = t.shape[-2]
+    if num_heads % groups:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of ngroups {groups}")
+    return t.repeat_interleave(num_heads // groups, dim=-2)
 
 
 def _step(h: Tensor, x: Tensor, dt: Tensor, dA: Tensor, B: Tensor) -> Tensor:
@@ -25,8 +43,11 @@ def _step(h: Tensor, x: Tensor, dt: Tensor, dA: Tensor, B: Tensor) -> Tensor:
 
 
 def _out(h: Tensor, x: Tensor, C: Tensor, D: Tensor | None) -> Tensor:
-    """y = C h + D x. h: [H, P, N]; x: [H, P]; C: [H, N]. Returns [H, P] fp32."""
-    return add_skip((h * C.float()[:, None, :]).sum(-1), x, D)
+    """y = C h + D x (D [H] per head, or no skip). h: [H, P, N]; x: [H, P]; C: [H, N]. Returns [H, P] fp32."""
+    y = (h * C.float()[:, None, :]).sum(-1)
+    if D is None:
+        return y
+    return y + D.float()[:, None] * x.float()
 
 
 def _token(h: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -41,7 +62,7 @@ def _inputs(
     """(zeroed output like x, processed dt, B per head, C per head) for x [..., H, P], B/C [..., G, N]."""
     heads = x.shape[-2]
     y = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
-    return y, process_dt(dt, dt_bias, dt_limit), heads_of_groups(B, heads), heads_of_groups(C, heads)
+    return y, _process_dt(dt, dt_bias, dt_limit), _heads_of_groups(B, heads), _heads_of_groups(C, heads)
 
 
 def mamba2_prefill_ref(
@@ -120,7 +141,7 @@ def replay_state_ref(
             continue
         p, buf = int(pnat[slot]), int(buf_idx[slot])
         h = ssm[slot].clone()
-        Bh = heads_of_groups(replay_B[slot, buf], heads)
+        Bh = _heads_of_groups(replay_B[slot, buf], heads)
         cum = replay_dA_cumsum[slot, buf]  # [H, HIST]
         for s in range(p):
             dA = cum[:, s] - cum[:, s - 1] if s > 0 else cum[:, 0]
@@ -157,7 +178,8 @@ def mamba2_verify_ref(
     """
     batch, steps, heads = x.shape[:3]
     hist = replay_x.shape[2]
-    check_steps(steps, hist)
+    if steps > hist:
+        raise ValueError(f"T={steps} exceeds the replay history length {hist}")
     y, dtp, Bh, Ch = _inputs(x, dt, B, C, dt_bias, dt_limit)
     one = slots.new_zeros(1)
     for b in range(batch):
@@ -187,7 +209,9 @@ def mamba2_verify_ref(
 def mamba2_accept_ref(
     pnat: Tensor, buf_idx: Tensor, slots: Tensor, num_tokens: int, num_valid: Tensor, hist: int
 ) -> None:
-    """Accept rule, per row with v valid tokens: if p + T > HIST: buf_idx ^= 1, pnat = v; else pnat = p + v."""
+    """Accept rule, per row with v valid tokens: if p + T > HIST: buf_idx ^= 1, pnat = v; else pnat = p + v.
+
+    The readable loop of `ops.replay_accept.replay_accept` (the one the fast path and the pool use)."""
     for b in range(slots.shape[0]):
         slot = int(slots[b])
         if slot < 0:

@@ -1,4 +1,4 @@
-"""Vectorized Mamba2 replay verify, effective-state helper and accept bookkeeping (no host sync).
+"""Vectorized Mamba2 replay verify and effective-state helper (no host sync).
 
 A batch mixes rows that append (p + T <= HIST) and rows that fold (p + T > HIST). Every row runs the
 fold arithmetic on its gathered checkpoint; a row that does not fold gets weight 0 and decay 1, which
@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, add_skip, check_dims, check_steps, process_dt
-from hybridcache.ops.replay_accept import replay_accept
 from hybridcache.ops.slot_io import put_rows, take_rows
 
 
@@ -150,7 +149,3 @@ def mamba2_verify(
     put_rows(replay_dt, idx, dtp, valid)
     put_rows(replay_dA_cumsum, idx, cum_new, valid)
     return y.to(x.dtype)
-
-
-mamba2_accept = replay_accept  # the accept rule is the same for every replay layer kind
-

@@ -1,15 +1,15 @@
-"""Turns the manager's step indices into the model's `ForwardBatch`."""
+"""Builds the model's `ForwardBatch` from a step's index tensors and the store's role tensors."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ..cache import HybridCacheManager, StepIndices
+from ..cache import CacheStore, StepIndices
 from ..models.batch import ForwardBatch
 
 
 def forward_batch(
-    manager: HybridCacheManager,
+    store: CacheStore,
     step: StepIndices,
     num_context_rows: int,
     generation_tokens: int,
@@ -32,7 +32,7 @@ def forward_batch(
         num_context_rows=num_context_rows,
         num_context_tokens=int(cu[num_context_rows]),
         generation_tokens=generation_tokens,
-        states={m.name: manager.state_tensors(m) for m in manager.states},
-        pages=manager.page_tensors(),
+        states={m.name: store.state_tensors(m) for m in store.states},
+        pages=store.page_tensors(),
         speculative=speculative,
     )

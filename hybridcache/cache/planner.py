@@ -1,0 +1,471 @@
+"""`Planner`: the tensor-free half of the cache. Ids, entries, the lifecycle, and the decisions.
+
+It owns the id pools of both tiers and every request's entry; it never touches a tensor. Each call
+either completes or raises having changed nothing. Operations that move bytes are two-phase: `plan_*`
+reserves ids and returns a plan, the store copies, then `commit_*` (or `cancel_*`) finishes.
+"""
+from __future__ import annotations
+
+from typing import Hashable, Iterable, Sequence
+
+import numpy as np
+
+from .entries import Entry, Status, TokenCounts, pages_for
+from .errors import (
+    DoubleFreeError,
+    DuplicateRequestError,
+    HostTierFullError,
+    IntegrityError,
+    InvalidCountError,
+    InvalidTransitionError,
+    OutOfDeviceMemoryError,
+    UnknownRequestError,
+)
+from .id_pool import IdPool
+from .integrity import check_integrity
+from .layout import Layout
+from .plans import AcceptPlan, MovePlan, RecarvePlan, StepPlan, frozen
+
+MAX_TOKENS = 2**31 - 1  # token counts travel to kernels as int32
+
+
+class Planner:
+    """Slots and pages of both tiers, and what each request holds.
+
+    `num_slots` request slots beside `num_dummies` permanent ones, `num_pages` pages; `has_pages` False
+    for a model without attention layers (it holds no pages).
+    """
+
+    def __init__(
+        self, page_size: int, has_pages: bool, num_slots: int, num_pages: int, num_dummies: int,
+        host_slots: int, host_pages: int,
+    ) -> None:
+        self.page_size = page_size
+        self.has_pages = has_pages
+        self.num_dummies = num_dummies
+        self.slot_pool = IdPool(num_slots + num_dummies, permanent=num_dummies)
+        self.page_pool = IdPool(num_pages)
+        self.host_slot_pool = IdPool(host_slots)
+        self.host_page_pool = IdPool(host_pages)
+        self._tokens = TokenCounts()
+        self._entries: dict[Hashable, Entry] = {}
+        self._freed: set[Hashable] = set()
+        self._free_dummy_slots = list(range(num_dummies - 1, -1, -1))
+        self._layout: Layout | None = None
+        self._version = 0
+        self.pending: StepPlan | None = None
+        self._moving: MovePlan | RecarvePlan | None = None
+        self.stats = {"suspensions": 0, "resumes": 0, "reprefills": 0, "aborted_rows": 0, "rebalances": 0,
+                      "bytes_to_host": 0, "bytes_to_device": 0}
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_slots(self) -> int:
+        """Device slots for requests (dummies excluded)."""
+        return self.slot_pool.total - self.slot_pool.permanent
+
+    @property
+    def num_pages(self) -> int:
+        return self.page_pool.total
+
+    def entry(self, req_id: Hashable) -> Entry:
+        e = self._entries.get(req_id)
+        if e is None:
+            if req_id in self._freed:
+                raise DoubleFreeError(f"request {req_id!r} was already freed")
+            raise UnknownRequestError(f"unknown request {req_id!r}")
+        return e
+
+    def status(self, req_id: Hashable) -> Status:
+        return self.entry(req_id).status
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def requests(self) -> list[Hashable]:
+        return list(self._entries)
+
+    @property
+    def free_dummy_slots(self) -> list[int]:
+        return list(self._free_dummy_slots)
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError unless every slot and page has at most one owner and, per tier,
+        free + owned + permanent == total."""
+        if self._moving is not None:
+            raise IntegrityError("a move was left half done")
+        check_integrity(self)
+
+    def live_pages(self, e: Entry) -> int:
+        """Pages holding the request's committed tokens (none when the model has no page roles)."""
+        return pages_for(e.num_tokens, self.page_size) if self.has_pages else 0
+
+    def pages_needed(self, req_id: Hashable, num_new: int) -> int:
+        """Pages the request must still take to hold `num_new` more tokens."""
+        e = self.entry(req_id)
+        if e.status == Status.DUMMY or not self.has_pages:
+            return 0
+        return max(0, pages_for(e.num_tokens + num_new, self.page_size) - len(e.pages))
+
+    def live_counts(self) -> tuple[int, int]:
+        """(requests on the device, pages holding their committed tokens)."""
+        live = [e for e in self._entries.values() if e.on_device]
+        return len(live), sum(self.live_pages(e) for e in live)
+
+    # ------------------------------------------------------------------ lifecycle
+    def add(self, req_id: Hashable) -> None:
+        """Register a request; it holds nothing until it is allocated."""
+        if req_id in self._entries:
+            raise DuplicateRequestError(f"request {req_id!r} already exists")
+        self._freed.discard(req_id)
+        self._entries[req_id] = Entry(req_id, Status.WAITING, self._tokens, self._tokens.take())
+
+    def add_dummy(self, req_id: Hashable) -> int:
+        """Register a padding request on a permanent slot; returns the slot."""
+        if req_id in self._entries:
+            raise DuplicateRequestError(f"request {req_id!r} already exists")
+        if not self._free_dummy_slots:
+            raise OutOfDeviceMemoryError(f"all {self.num_dummies} dummy slots are taken")
+        slot = self._free_dummy_slots.pop()
+        self._freed.discard(req_id)
+        self._entries[req_id] = Entry(req_id, Status.DUMMY, self._tokens, self._tokens.take(), slot=slot)
+        return slot
+
+    def allocate(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int) -> bool:
+        """Give each request what it needs for `num_new` more tokens — a zeroed slot for a WAITING one
+        (it becomes CONTEXT), the pages past its current ones — or nothing at all and return False.
+
+        What is allocated belongs to the request at once, whether or not a step runs it.
+        """
+        self._require_idle()
+        entries = self._distinct(req_ids)
+        n = self._counts(num_new, len(entries))
+        for e in entries:
+            if e.status == Status.SUSPENDED:
+                raise InvalidTransitionError(f"request {e.req_id!r} is suspended; resume it first")
+        fresh = [e for e in entries if e.status == Status.WAITING]
+        grow = self._growth(entries, n)
+        if len(fresh) > self.slot_pool.num_free or int(grow.sum()) > self.page_pool.num_free:
+            return False
+        for e, slot in zip(fresh, self.slot_pool.allocate(len(fresh))):
+            e.slot, e.status, e.fresh = slot, Status.CONTEXT, True
+        for i in np.flatnonzero(grow).tolist():
+            entries[i].pages.extend(self.page_pool.allocate(int(grow[i])))
+        return True
+
+    def plan_step(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int) -> StepPlan:
+        """The step plan of rows already allocated for `num_new` tokens; it stays pending until
+        `commit_step` or `abort_step`. Rows that changed since the last plan are the only page-table
+        writes when the rows are the same."""
+        self._require_idle()
+        key = tuple(req_ids)
+        layout = self._layout
+        if layout is None or layout.key != key:
+            entries = self._distinct(key)
+            for e in entries:
+                if not (e.on_device or e.status == Status.DUMMY):
+                    raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}: allocate it first")
+            self._version += 1
+            layout = Layout(key, entries, self._version)
+        n = self._counts(num_new, len(key))
+        cached = self._tokens.counts[layout.handles]
+        if (cached + n > MAX_TOKENS).any():
+            raise InvalidCountError(f"a row would pass {MAX_TOKENS} tokens")
+        if self.has_pages:
+            short = ~layout.dummy & (pages_for(cached + n, self.page_size) > layout.held_pages())
+            if short.any():
+                i = int(np.flatnonzero(short)[0])
+                raise OutOfDeviceMemoryError(f"request {key[i]!r} is not allocated for {n[i]} more tokens")
+        writes = layout.take_writes()
+        fresh = np.array([e.fresh for e in layout.entries], dtype=bool)
+        for e in layout.entries:
+            e.fresh = False
+        self._layout = layout
+        self.pending = StepPlan(
+            req_ids=key, version=layout.version, slots=layout.slots, generation=layout.generation,
+            cached_lens=frozen(cached), num_new=frozen(n), fresh=frozen(fresh), table_width=layout.width,
+            table_writes=writes, dummy=layout.dummy,
+        )
+        return self.pending
+
+    def check_accept(self, plan: StepPlan, num_valid: Sequence[int] | np.ndarray | None) -> AcceptPlan:
+        """Validate a step's acceptance without changing anything: context rows commit all their tokens,
+        generation rows `num_valid[i]` in 1..num_new (the fed token plus accepted drafts)."""
+        self._require_pending(plan)
+        n = plan.num_new
+        if num_valid is None:
+            valid = n
+        else:
+            valid = _int_array(num_valid, "accept counts")
+            if valid.shape != n.shape:
+                raise InvalidCountError(f"{n.size} rows but {valid.size} accept counts")
+            bad = plan.generation & ((valid < 1) | (valid > n))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise InvalidCountError(f"request {plan.req_ids[i]!r}: {valid[i]} valid tokens of {n[i]}")
+        rows = plan.gen_rows
+        return AcceptPlan(plan.slots[rows], n[rows], np.where(plan.generation, valid, n)[rows])
+
+    def commit_step(self, plan: StepPlan, accept: AcceptPlan) -> None:
+        """The step's tokens are in the cache: context rows all of them, generation rows `accept.num_valid`."""
+        self._require_pending(plan)
+        commit = plan.num_new.copy()
+        commit[plan.gen_rows] = accept.num_valid
+        commit[plan.dummy] = 0
+        self._tokens.counts[self._layout.handles] += commit
+        self.pending = None
+
+    def abort_step(self, plan: StepPlan) -> list[Hashable]:
+        """A step failed after it may have written its rows: every request in it drops what it holds and
+        restarts from its tokens (re-prefill). Returns those requests; dummies keep their slots (the
+        store zeroes them)."""
+        self._require_pending(plan)
+        self.pending = None
+        dropped = []
+        for rid, dummy in zip(plan.req_ids, plan.dummy):
+            e = self._entries.get(rid)
+            if e is None or dummy or e.status == Status.WAITING:
+                continue
+            self._release(e)
+            e.status, e.num_tokens = Status.WAITING, 0
+            dropped.append(rid)
+        self.stats["aborted_rows"] += len(dropped)
+        self._layout = None
+        return dropped
+
+    def start_generation(self, req_id: Hashable) -> None:
+        """The context is fully prefilled: later steps are decode / verify steps."""
+        e = self.entry(req_id)
+        if e.status != Status.CONTEXT:
+            raise InvalidTransitionError(f"request {req_id!r} is {e.status.name}, not CONTEXT")
+        self._require_idle()
+        e.status = Status.GENERATION
+        self._layout = None
+
+    def reprefill(self, req_id: Hashable) -> None:
+        """Drop everything the request holds (either tier); its next step starts its context from zero."""
+        self._require_idle()
+        e = self.entry(req_id)
+        if e.status in (Status.WAITING, Status.DUMMY):
+            raise InvalidTransitionError(f"request {req_id!r} is {e.status.name}; nothing to re-prefill")
+        self._release(e)
+        e.status, e.num_tokens = Status.WAITING, 0
+        self.stats["reprefills"] += 1
+
+    def free(self, req_id: Hashable) -> None:
+        """Forget the request and release everything it holds, in every tier."""
+        self._require_idle()
+        e = self.entry(req_id)
+        if e.status == Status.DUMMY:
+            self._free_dummy_slots.append(e.slot)
+        else:
+            self._release(e)
+        del self._entries[req_id]
+        self._tokens.give_back(e.handle)
+        self._freed.add(req_id)
+        e.status = Status.FINISHED
+        self._layout = None
+
+    # ------------------------------------------------------------------ moves between tiers
+    def plan_suspend(self, req_ids: Sequence[Hashable]) -> MovePlan:
+        """Reserve host ids for generating requests' live bytes. Raises HostTierFullError (changing
+        nothing) when the host tier cannot hold them all."""
+        self._require_idle()
+        entries = self._distinct(req_ids)
+        for e in entries:
+            if e.status != Status.GENERATION:
+                what = "a dummy; dummies are never suspended" if e.status == Status.DUMMY else e.status.name
+                raise InvalidTransitionError(f"request {e.req_id!r} is {what}; only GENERATION can suspend")
+        live = [e.pages[: self.live_pages(e)] for e in entries]
+        need = sum(map(len, live))
+        hs, hp = self.host_slot_pool, self.host_page_pool
+        if len(entries) > hs.num_free or need > hp.num_free:
+            raise HostTierFullError(
+                f"host tier has {hs.num_free} slots and {hp.num_free} pages free; suspending needs {len(entries)} and {need}"
+            )
+        plan = MovePlan(
+            req_ids=tuple(e.req_id for e in entries), to_host=True, slots=tuple(e.slot for e in entries),
+            host_slots=tuple(hs.allocate(len(entries))), pages=tuple(p for ps in live for p in ps),
+            host_pages=tuple(hp.allocate(need)), page_counts=tuple(map(len, live)),
+        )
+        self._moving = plan
+        return plan
+
+    def plan_resume(self, req_ids: Sequence[Hashable]) -> MovePlan:
+        """Reserve device slots and pages for suspended requests. Raises OutOfDeviceMemoryError (changing
+        nothing) when the device has too little free."""
+        self._require_idle()
+        entries = self._distinct(req_ids)
+        for e in entries:
+            if e.status != Status.SUSPENDED:
+                raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}, not SUSPENDED")
+        need = sum(len(e.host_pages) for e in entries)
+        if len(entries) > self.slot_pool.num_free or need > self.page_pool.num_free:
+            raise OutOfDeviceMemoryError(
+                f"resume needs {len(entries)} slots and {need} pages; "
+                f"{self.slot_pool.num_free} and {self.page_pool.num_free} are free"
+            )
+        plan = MovePlan(
+            req_ids=tuple(e.req_id for e in entries), to_host=False, slots=tuple(self.slot_pool.allocate(len(entries))),
+            host_slots=tuple(e.host_slot for e in entries), pages=tuple(self.page_pool.allocate(need)),
+            host_pages=tuple(p for e in entries for p in e.host_pages),
+            page_counts=tuple(len(e.host_pages) for e in entries),
+        )
+        self._moving = plan
+        return plan
+
+    def commit_move(self, plan: MovePlan, nbytes: int) -> None:
+        """The copies are done: the requests now live in the destination tier; the source ids are freed."""
+        self._require_moving(plan)
+        entries = [self._entries[r] for r in plan.req_ids]
+        pages = _split(plan.pages, plan.page_counts)
+        host_pages = _split(plan.host_pages, plan.page_counts)
+        for e, s, hs, ps, hps in zip(entries, plan.slots, plan.host_slots, pages, host_pages):
+            if plan.to_host:
+                self.slot_pool.release([e.slot])
+                self.page_pool.release(e.pages)
+                e.slot, e.pages, e.host_slot, e.host_pages, e.status = -1, [], hs, hps, Status.SUSPENDED
+            else:
+                self.host_slot_pool.release([e.host_slot])
+                self.host_page_pool.release(e.host_pages)
+                e.slot, e.pages, e.host_slot, e.host_pages, e.status = s, ps, -1, [], Status.GENERATION
+        key = ("suspensions", "bytes_to_host") if plan.to_host else ("resumes", "bytes_to_device")
+        self.stats[key[0]] += len(entries)
+        self.stats[key[1]] += nbytes
+        self._moving = None
+        self._layout = None
+
+    def cancel_move(self, plan: MovePlan) -> None:
+        """The copies failed: release the reserved destination ids; the source is untouched."""
+        self._require_moving(plan)
+        dst_slots, dst_pages = (self.host_slot_pool, self.host_page_pool) if plan.to_host else (self.slot_pool, self.page_pool)
+        dst_slots.release(list(plan.host_slots if plan.to_host else plan.slots))
+        dst_pages.release(list(plan.host_pages if plan.to_host else plan.pages))
+        self._moving = None
+
+    # ------------------------------------------------------------------ rebalance
+    def plan_rebalance(self, num_slots: int, num_pages: int) -> RecarvePlan:
+        """Where every live request's slot and pages go in a carving of `num_slots` request slots and
+        `num_pages` pages (compacted from row 0). Raises OutOfDeviceMemoryError when they do not fit."""
+        self._require_idle()
+        live = [e for e in self._entries.values() if e.on_device]
+        pages = [p for e in live for p in e.pages[: self.live_pages(e)]]
+        if num_slots < 1 or len(live) > num_slots or len(pages) > num_pages:
+            raise OutOfDeviceMemoryError(
+                f"{len(live)} live requests with {len(pages)} pages do not fit {num_slots} slots and {num_pages} pages"
+            )
+        d = self.num_dummies
+        plan = RecarvePlan(
+            old_slots=self.slot_pool.total, old_pages=self.page_pool.total, new_slots=num_slots + d,
+            new_pages=num_pages, num_dummies=d, slots_from=tuple(e.slot for e in live),
+            slots_to=tuple(range(d, d + len(live))), pages_from=tuple(pages), pages_to=tuple(range(len(pages))),
+        )
+        self._moving = plan
+        return plan
+
+    def commit_rebalance(self, plan: RecarvePlan) -> None:
+        """The store moved the live rows: swap in the new pools and the requests' new ids."""
+        self._require_moving(plan)
+        live = [e for e in self._entries.values() if e.on_device]
+        slot_pool = IdPool(plan.new_slots, permanent=plan.num_dummies)
+        page_pool = IdPool(plan.new_pages)
+        slots = slot_pool.allocate(len(live))
+        for e, slot in zip(live, slots):
+            e.slot, e.pages = slot, page_pool.allocate(self.live_pages(e))
+        self.slot_pool, self.page_pool = slot_pool, page_pool
+        self.stats["rebalances"] += 1
+        self._moving = None
+        self._layout = None
+
+    def cancel_rebalance(self, plan: RecarvePlan, state_lost: bool) -> list[Hashable]:
+        """The store could not finish. Without `state_lost` it restored the old carving and nothing
+        changed; with it, every live request restarts from its tokens (returned)."""
+        self._require_moving(plan)
+        self._moving = None
+        if not state_lost:
+            return []
+        dropped = []
+        for e in self._entries.values():
+            if e.on_device:
+                self._release(e)
+                e.status, e.num_tokens = Status.WAITING, 0
+                dropped.append(e.req_id)
+        self.slot_pool = IdPool(plan.old_slots, permanent=plan.num_dummies)
+        self.page_pool = IdPool(plan.old_pages)
+        self.stats["aborted_rows"] += len(dropped)
+        self._layout = None
+        return dropped
+
+    # ------------------------------------------------------------------ internals
+    def _require_idle(self) -> None:
+        if self.pending is not None:
+            raise InvalidTransitionError("a planned step is pending; commit or abort it first")
+        if self._moving is not None:
+            raise InvalidTransitionError("a move is in progress; commit or cancel it first")
+
+    def _require_pending(self, plan: StepPlan) -> None:
+        if self.pending is None or plan is not self.pending:
+            raise InvalidTransitionError("that step is not the pending one")
+
+    def _require_moving(self, plan: MovePlan | RecarvePlan) -> None:
+        if self._moving is None or plan is not self._moving:
+            raise InvalidTransitionError("that move is not the one in progress")
+
+    def _distinct(self, req_ids: Iterable[Hashable]) -> list[Entry]:
+        req_ids = list(req_ids)
+        if len(set(req_ids)) != len(req_ids):
+            raise ValueError("a request is listed twice")
+        return [self.entry(r) for r in req_ids]
+
+    def _counts(self, num_new: Sequence[int] | int, rows: int) -> np.ndarray:
+        n = _int_array(num_new, "token counts", rows)
+        if n.shape != (rows,):
+            raise InvalidCountError(f"{rows} rows but {n.size} token counts")
+        if n.size and (n.min() < 1 or n.max() > MAX_TOKENS):
+            raise InvalidCountError(f"token counts must be in [1, {MAX_TOKENS}], got {n.tolist()[:8]}")
+        return n
+
+    def _growth(self, entries: list[Entry], n: np.ndarray) -> np.ndarray:
+        """Pages each entry must take for `n` more tokens."""
+        if not self.has_pages:
+            return np.zeros(len(entries), dtype=np.int64)
+        held = np.fromiter((len(e.pages) for e in entries), dtype=np.int64, count=len(entries))
+        cached = np.fromiter((e.num_tokens for e in entries), dtype=np.int64, count=len(entries))
+        grow = np.maximum(pages_for(cached + n, self.page_size) - held, 0)
+        grow[[e.status == Status.DUMMY for e in entries]] = 0
+        return grow
+
+    def _release(self, e: Entry) -> None:
+        if e.slot >= 0:
+            self.slot_pool.release([e.slot])
+        self.page_pool.release(e.pages)
+        if e.host_slot >= 0:
+            self.host_slot_pool.release([e.host_slot])
+        self.host_page_pool.release(e.host_pages)
+        e.slot, e.pages, e.host_slot, e.host_pages, e.fresh = -1, [], -1, [], False
+        self._layout = None
+
+
+def _int_array(values, what: str, rows: int | None = None) -> np.ndarray:
+    """`values` as int64 (an int broadcast to `rows`); floats, bools and overflowing ints are refused."""
+    if isinstance(values, (int, np.integer)) and not isinstance(values, bool) and rows is not None:
+        values = [int(values)] * rows
+    if hasattr(values, "detach"):  # a tensor: read it on the host
+        values = values.detach().cpu().numpy()
+    try:
+        a = np.asarray(values)
+    except (OverflowError, ValueError) as err:
+        raise InvalidCountError(f"{what}: {err}") from None
+    if a.dtype == object or not (np.issubdtype(a.dtype, np.integer) or a.size == 0) or a.dtype == np.bool_:
+        raise InvalidCountError(f"{what} must be integers, got {a.dtype}")
+    if a.dtype == np.uint64 and a.size and a.max() > np.iinfo(np.int64).max:
+        raise InvalidCountError(f"{what} overflow int64")
+    return a.astype(np.int64).reshape(-1) if a.ndim else a.astype(np.int64).reshape(1)
+
+
+def _split(flat: tuple[int, ...], counts: tuple[int, ...]) -> list[list[int]]:
+    out, i = [], 0
+    for n in counts:
+        out.append(list(flat[i : i + n]))
+        i += n
+    return out

@@ -1,0 +1,94 @@
+"""Plans: what the planner decided, as plain data (numpy and tuples, no tensors) that a store executes.
+
+A plan can be pickled, broadcast to tensor-parallel ranks or shipped to another engine; every store that
+executes the same plans in the same order holds the same bytes in the same rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable
+
+import numpy as np
+
+
+def frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One forward over `B` rows (a row is a request, or a dummy for padding).
+
+    version      layout of the rows; the store rebuilds its persistent index tensors when it changes
+    slots        [B] int64 each row's slot
+    generation   [B] bool  decode / verify rows (their acceptance is recorded)
+    cached_lens  [B] int64 tokens committed before this step
+    num_new      [B] int64 tokens this step feeds per row
+    fresh        [B] bool  rows that start from a zero state (their slots are zeroed first)
+    table_width  columns of the page table
+    table_writes (rows, cols, pages) int64: page-table entries to write (every entry when `version` is new)
+    """
+
+    req_ids: tuple[Hashable, ...]
+    version: int
+    slots: np.ndarray
+    generation: np.ndarray
+    cached_lens: np.ndarray
+    num_new: np.ndarray
+    fresh: np.ndarray
+    table_width: int
+    table_writes: tuple[np.ndarray, np.ndarray, np.ndarray]
+    dummy: np.ndarray  # [B] bool
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.req_ids)
+
+    @property
+    def zero_slots(self) -> np.ndarray:
+        return self.slots[self.fresh]
+
+    @property
+    def gen_rows(self) -> np.ndarray:
+        return np.flatnonzero(self.generation)
+
+
+@dataclass(frozen=True)
+class AcceptPlan:
+    """The verify rows' bookkeeping after a step: slots `[n]`, tokens fed `[n]`, tokens now valid `[n]`."""
+
+    slots: np.ndarray
+    num_tokens: np.ndarray
+    num_valid: np.ndarray
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    """Live bytes to copy between the tiers: device `slots[i]` <-> host `host_slots[i]`, device
+    `pages[j]` <-> host `host_pages[j]` (`to_host`: suspend; otherwise resume)."""
+
+    req_ids: tuple[Hashable, ...]
+    to_host: bool
+    slots: tuple[int, ...]
+    host_slots: tuple[int, ...]
+    pages: tuple[int, ...]
+    host_pages: tuple[int, ...]
+    page_counts: tuple[int, ...]  # pages per request, in `req_ids` order
+
+
+@dataclass(frozen=True)
+class RecarvePlan:
+    """Re-carve the device arena from (`old_slots`, `old_pages`) rows to (`new_slots`, `new_pages`); live
+    rows move from `slots_from[i]` to `slots_to[i]` and pages from `pages_from[j]` to `pages_to[j]`.
+    Counts include the dummy slots, which keep their rows (zeroed)."""
+
+    old_slots: int
+    old_pages: int
+    new_slots: int
+    new_pages: int
+    num_dummies: int
+    slots_from: tuple[int, ...]
+    slots_to: tuple[int, ...]
+    pages_from: tuple[int, ...]
+    pages_to: tuple[int, ...]

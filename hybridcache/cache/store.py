@@ -1,0 +1,122 @@
+"""`CacheStore`: the per-device half of the cache. Arenas, host records, copies, state hooks.
+
+It executes the planner's plans and decides nothing. A store that raises part way leaves the planner to
+undo its side (`cancel_move`, `abort_step`, `cancel_rebalance`); the store keeps every source intact
+until the planner commits.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .copy_engine import CopyEngine
+from .device_tier import DeviceTier
+from .errors import StateLostError
+from .host_tier import HostTier
+from .plans import AcceptPlan, MovePlan, RecarvePlan, StepPlan
+from .protocol import StateModule
+from .roles import RoleSpec
+from .step import StepIndices, StepTensors
+
+
+class CacheStore:
+    def __init__(
+        self, states: Sequence[StateModule], slot_roles: list[RoleSpec], page_roles: list[RoleSpec],
+        device_bytes: int, num_slots: int, num_pages: int, host_slots: int, host_pages: int,
+        device: torch.device,
+    ) -> None:
+        self.states = list(states)
+        self.slot_roles, self.page_roles = slot_roles, page_roles
+        self.device = device
+        self.device_tier = DeviceTier(slot_roles, page_roles, device_bytes, device)
+        self.device_tier.carve(num_slots, num_pages)
+        self.host_tier = HostTier(slot_roles, page_roles, host_slots, host_pages, pin=device.type == "cuda")
+        self.copies = CopyEngine(device)
+        self._step = StepTensors(device)
+
+    def state_tensors(self, module: StateModule | str) -> dict[str, torch.Tensor]:
+        """Device role tensors `[layers, slots, ...]` of one state module, by local role name (rebuilt by
+        a rebalance: read it, do not keep it across one)."""
+        return self.device_tier.by_module[module if isinstance(module, str) else module.name]
+
+    def page_tensors(self) -> dict[str, torch.Tensor]:
+        """Device page role tensors `[layers, pages, ...]` by full role name (same caveat)."""
+        return self.device_tier.pages
+
+    # ------------------------------------------------------------------ steps
+    def execute(self, plan: StepPlan) -> StepIndices:
+        """Zero the plan's fresh slots, bring the index tensors up to date and order the compute stream
+        after every copy; returns the step's index tensors."""
+        if plan.fresh.any():
+            self.zero_slots(plan.zero_slots)
+        indices = self._step.update(plan)
+        self.copies.fence()
+        return indices
+
+    def accept(self, accept: AcceptPlan) -> None:
+        """Each state module's bookkeeping after a verify step (PNAT, buffer flip, conv window)."""
+        if accept.slots.size == 0:
+            return
+        slots = self._step.upload(accept.slots)
+        tokens = self._step.upload(accept.num_tokens.astype(np.int32))
+        valid = self._step.upload(accept.num_valid.astype(np.int32))
+        for m in self.states:
+            m.on_accept(self.state_tensors(m), slots, tokens, valid)
+
+    def zero_slots(self, slots: np.ndarray | Sequence[int]) -> None:
+        """Every role of `slots` from zero, through each module's context-start hook."""
+        idx = self._step.upload(np.asarray(slots, dtype=np.int64))
+        for m in self.states:
+            m.on_context_start(self.state_tensors(m), idx)
+
+    # ------------------------------------------------------------------ moves
+    def copy(self, plan: MovePlan) -> int:
+        """Copy the plan's live bytes from one tier to the other; returns the bytes moved. The source is
+        not released here: the planner does that on commit."""
+        host = self.host_tier
+        if plan.to_host:
+            return self._copy_out(host, plan.slots, plan.pages, plan.host_slots, plan.host_pages)
+        return self._copy_in(host, plan.slots, plan.pages, plan.host_slots, plan.host_pages)
+
+    def recarve(self, plan: RecarvePlan) -> int:
+        """Move every live row to a carving of the plan's counts, through pinned host records (live bytes
+        only); returns the bytes moved each way. On a failed copy back it re-carves the old split, copies
+        the saved rows back to their old ids and re-raises; if even that fails it raises StateLostError."""
+        tier, copies = self.device_tier, self.copies
+        n_slots, n_pages = len(plan.slots_from), len(plan.pages_from)
+        saved = HostTier(self.slot_roles, self.page_roles, n_slots, n_pages, pin=copies.cuda)
+        slot_rec, page_rec = tuple(range(n_slots)), tuple(range(n_pages))
+        moved = self._copy_out(saved, plan.slots_from, plan.pages_from, slot_rec, page_rec)
+        copies.synchronize()  # the old carving is read until here; nothing is changed yet
+        tier.carve(plan.new_slots, plan.new_pages)
+        try:
+            self._copy_in(saved, plan.slots_to, plan.pages_to, slot_rec, page_rec)
+            copies.synchronize()
+        except BaseException as err:
+            try:
+                tier.carve(plan.old_slots, plan.old_pages)
+                self._copy_in(saved, plan.slots_from, plan.pages_from, slot_rec, page_rec)
+                copies.synchronize()
+            except BaseException:
+                raise StateLostError("rebalance failed and the old carving could not be restored") from err
+            raise
+        if plan.num_dummies:  # scratch rows: zeroed so a padding row never reads NaN bit patterns
+            tier.zero_slots(torch.arange(plan.num_dummies, device=self.device))
+        self._step.invalidate()
+        return moved
+
+    def synchronize(self) -> None:
+        self.copies.synchronize()
+
+    def _copy_out(self, host: HostTier, slots, pages, host_slots, host_pages) -> int:
+        tier, copies = self.device_tier, self.copies
+        return (copies.to_host(self.slot_roles, tier.slots, list(slots), host.slot_layout, host.slot_records, list(host_slots))
+                + copies.to_host(self.page_roles, tier.pages, list(pages), host.page_layout, host.page_records, list(host_pages)))
+
+    def _copy_in(self, host: HostTier, slots, pages, host_slots, host_pages) -> int:
+        tier, copies = self.device_tier, self.copies
+        return (copies.to_device(self.slot_roles, tier.slots, list(slots), host.slot_layout, host.slot_records, list(host_slots))
+                + copies.to_device(self.page_roles, tier.pages, list(pages), host.page_layout, host.page_records, list(host_pages)))
+
