@@ -208,6 +208,8 @@ class LLM:
             return []
         drafts = self._draft(step)
         longest = max(map(len, drafts.values()), default=0)
+        rows = [r for r, _ in step.context] + step.generation
+        generators = [(r.generator, r.generator.get_state()) for r in rows if r.generator is not None]
         try:
             with deferred_interrupts():
                 plan, tokens, positions = self._plan(step, drafts, 1 + longest)
@@ -218,6 +220,8 @@ class LLM:
                 finished = self._advance(step, drafts, new_tokens)
         except BaseException:
             with deferred_interrupts():
+                for gen, state in generators:  # the rows run again: their random draws too
+                    gen.set_state(state)
                 if self.manager.has_pending_step:
                     self.scheduler.restart(self.manager.abort_step(), self._requests)
             raise
