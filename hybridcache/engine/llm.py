@@ -220,9 +220,9 @@ class LLM:
                 finished = self._advance(step, drafts, new_tokens)
         except BaseException:
             with deferred_interrupts():
-                for gen, state in generators:  # the rows run again: their random draws too
-                    gen.set_state(state)
-                if self.manager.has_pending_step:
+                if self.manager.has_pending_step:  # nothing committed: the rows run again, random draws too
+                    for gen, state in generators:
+                        gen.set_state(state)
                     self.scheduler.restart(self.manager.abort_step(), self._requests)
             raise
         self._stats.num_steps += 1
