@@ -13,7 +13,7 @@ import torch
 from benchmarks.engine_throughput import sync
 from benchmarks.families import add_model_args, checkpoint
 from hybridcache import LLM, SamplingParams
-from hybridcache.engine.request import Phase
+from hybridcache.cache import Status
 
 
 def main() -> None:
@@ -31,10 +31,10 @@ def main() -> None:
         prompt = torch.randint(0, 1000, (ctx,)).tolist()
         rid = llm.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
         req = llm._requests[rid]
-        while req.phase != Phase.DECODE:
+        while mgr.status(rid) != Status.GENERATION:
             llm.step()
         # swap: suspend to the host tier, then time the resume (copy back, ready for the next forward)
-        sched.running.remove(req)
+        sched.running.remove(req)  # out of the scheduler's hands while it is timed
         mgr.suspend([rid])
         mgr.synchronize()
         sync(args.device)
@@ -42,15 +42,13 @@ def main() -> None:
         moved = mgr.resume([rid])
         mgr.synchronize()
         t_swap = time.perf_counter() - t0
-        sched._insert_running(req)
+        sched.running.append(req)
         # re-prefill: drop the state and recompute the same context
-        sched.running.remove(req)
         mgr.reprefill(rid)
-        req.phase, req.num_prefilled = Phase.WAITING, 0
-        sched._enqueue_waiting(req)
+        sched.restart([rid], llm._requests)
         sync(args.device)
         t0 = time.perf_counter()
-        while req.phase != Phase.DECODE:
+        while mgr.status(rid) != Status.GENERATION:
             llm.step()
         sync(args.device)
         t_pre = time.perf_counter() - t0
