@@ -106,6 +106,8 @@ class LLM:
             CacheConfig(device_bytes=device_cache_bytes, host_bytes=host_cache_bytes, page_size=page_size,
                         num_slots=num_slots, num_dummy_slots=0, device=str(self.device)),
         )
+        if preemption is None:  # pinned copies on an H200 reach about 50 GB/s each way; a CPU memcpy about 5
+            preemption = PreemptionPolicy(swap_bytes_per_s=50e9 if self.device.type == "cuda" else 5e9)
         self.scheduler = Scheduler(self.manager, max_num_seqs, max_num_batched_tokens, self.verify_tokens,
                                    scheduling_policy, preemption, self.split)
         self.runner = ModelRunner(self.model, self.manager, self.device, speculative is not None)
@@ -226,6 +228,8 @@ class LLM:
                     self.scheduler.restart(self.manager.abort_step(), self._requests)
             raise
         self._stats.num_steps += 1
+        if not self.scheduler.has_work:
+            self.manager.check_integrity()  # idle: every id must be back in its pool
         if self.step_hook:
             self.step_hook()
         return finished

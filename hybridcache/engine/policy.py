@@ -17,7 +17,7 @@ class PreemptionPolicy:
     """Victim: the latest arrival. Swap it to the host tier when moving its live bytes out and back costs
     less than prefilling its tokens again; otherwise drop it for re-prefill.
 
-    The rates are estimates (pinned copies on an H200 reach about 50 GB/s each way; a CPU memcpy 5 GB/s).
+    The rates are estimates; the LLM sets the copy rate from its device.
     """
 
     swap_bytes_per_s: float = 5e9
