@@ -26,11 +26,12 @@ def test_naive_matches_transformers_and_fla(H, HV):
     o, s = naive_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                   use_qk_l2norm_in_kernel=True)
     hf = hf_qwen3_next()
+    r = HV // H
+    qe, ke = (x.repeat_interleave(r, 2) for x in (q, k))  # transformers 5.17 takes no grouped heads
     for fn in (hf.torch_recurrent_gated_delta_rule, hf.torch_chunk_gated_delta_rule):
-        o_hf, s_hf = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        o_hf, s_hf = fn(qe, ke, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
         close(o, o_hf), close(s, s_hf)
     # fla's naive functions take neither grouped heads nor l2norm: expand and normalise here
-    r = HV // H
     qn, kn = (torch.nn.functional.normalize(x, dim=-1, eps=0).repeat_interleave(r, 2) for x in (q, k))
     o_ref, s_ref = naive_gated_delta_rule(qn, kn, v, g, beta, initial_state=h0, output_final_state=True)
     fla = fla_naive("gated_delta_rule")
