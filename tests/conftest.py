@@ -19,3 +19,20 @@ def device(request) -> str:
 def cuda_only() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--runslow", action="store_true", default=False, help="also run the tests marked slow")
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "slow: long; skipped unless --runslow is given or HYBRIDCACHE_SLOW=1")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if config.getoption("--runslow") or os.environ.get("HYBRIDCACHE_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: pass --runslow or set HYBRIDCACHE_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

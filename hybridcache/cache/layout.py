@@ -6,12 +6,15 @@ import numpy as np
 from .entries import Entry, Status
 from .plans import frozen
 
+_EMPTY = frozen(np.zeros(0, dtype=np.int64))
+
 
 class Layout:
     """Row order, slots and page-table columns of one batch of entries (a new `version` per new batch).
 
     While the same rows come back (the common decode case) the page-table writes are only the pages a
-    row took since the last step.
+    row took since the last step, and no per-row Python runs except for those rows. The planner drops the
+    layout whenever a row's status, slot or pages change other than by `allocate`, which calls `grew`.
     """
 
     def __init__(self, key: tuple, entries: list[Entry], version: int) -> None:
@@ -24,22 +27,48 @@ class Layout:
         self.generation = frozen(np.array([e.status == Status.GENERATION for e in entries], dtype=bool))
         self.written = np.zeros(len(entries), dtype=np.int64)  # page-table columns written per row
         self.width = 1
+        self._held: np.ndarray | None = None
+        self._fresh: np.ndarray | None = frozen(np.array([e.fresh for e in entries], dtype=bool))
+        self._no_fresh = frozen(np.zeros(len(entries), dtype=bool))
 
-    def held_pages(self) -> np.ndarray:
-        return np.fromiter((len(e.pages) for e in self.entries), dtype=np.int64, count=len(self.entries))
+    @property
+    def held(self) -> np.ndarray:
+        """[B] int64: pages each row holds."""
+        if self._held is None:
+            self._held = np.fromiter((len(e.pages) for e in self.entries), dtype=np.int64, count=len(self.entries))
+        return self._held
+
+    def grew(self, grow: np.ndarray) -> None:
+        """Row `i` took `grow[i]` more pages (the planner extended the entries' page lists)."""
+        self.held[...] += grow
+
+    def recount(self) -> None:
+        """Rows may have taken pages by another batch's allocation: count them again on next use."""
+        self._held = None
+
+    def take_fresh(self) -> np.ndarray:
+        """[B] bool: rows that start from a zero state — only in the layout's first plan, since a row of a
+        live layout never becomes WAITING (that drops the layout) — and mark them started."""
+        fresh, self._fresh = self._fresh, None
+        if fresh is None:
+            return self._no_fresh
+        for i in np.flatnonzero(fresh).tolist():
+            self.entries[i].fresh = False
+        return fresh
 
     def take_writes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, cols, pages) of the page-table entries not yet written; the width doubles as needed."""
-        held = self.held_pages()
+        held = self.held
         rows = np.flatnonzero(held > self.written)
         if rows.size == 0:
-            empty = frozen(np.zeros(0, dtype=np.int64))
-            return empty, empty, empty
-        counts = held[rows] - self.written[rows]
+            return _EMPTY, _EMPTY, _EMPTY
+        start = self.written[rows]
+        counts = held[rows] - start
         r = np.repeat(rows, counts)
-        c = np.concatenate([np.arange(self.written[i], held[i]) for i in rows.tolist()])
-        v = np.fromiter((p for i in rows.tolist() for p in self.entries[i].pages[self.written[i]:]),
-                        dtype=np.int64, count=int(counts.sum()))
+        first = np.cumsum(counts) - counts  # where each row's run starts in the flat output
+        c = np.arange(r.size, dtype=np.int64) + np.repeat(start - first, counts)
+        v = np.fromiter((p for i, s in zip(rows.tolist(), start.tolist()) for p in self.entries[i].pages[s:]),
+                        dtype=np.int64, count=r.size)
         self.written[rows] = held[rows]
         top = int(held.max())
         while self.width < top:

@@ -27,6 +27,7 @@ from .layout import Layout
 from .plans import AcceptPlan, MovePlan, RecarvePlan, StepPlan, frozen
 
 MAX_TOKENS = 2**31 - 1  # token counts travel to kernels as int32
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class Planner:
@@ -138,19 +139,32 @@ class Planner:
         What is allocated belongs to the request at once, whether or not a step runs it.
         """
         self._require_idle()
-        entries = self._distinct(req_ids)
+        key = tuple(req_ids)
+        layout = self._layout
+        if layout is not None and layout.key == key:  # the last step's rows again: all on the device
+            n = self._counts(num_new, len(key))
+            grow = self._growth(layout.held, self._tokens.counts[layout.handles], n, layout.dummy)
+            if int(grow.sum()) > self.page_pool.num_free:
+                return False
+            self._take_pages(layout.entries, grow)
+            layout.grew(grow)
+            return True
+        entries = self._distinct(key)
         n = self._counts(num_new, len(entries))
         for e in entries:
             if e.status == Status.SUSPENDED:
                 raise InvalidTransitionError(f"request {e.req_id!r} is suspended; resume it first")
         fresh = [e for e in entries if e.status == Status.WAITING]
-        grow = self._growth(entries, n)
+        held = np.array([len(e.pages) for e in entries], dtype=np.int64)
+        cached = self._tokens.counts[[e.handle for e in entries]]
+        dummy = np.array([e.status == Status.DUMMY for e in entries], dtype=bool)
+        grow = self._growth(held, cached, n, dummy)
         if len(fresh) > self.slot_pool.num_free or int(grow.sum()) > self.page_pool.num_free:
             return False
         for e, slot in zip(fresh, self.slot_pool.allocate(len(fresh))):
             e.slot, e.status, e.fresh = slot, Status.CONTEXT, True
-        for i in np.flatnonzero(grow).tolist():
-            entries[i].pages.extend(self.page_pool.allocate(int(grow[i])))
+        if self._take_pages(entries, grow) and layout is not None:
+            layout.recount()
         return True
 
     def plan_step(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int) -> StepPlan:
@@ -172,18 +186,16 @@ class Planner:
         if (cached + n > MAX_TOKENS).any():
             raise InvalidCountError(f"a row would pass {MAX_TOKENS} tokens")
         if self.has_pages:
-            short = ~layout.dummy & (pages_for(cached + n, self.page_size) > layout.held_pages())
+            short = ~layout.dummy & (pages_for(cached + n, self.page_size) > layout.held)
             if short.any():
                 i = int(np.flatnonzero(short)[0])
                 raise OutOfDeviceMemoryError(f"request {key[i]!r} is not allocated for {n[i]} more tokens")
         writes = layout.take_writes()
-        fresh = np.array([e.fresh for e in layout.entries], dtype=bool)
-        for e in layout.entries:
-            e.fresh = False
+        fresh = layout.take_fresh()
         self._layout = layout
         self.pending = StepPlan(
             req_ids=key, version=layout.version, slots=layout.slots, generation=layout.generation,
-            cached_lens=frozen(cached), num_new=frozen(n), fresh=frozen(fresh), table_width=layout.width,
+            cached_lens=frozen(cached), num_new=frozen(n), fresh=fresh, table_width=layout.width,
             table_writes=writes, dummy=layout.dummy,
         )
         return self.pending
@@ -425,15 +437,25 @@ class Planner:
             raise InvalidCountError(f"token counts must be in [1, {MAX_TOKENS}], got {n.tolist()[:8]}")
         return n
 
-    def _growth(self, entries: list[Entry], n: np.ndarray) -> np.ndarray:
-        """Pages each entry must take for `n` more tokens."""
+    def _growth(self, held: np.ndarray, cached: np.ndarray, n: np.ndarray, dummy: np.ndarray) -> np.ndarray:
+        """[B] int64: pages each row must take for `n` more tokens, holding `held` pages for `cached` tokens."""
         if not self.has_pages:
-            return np.zeros(len(entries), dtype=np.int64)
-        held = np.fromiter((len(e.pages) for e in entries), dtype=np.int64, count=len(entries))
-        cached = np.fromiter((e.num_tokens for e in entries), dtype=np.int64, count=len(entries))
+            return np.zeros(len(n), dtype=np.int64)
         grow = np.maximum(pages_for(cached + n, self.page_size) - held, 0)
-        grow[[e.status == Status.DUMMY for e in entries]] = 0
+        grow[dummy] = 0
         return grow
+
+    def _take_pages(self, entries: list[Entry], grow: np.ndarray) -> bool:
+        """Extend entry `i`'s pages by `grow[i]` new ones, in row order; whether any were taken."""
+        rows = np.flatnonzero(grow)
+        if rows.size == 0:
+            return False
+        ids = self.page_pool.allocate(int(grow.sum()))  # the same ids, row by row, as one call per row
+        at = 0
+        for i, g in zip(rows.tolist(), grow[rows].tolist()):
+            entries[i].pages.extend(ids[at : at + g])
+            at += g
+        return True
 
     def _release(self, e: Entry) -> None:
         if e.slot >= 0:
@@ -449,6 +471,8 @@ class Planner:
 def _int_array(values, what: str, rows: int | None = None) -> np.ndarray:
     """`values` as int64 (an int broadcast to `rows`); floats, bools and overflowing ints are refused."""
     if isinstance(values, (int, np.integer)) and not isinstance(values, bool) and rows is not None:
+        if _INT64_MIN <= values <= _INT64_MAX:
+            return np.full(rows, values, dtype=np.int64)
         values = [int(values)] * rows
     if hasattr(values, "detach"):  # a tensor: read it on the host
         values = values.detach().cpu().numpy()

@@ -83,7 +83,8 @@ class CacheStore:
     def recarve(self, plan: RecarvePlan) -> int:
         """Move every live row to a carving of the plan's counts, through pinned host records (live bytes
         only); returns the bytes moved each way. On a failed copy back it re-carves the old split, copies
-        the saved rows back to their old ids and re-raises; if even that fails it raises StateLostError."""
+        the saved rows back to their old ids and re-raises; if even that fails it raises StateLostError.
+        Whichever carving it leaves, the dummy rows are zeroed (a re-carve reinterprets their bytes)."""
         tier, copies = self.device_tier, self.copies
         n_slots, n_pages = len(plan.slots_from), len(plan.pages_from)
         saved = HostTier(self.slot_roles, self.page_roles, n_slots, n_pages, pin=copies.cuda)
@@ -101,11 +102,17 @@ class CacheStore:
                 copies.synchronize()
             except BaseException:
                 raise StateLostError("rebalance failed and the old carving could not be restored") from err
+            finally:
+                self._zero_dummies(plan.num_dummies)
             raise
-        if plan.num_dummies:  # scratch rows: zeroed so a padding row never reads NaN bit patterns
-            tier.zero_slots(torch.arange(plan.num_dummies, device=self.device))
+        self._zero_dummies(plan.num_dummies)
         self._step.invalidate()
         return moved
+
+    def _zero_dummies(self, num_dummies: int) -> None:
+        """Scratch rows: zeroed so a padding row never reads NaN bit patterns."""
+        if num_dummies:
+            self.device_tier.zero_slots(torch.arange(num_dummies, device=self.device))
 
     def synchronize(self) -> None:
         self.copies.synchronize()

@@ -9,7 +9,7 @@ import torch
 
 import numpy as np
 
-from ..cache import CacheConfig, HybridCacheManager, sizing_of
+from ..cache import CacheConfig, HybridCacheManager, StateLostError, Status, sizing_of
 from ..models.checkpoint import read_config
 from ..models.loader import load_model, load_tokenizer
 from .drafter import NgramDrafter
@@ -131,7 +131,11 @@ class LLM:
         requests that no longer fit are preempted, the rest move with every role. Refused
         (BudgetTooSmallError, nothing changed) when the split could not run the longest request known."""
         with deferred_interrupts():
-            return self.scheduler.rebalance(num_slots)
+            try:
+                return self.scheduler.rebalance(num_slots)
+            except StateLostError:
+                self._restart_lost()
+                raise
 
     def device_bytes_needed(self, num_tokens: int) -> int:
         """Device bytes one request of `num_tokens` tokens holds: its pages and its slot, every role.
@@ -160,8 +164,9 @@ class LLM:
         rids: list[int] = []
         done: dict[int, RequestOutput] = {}
         try:
-            for ids, p in zip(encoded, plist):
-                rids.append(self.add_request(ids, p))
+            with deferred_interrupts():  # a Ctrl-C while queueing comes after: every queued request is in rids
+                for ids, p in zip(encoded, plist):
+                    rids.append(self.add_request(ids, p))
             while len(done) < len(rids):
                 for out in self.step():
                     done[out.request_id] = out
@@ -205,7 +210,11 @@ class LLM:
         """One scheduler step and one forward; returns the requests that finished in it. If it raises,
         the step's rows restart from their tokens and stay queued."""
         with deferred_interrupts():
-            step = self.scheduler.schedule()
+            try:
+                step = self.scheduler.schedule()
+            except StateLostError:  # a re-split lost the live state
+                self._restart_lost()
+                raise
         if step.empty:
             return []
         drafts = self._draft(step)
@@ -218,7 +227,11 @@ class LLM:
             logits = self.runner.run(plan, tokens, len(step.context), 1 + longest, positions)
             new_tokens, accepted = self._sample(step, drafts, logits, 1 + longest)
             with deferred_interrupts():
-                self.manager.accept(accepted)
+                # planner and store directly, as the runner executes: a failed accept hook leaves the step
+                # pending, so the handler below restarts its rows (the facade's accept would abort it unseen)
+                accept = self.manager.planner.check_accept(plan, accepted)
+                self.manager.store.accept(accept)
+                self.manager.planner.commit_step(plan, accept)
                 finished = self._advance(step, drafts, new_tokens)
         except BaseException:
             with deferred_interrupts():
@@ -235,6 +248,12 @@ class LLM:
         return finished
 
     # ---------------------------------------------------------------------------------- internals
+    def _restart_lost(self) -> None:
+        """A rebalance lost the live state and the cache restarted those requests from their tokens
+        (WAITING): the scheduler restarts them too."""
+        lost = [r.req_id for r in self.scheduler.running if self.manager.status(r.req_id) == Status.WAITING]
+        self.scheduler.restart(lost, self._requests)
+
     def _encode(self, prompt: Sequence[int] | str) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:

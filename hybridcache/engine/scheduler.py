@@ -81,15 +81,12 @@ class Scheduler:
     # ------------------------------------------------------------------ one step
     def schedule(self) -> ScheduledStep:
         self._resume_suspended()
-        step = ScheduledStep()
-        step.generation = self._generation_rows()
-        step.context = self._context_rows(step.generation)
+        step = self._rows()
         while step.empty and self.running:
             # everyone is stuck (prefills holding pages): free room by preempting a victim
             self._preempt(self.preemption.victim(self.running))
             self._resume_suspended()
-            step.generation = self._generation_rows()
-            step.context = self._context_rows(step.generation)
+            step = self._rows()
         if step.empty and self.has_work:
             raise SchedulerStuckError(
                 f"no request can run: {len(self.waiting)} waiting and {len(self.suspended)} suspended do not fit "
@@ -124,6 +121,17 @@ class Scheduler:
             self.suspended.pop(0)
             _insert_sorted(self.running, req)
 
+    def _rows(self) -> ScheduledStep:
+        """Generation rows, then context rows in the token budget left. A re-split while placing context
+        rows keeps only committed tokens' pages, so it drops what this step's rows were just allocated:
+        the rows are then allocated again on the new split, which is not re-split a second time."""
+        step = ScheduledStep(generation=self._generation_rows())
+        step.context, resplit = self._context_rows(step.generation, may_resplit=True)
+        if resplit:
+            step.generation = self._generation_rows()
+            step.context, _ = self._context_rows(step.generation, may_resplit=False)
+        return step
+
     def _generation_rows(self) -> list[Request]:
         while True:
             gen = [r for r in self.running if self.status(r) == Status.GENERATION]
@@ -132,7 +140,9 @@ class Scheduler:
             if not self._shrink(wants_slot=False):
                 self._preempt(self.preemption.victim(self.running))
 
-    def _context_rows(self, generation: list[Request]) -> list[tuple[Request, int]]:
+    def _context_rows(self, generation: list[Request], may_resplit: bool) -> tuple[list[tuple[Request, int]], bool]:
+        """The context rows and whether the device split changed while placing them (it changes at most
+        once, and then the last candidate is not placed: the caller allocates every row again)."""
         budget = self.token_budget - self.verify_tokens * len(generation)
         rows: list[tuple[Request, int]] = []
         candidates = [r for r in self.running if self.status(r) == Status.CONTEXT] + list(self.waiting)
@@ -149,22 +159,23 @@ class Scheduler:
                     break
                 reserved += whole
             chunk = min(req.context_len - req.num_prefilled, budget)
-            if not self._allocate_context(req, chunk, waiting):
+            if not self.planner.allocate([req.req_id], chunk):
+                if may_resplit and self._resplit_for(req, waiting):
+                    return rows, True
                 break
             rows.append((req, chunk))
             budget -= chunk
             if waiting:
                 self.waiting.remove(req)
                 _insert_sorted(self.running, req)
-        return rows
+        return rows, False
 
-    def _allocate_context(self, req: Request, chunk: int, waiting: bool) -> bool:
-        """Allocate one context chunk, re-splitting the device budget once if that is what blocks it."""
-        if self.planner.allocate([req.req_id], chunk):
-            return True
-        no_slot = waiting and self.planner.slot_pool.num_free == 0
-        moved = self._grow(req) if no_slot else self._shrink(wants_slot=waiting)
-        return moved and self.planner.allocate([req.req_id], chunk)
+    def _resplit_for(self, req: Request, waiting: bool) -> bool:
+        """Re-split the device budget for a context chunk that does not fit: grow slots when it is a waiting
+        request and none is free, else shrink idle slots into pages. Returns whether the split changed."""
+        if waiting and self.planner.slot_pool.num_free == 0:
+            return self._grow(req)
+        return self._shrink(wants_slot=waiting)
 
     def _grow(self, blocked: Request) -> bool:
         if self.split is None:

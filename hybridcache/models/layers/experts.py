@@ -11,26 +11,53 @@ from .mlp import ACTIVATIONS
 from .params import param
 
 
-def dispatch(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_experts: int,
-             expert: Callable[[int, torch.Tensor], torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """`sum_k weight[:, k] * expert(index[:, k], x)`. x: [N, Din]; index, weight: [N, k] -> [N, Dout] in `dtype`.
-
-    Token copies are sorted by expert so that each expert runs once over its contiguous run (the run lengths
-    are read on the host: one sync per layer). Expert outputs are stored in `dtype`, multiplied by the
-    router weights in the promoted dtype of the two, and summed in `dtype`.
-    """
-    n, k = index.shape
+def _sorted(index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token copies sorted by expert: (order [N*k], token [N*k], ends [E] int32: the end of each expert's run).
+    Run ends come from a search over the sorted ids, so nothing is read on the host."""
     flat = index.flatten()
     order = flat.argsort(stable=True)
-    token = order // k
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    experts = torch.arange(num_experts, device=index.device, dtype=flat.dtype)
+    ends = torch.searchsorted(flat[order], experts, right=True).to(torch.int32)
+    return order, order // index.shape[1], ends
+
+
+def grouped_supported(x: torch.Tensor, *widths: int) -> bool:
+    """Whether `torch._grouped_mm` takes these operands: row strides of 16-byte multiples, a dtype it has
+    kernels for on this device (CUDA: bf16 on compute capability 9.0 and above)."""
+    if not hasattr(torch, "_grouped_mm") or any(w * x.element_size() % 16 for w in widths):
+        return False
+    if x.device.type == "cuda":
+        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+
+
+def linear_grouped(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x[run e], weight[e])` for each expert's run of rows. x: [M, Din]; weight: [E, Dout, Din]."""
+    return torch._grouped_mm(x, weight.transpose(1, 2), offs=ends)
+
+
+def dispatch(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_experts: int,
+             expert: Callable[[int, torch.Tensor], torch.Tensor], dtype: torch.dtype,
+             grouped: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """`sum_k weight[:, k] * expert(index[:, k], x)`. x: [N, Din]; index, weight: [N, k] -> [N, Dout] in `dtype`.
+
+    Token copies are sorted by expert. With `grouped(xs, ends)` every expert runs in one grouped GEMM per
+    weight and nothing is read on the host; otherwise each expert runs once over its contiguous run (the
+    run lengths are read on the host: one sync per layer). Expert outputs are stored in `dtype`,
+    multiplied by the router weights in the promoted dtype of the two, and summed in `dtype`.
+    """
+    n, k = index.shape
+    order, token, ends = _sorted(index, num_experts)
     xs = x[token]
-    out = torch.empty(n * k, x.shape[1], device=x.device, dtype=dtype)
-    start = 0
-    for e, count in enumerate(counts):
-        if count:
-            out[start : start + count] = expert(e, xs[start : start + count])
-        start += count
+    if grouped is not None:
+        out = grouped(xs, ends).to(dtype)
+    else:
+        out = torch.empty(n * k, x.shape[1], device=x.device, dtype=dtype)
+        start = 0
+        for e, end in enumerate(ends.tolist()):
+            if end > start:
+                out[start:end] = expert(e, xs[start:end])
+            start = end
     out = out * weight.flatten()[order, None]
     return torch.zeros(n, x.shape[1], device=x.device, dtype=dtype).index_add_(0, token, out.to(dtype))
 
@@ -56,9 +83,13 @@ class Experts(nn.Module):
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.act(F.linear(x, self.up[e])), self.down[e])
 
+    def _grouped(self, xs: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        return linear_grouped(self.act(linear_grouped(xs, self.up, ends)), self.down, ends)
+
     def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x: [N, Din]; index, weight: [N, k] -> sum_k weight * expert(x), [N, Din] fp32."""
-        return dispatch(x, index, weight, self.up.shape[0], self._expert, torch.float32)
+        grouped = self._grouped if grouped_supported(x, *self.up.shape[1:]) else None
+        return dispatch(x, index, weight, self.up.shape[0], self._expert, torch.float32, grouped)
 
 
 class GatedExperts(nn.Module):
@@ -81,6 +112,11 @@ class GatedExperts(nn.Module):
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.act(F.linear(x, self.gate[e])) * F.linear(x, self.up[e]), self.down[e])
 
+    def _grouped(self, xs: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        gate, up = linear_grouped(xs, self.gate, ends), linear_grouped(xs, self.up, ends)
+        return linear_grouped(self.act(gate) * up, self.down, ends)
+
     def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x: [N, D]; index, weight: [N, k] -> sum_k weight * expert(x), [N, D] in x's dtype."""
-        return dispatch(x, index, weight, self.gate.shape[0], self._expert, x.dtype)
+        grouped = self._grouped if grouped_supported(x, *self.gate.shape[1:]) else None
+        return dispatch(x, index, weight, self.gate.shape[0], self._expert, x.dtype, grouped)

@@ -104,6 +104,11 @@ def shift_conv_window(conv: Tensor, slots: Tensor, num_valid: Tensor, width: int
     """
     if conv.shape[-1] == width or width == 0:
         return
+    if not conv.is_cuda:  # on the host, drop the rows with v == 1 (the rule is then an identity): no sync
+        moved = num_valid > 1
+        if not bool(moved.any()):
+            return
+        slots, num_valid = slots[moved], num_valid[moved]
     rows = conv[:, slots]  # [L, n, C, W + k]
     start = (num_valid.long() - 1).clamp(min=0)
     idx = start[:, None] + torch.arange(width, device=conv.device)  # [n, W]
