@@ -19,7 +19,7 @@ from .interrupts import deferred_interrupts
 from .policy import DemandSplit, PreemptionPolicy
 from .request import Request, RequestOutput
 from .runner import ModelRunner
-from .sampler import choose
+from .device_sampler import RowParams, sample
 from .scheduler import ScheduledStep, Scheduler
 
 DEFAULT_TOKENS_PER_SEQ = 4096
@@ -187,10 +187,8 @@ class LLM:
         self._validate(ids, params)
         with deferred_interrupts():
             rid = self._next_id
-            gen = None
-            if not params.greedy:
-                gen = torch.Generator().manual_seed(params.seed if params.seed is not None else self.seed * 1_000_003 + rid)
-            req = Request(rid, ids, params, self.eos_token_id, arrival=rid, generator=gen)
+            seed = params.seed if params.seed is not None else self.seed * 1_000_003 + rid
+            req = Request(rid, ids, params, self.eos_token_id, arrival=rid, seed=_int64(seed))
             self.scheduler.add(req)
             self._requests[rid] = req
             self._next_id += 1
@@ -219,8 +217,6 @@ class LLM:
             return []
         drafts = self._draft(step)
         longest = max(map(len, drafts.values()), default=0)
-        rows = [r for r, _ in step.context] + step.generation
-        generators = [(r.generator, r.generator.get_state()) for r in rows if r.generator is not None]
         try:
             with deferred_interrupts():
                 plan, tokens, positions = self._plan(step, drafts, 1 + longest)
@@ -235,9 +231,7 @@ class LLM:
                 finished = self._advance(step, drafts, new_tokens)
         except BaseException:
             with deferred_interrupts():
-                if self.manager.has_pending_step:  # nothing committed: the rows run again, random draws too
-                    for gen, state in generators:
-                        gen.set_state(state)
+                if self.manager.has_pending_step:  # nothing committed: the rows run again (same draws)
                     self.scheduler.restart(self.manager.abort_step(), self._requests)
             raise
         self._stats.num_steps += 1
@@ -308,21 +302,33 @@ class LLM:
 
     def _sample(self, step: ScheduledStep, drafts: dict[int, list[int]], logits, width: int):
         """New tokens per request, and per row the tokens now valid in the cache (context rows: the chunk;
-        generation rows: the fed token plus the accepted drafts)."""
-        new_tokens: dict[int, list[int]] = {}
-        accepted: list[int] = []
-        row = 0
-        for req, chunk in step.context:
-            accepted.append(chunk)
-            if req.num_prefilled + chunk == req.context_len and not req.output:
-                new_tokens[req.req_id] = choose(logits[row : row + 1], [], req.params, req.generator)
-                row += 1
-        for req in step.generation:
-            d = drafts.get(req.req_id, [])
-            out = choose(logits[row : row + len(d) + 1], d, req.params, req.generator)
-            row += width
-            accepted.append(len(out))
-            new_tokens[req.req_id] = out
+        generation rows: the fed token plus the accepted drafts). Every sampled row is chosen in one batched
+        call on the device; its tokens come back in one copy (the step's one host sync)."""
+        accepted: list[int] = [chunk for _, chunk in step.context]
+        sampled = [r for r, chunk in step.context if r.num_prefilled + chunk == r.context_len and not r.output]
+        num_first = len(sampled)
+        sampled += step.generation
+        if not sampled:
+            return {}, accepted
+        T = width
+        index = [[i] * T for i in range(num_first)]
+        index += [list(range(num_first + i * T, num_first + (i + 1) * T)) for i in range(len(step.generation))]
+        props = [drafts.get(r.req_id, []) if i >= num_first else [] for i, r in enumerate(sampled)]
+        host = {
+            "temperature": ([r.params.temperature for r in sampled], torch.float32),
+            "top_k": ([r.params.top_k for r in sampled], torch.long),
+            "top_p": ([r.params.top_p for r in sampled], torch.float32),
+            "seed": ([r.seed for r in sampled], torch.long),
+            "position": ([len(r.output) for r in sampled], torch.long),
+            "drafts": ([d + [0] * (T - 1 - len(d)) for d in props], torch.long),
+            "num_drafts": ([len(d) for d in props], torch.long),
+        }
+        rows = RowParams(**{k: torch.tensor(v, dtype=dt).to(self.device, non_blocking=True) for k, (v, dt) in host.items()})
+        flat = torch.tensor(index, dtype=torch.long).to(self.device, non_blocking=True)
+        tokens, counts = sample(logits[flat], rows, all_greedy=all(r.params.greedy for r in sampled))
+        packed = torch.cat([counts[:, None], tokens], 1).tolist()
+        new_tokens = {r.req_id: row[1 : 1 + row[0]] for r, row in zip(sampled, packed)}
+        accepted += [new_tokens[r.req_id].__len__() for r in step.generation]
         return new_tokens, accepted
 
     def _advance(self, step: ScheduledStep, drafts: dict[int, list[int]],
@@ -351,6 +357,12 @@ class LLM:
 
     def _decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None
+
+
+def _int64(seed: int) -> int:
+    """A seed in [0, 2^64) as the int64 with the same bits."""
+    seed &= (1 << 64) - 1
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
 
 
 def _first(value):

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from .params import SamplingParams
 
 
@@ -17,7 +15,7 @@ class Request:
     arrival: int
     output: list[int] = field(default_factory=list)
     num_prefilled: int = 0  # tokens of `tokens` in the cache
-    generator: torch.Generator | None = None
+    seed: int = 0  # int64 bits of the sampling seed: draws hash (seed, position), see device_sampler
     finished: bool = False
 
     @property

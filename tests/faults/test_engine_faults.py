@@ -35,15 +35,15 @@ def run_with_fault(llm, params, expected: list[list[int]], exc: type[BaseExcepti
     assert_clean(llm)
 
 
-# calls that come after other rows of their step drew (a forgotten restore of the generators fails both)
+# a step's sampling fails after the forward ran; the step replays with the same counter-based draws
 @pytest.mark.parametrize("nth", [5, 11])
 @pytest.mark.parametrize("spec", SPECS)
 def test_a_sampler_fault_replays_the_same_random_draws(checkpoint, reference, monkeypatch, spec, nth):
     params = sampled()
     expected = reference(FAMILY, SPECS[spec], params)
     llm = build(checkpoint(FAMILY), SPECS[spec], pressure=True)
-    fault = FailOnCall(llm_module.choose, nth)
-    monkeypatch.setattr(llm_module, "choose", fault)
+    fault = FailOnCall(llm_module.sample, nth)
+    monkeypatch.setattr(llm_module, "sample", fault)
     run_with_fault(llm, params, expected)
     assert fault.fired == 1
 

@@ -73,7 +73,7 @@ def test_a_sampler_fault_after_the_forward_leaves_the_llm_usable(checkpoint, mon
     expected = tokens(LLM(path, page_size=4).generate(PROMPTS[:3], GREEDY))
     llm = LLM(path, page_size=4)
     rids = [llm.add_request(p, GREEDY) for p in PROMPTS[:3]]
-    monkeypatch.setattr(llm_module, "choose", FailOnCall(llm_module.choose, 5))  # the forward ran; nothing accepted
+    monkeypatch.setattr(llm_module, "sample", FailOnCall(llm_module.sample, 5))  # the forward ran; nothing accepted
     outputs: dict[int, list[int]] = {}
     step_until_raises(llm, outputs)
     llm.manager.check_integrity()

@@ -1,0 +1,112 @@
+"""Token choice for a whole step on the device: greedy, temperature, top-k, top-p and draft rejection for
+every row at once, with no host sync. `sampler.choose` is the per-request reference it must agree with.
+
+Random draws are counter based: a row's uniform for (its seed, the output position, a stream) is a hash,
+so a row draws the same numbers whatever its batch, and a step that runs again (after a fault, a
+suspension or a re-prefill) draws them again. There is no generator state to save or restore.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+ACCEPT_STREAM, TOKEN_STREAM = 0, 1
+
+
+@dataclass(frozen=True)
+class RowParams:
+    """Per row of a step, on the device: temperature [R] fp32 (0 = greedy), top_k [R] int64 (0 = all),
+    top_p [R] fp32, seed [R] int64 (two's complement of a 64-bit seed), position [R] int64 (tokens the
+    row generated before this step), drafts [R, T - 1] int64 (padded), num_drafts [R] int64."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    seed: torch.Tensor
+    position: torch.Tensor
+    drafts: torch.Tensor
+    num_drafts: torch.Tensor
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser on int64 values in [0, 2^32); products stay below 2^59 (no overflow)."""
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _MASK32
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform(seed: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
+    """U[0, 1) fp32 with 24 random bits for each (seed, counter, stream). seed [R]; counter [R, ...] int64."""
+    seed = seed.reshape(seed.shape + (1,) * (counter.dim() - 1))
+    h = _mix32((counter & _MASK32) ^ (stream * 0x9E3779B9 & _MASK32))
+    h = _mix32(h ^ ((seed >> 32) & _MASK32))
+    h = _mix32(h ^ (seed & _MASK32))
+    return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor) -> torch.Tensor:
+    """logits [R, T, V] -> probabilities [R, T, V] fp32 after each row's temperature, top-k and top-p (the
+    likeliest token always stays). Greedy rows (temperature 0) get temperature 1 here; they never draw."""
+    V = logits.shape[-1]
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    scaled, order = (logits.float() / t[:, None, None]).sort(-1, descending=True)
+    rank = torch.arange(V, device=logits.device)
+    k = torch.where(top_k > 0, top_k, V)
+    scaled = scaled.masked_fill(rank >= k[:, None, None], float("-inf"))
+    p = scaled.softmax(-1)
+    before = p.cumsum(-1) - p  # mass strictly ahead of each token
+    p = p.masked_fill((before >= top_p[:, None, None]) & (rank > 0), 0.0)
+    p = p / p.sum(-1, keepdim=True)
+    return torch.zeros_like(p).scatter(-1, order, p)
+
+
+def sample(logits: torch.Tensor, rows: RowParams, all_greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [R, T, V] for the positions that predict each draft and the one after.
+
+    Returns tokens [R, T] (the accepted drafts, then one new token, then padding) and counts [R] in
+    1..num_drafts + 1. Greedy rows accept a draft equal to the argmax; the others keep draft `d` with
+    probability p(d) and, at the first rejection, draw from p with `d` removed (plain sampling's
+    distribution, exactly); when every draft passes, the new token comes from the last position.
+    `all_greedy` (known on the host) skips the probabilities.
+    """
+    R, T, V = logits.shape
+    device = logits.device
+    greedy = rows.temperature == 0
+    probs = None if all_greedy else filtered_probs(logits, rows.temperature, rows.top_k, rows.top_p)
+    best = logits.argmax(-1)  # [R, T]
+    steps = torch.arange(T - 1, device=device)
+    drafts = rows.drafts
+    if T > 1:
+        ok = best[:, :-1] == drafts
+        if probs is not None:
+            p_draft = probs[:, :-1].gather(-1, drafts[..., None])[..., 0]
+            u = uniform(rows.seed, rows.position[:, None] + steps, ACCEPT_STREAM)
+            ok = torch.where(greedy[:, None], ok, u < p_draft)
+        ok &= steps < rows.num_drafts[:, None]
+        accepted = ok.long().cumprod(-1).sum(-1)  # leading accepted drafts
+    else:
+        accepted = torch.zeros(R, dtype=torch.long, device=device)
+    at = torch.arange(R, device=device)
+    token = best[at, accepted]
+    if probs is not None:
+        token = torch.where(greedy, token, _draw(probs[at, accepted], rows, accepted, T))
+    tokens = torch.cat([drafts, drafts.new_zeros(R, 1)], 1) if T > 1 else token.new_zeros(R, 1)
+    tokens = tokens.scatter(1, accepted[:, None], token[:, None])
+    return tokens, accepted + 1
+
+
+def _draw(p: torch.Tensor, rows: RowParams, accepted: torch.Tensor, T: int) -> torch.Tensor:
+    """One token per row from p [R, V] — or, where the row rejected a draft, from p without it."""
+    V = p.shape[-1]
+    if T > 1:
+        rejected = accepted < rows.num_drafts
+        d = rows.drafts.gather(1, accepted.clamp(max=T - 2)[:, None])
+        residual = p.scatter(-1, d, 0.0)
+        mass = residual.sum(-1, keepdim=True)
+        p = torch.where(rejected[:, None] & (mass > 0), residual / mass.clamp(min=1e-30), p)
+    u = uniform(rows.seed, rows.position + accepted, TOKEN_STREAM)
+    cdf = p.cumsum(-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp(max=V - 1)
