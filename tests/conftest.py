@@ -6,6 +6,25 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)  # tiny shapes: extra threads only add contention on a shared 2-core machine
 
+
+def _import_transformers_oracles_on_torch_paths() -> None:
+    """transformers binds fla's Triton kernels into its hybrid models at import whenever `fla` imports,
+    whatever device the tensors are on; our oracles run its pure-torch paths: import those modeling
+    modules with fla hidden (fla itself stays importable for everything else)."""
+    import sys
+
+    hidden = {n: sys.modules.pop(n) for n in list(sys.modules) if n == "fla" or n.startswith("fla.")}
+    sys.modules["fla"] = None  # an import of it now raises ImportError
+    try:
+        import transformers.models.kimi_linear.modeling_kimi_linear  # noqa: F401
+        import transformers.models.qwen3_next.modeling_qwen3_next  # noqa: F401
+    finally:
+        del sys.modules["fla"]
+        sys.modules.update(hidden)
+
+
+_import_transformers_oracles_on_torch_paths()
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
