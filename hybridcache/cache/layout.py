@@ -14,7 +14,8 @@ class Layout:
 
     While the same rows come back (the common decode case) the page-table writes are only the pages a
     row took since the last step, and no per-row Python runs except for those rows. The planner drops the
-    layout whenever a row's status, slot or pages change other than by `allocate`, which calls `grew`.
+    layout whenever a row's status, slot or pages change other than by `allocate`, which calls `grew` (these
+    rows again) or `recount` (another batch).
     """
 
     def __init__(self, key: tuple, entries: list[Entry], version: int) -> None:

@@ -141,7 +141,7 @@ class Planner:
         self._require_idle()
         key = tuple(req_ids)
         layout = self._layout
-        if layout is not None and layout.key == key:  # the last step's rows again: all on the device
+        if layout is not None and layout.key == key:  # the last step's rows again: on the device or dummies
             n = self._counts(num_new, len(key))
             grow = self._growth(layout.held, self._tokens.counts[layout.handles], n, layout.dummy)
             if int(grow.sum()) > self.page_pool.num_free:

@@ -104,11 +104,11 @@ def shift_conv_window(conv: Tensor, slots: Tensor, num_valid: Tensor, width: int
     """
     if conv.shape[-1] == width or width == 0:
         return
-    if not conv.is_cuda:  # on the host, drop the rows with v == 1 (the rule is then an identity): no sync
+    if not conv.is_cuda:  # on the host a mask costs no sync: drop the rows with v == 1 (an identity for them)
         moved = num_valid > 1
-        if not bool(moved.any()):
-            return
         slots, num_valid = slots[moved], num_valid[moved]
+        if slots.numel() == 0:
+            return
     rows = conv[:, slots]  # [L, n, C, W + k]
     start = (num_valid.long() - 1).clamp(min=0)
     idx = start[:, None] + torch.arange(width, device=conv.device)  # [n, W]
