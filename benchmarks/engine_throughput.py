@@ -72,7 +72,8 @@ def main() -> None:
             outs = llm.generate(prompts, params)
             sync(args.device)
             rate = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
-            print(f"{b:>5} {name:>24} {rate:>9.1f} {rate / hf_rate:>15.2f}x")
+            split = f"{llm.manager.num_slots} slots, {llm.manager.num_pages} pages, {llm.stats.num_rebalances} rebalances"
+            print(f"{b:>5} {name:>24} {rate:>9.1f} {rate / hf_rate:>15.2f}x   ({split})")
 
 
 def state_bytes(model) -> None:
