@@ -272,6 +272,12 @@ class LLM:
                 f"a request of {total} tokens needs {need} device bytes even alone; the device cache holds "
                 f"{self.manager.config.device_bytes}"
             )
+        pages = self.split.whole_pages_of(len(ids), params.max_tokens)
+        if not self.split.follow_demand and pages > self.manager.num_pages:
+            raise RequestTooLargeError(
+                f"a request of {total} tokens needs {pages} pages; the fixed split (num_slots="
+                f"{self.manager.num_slots}) leaves the device cache {self.manager.num_pages}"
+            )
 
     def _draft(self, step: ScheduledStep) -> dict[int, list[int]]:
         """Each generation row's proposal. The runner pads them to the step's longest (one verify shape);

@@ -47,9 +47,13 @@ class DemandSplit:
         self.num_dummies, self.max_num_seqs, self.lookahead = num_dummies, max_num_seqs, lookahead
 
     def whole_pages(self, req: Request) -> int:
+        return self.whole_pages_of(len(req.prompt), req.params.max_tokens)
+
+    def whole_pages_of(self, prompt_len: int, max_tokens: int) -> int:
+        """Pages a request holds at its whole length (prompt + max_tokens + the verify lookahead)."""
         if not self.sizing.page_roles:
             return 0
-        return pages_for(len(req.prompt) + req.params.max_tokens + self.lookahead, self.page_size)
+        return pages_for(prompt_len + max_tokens + self.lookahead, self.page_size)
 
     def pages_beside(self, num_slots: int) -> int:
         if self.sizing.bytes_for(num_slots + self.num_dummies, 0) > self.budget:

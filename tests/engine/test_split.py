@@ -145,3 +145,17 @@ def test_five_requests_budget_runs_five_at_once_where_the_old_half_split_ran_few
     assert fixed_outs == demand_outs == expected
     assert demand_peak >= max(5, fixed_peak), (demand_peak, fixed_peak)
     assert demand.stats.num_rebalances <= len(prompts), demand.stats
+
+
+def test_a_fixed_split_refuses_up_front_a_request_its_pages_cannot_hold(tmp_path):
+    """With `num_slots` fixed, the pages beside the slots bound a request: refused at once, not stuck."""
+    path, _ = nemotron.save_tiny(tmp_path)
+    probe = LLM(path, page_size=4, max_model_len=64)
+    budget = 3 * probe.device_bytes_needed(20)  # 3 slots and 15 pages; the request needs 16 pages
+    prompt, params = [t % 90 + 1 for t in range(55)], SamplingParams(max_tokens=8, ignore_eos=True)
+    llm = LLM(path, page_size=4, max_model_len=64, num_slots=3, device_cache_bytes=budget)
+    with pytest.raises(RequestTooLargeError, match="fixed split"):
+        llm.add_request(prompt, params)
+    demand = LLM(path, page_size=4, max_model_len=64, device_cache_bytes=budget)
+    out = demand.generate([prompt], params)
+    assert len(out[0].token_ids) == 8
