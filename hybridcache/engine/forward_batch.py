@@ -6,6 +6,7 @@ import torch
 
 from ..cache import CacheStore, StepIndices
 from ..models.batch import ForwardBatch
+from ..ops.attention import HostRows
 
 
 def forward_batch(
@@ -14,8 +15,11 @@ def forward_batch(
     num_context_rows: int,
     generation_tokens: int,
     speculative: bool,
+    pages_checked: bool = False,
 ) -> ForwardBatch:
-    """Rows of `step` must be ordered context rows first; generation rows feed `generation_tokens` each."""
+    """Rows of `step` must be ordered context rows first; generation rows feed `generation_tokens` each.
+    `pages_checked`: the plan behind `step` was checked on the host to give every row pages for all its
+    tokens, so the attention ops skip their device-side check (a host sync per layer)."""
     n, cached = step.host_num_new, step.host_cached_lens
     cu = np.zeros(len(n) + 1, dtype=np.int64)
     np.cumsum(n, out=cu[1:])
@@ -35,4 +39,5 @@ def forward_batch(
         states={m.name: store.state_tensors(m) for m in store.states},
         pages=store.page_tensors(),
         speculative=speculative,
+        host_rows=HostRows(cached, n, pages_checked),
     )

@@ -26,8 +26,12 @@ class ModelRunner:
 
         Raises what the forward raises; the caller aborts the plan (its rows may have been written)."""
         indices = self.manager.store.execute(plan)
-        batch = forward_batch(self.manager.store, indices, num_context_rows, verify_tokens, self.speculative)
-        hidden = self.model(torch.from_numpy(token_ids).to(self.device), batch)
+        # plan_step refuses a plan whose rows lack pages for their tokens; a dummy row is not checked
+        checked = not (plan.dummy & (plan.num_new > 0)).any()
+        batch = forward_batch(self.manager.store, indices, num_context_rows, verify_tokens, self.speculative,
+                              pages_checked=checked)
+        # copies from pageable memory that do not wait for the device (a blocking one synchronises on CUDA)
+        hidden = self.model(torch.from_numpy(token_ids).to(self.device, non_blocking=True), batch)
         if not len(logit_positions):
             return None
-        return self.model.logits(hidden[torch.from_numpy(logit_positions).to(self.device)])
+        return self.model.logits(hidden[torch.from_numpy(logit_positions).to(self.device, non_blocking=True)])

@@ -6,6 +6,8 @@ from typing import Mapping
 
 import torch
 
+from ..ops.attention import HostRows
+
 
 @dataclass(frozen=True)
 class ForwardBatch:
@@ -24,6 +26,8 @@ class ForwardBatch:
     states        state-module name -> local role name -> role tensor [layers, slots, ...]
     pages         page-role full name -> page tensor [layers, pages, ...]
     speculative   generation rows run the replay verify ops (True) or the plain decode ops (False)
+    host_rows     cached_lens and the row lengths on the host (numpy), and whether the page table was
+                  checked there, so that the attention ops read nothing back; None: the ops read them
     """
 
     positions: torch.Tensor
@@ -38,6 +42,7 @@ class ForwardBatch:
     states: Mapping[str, Mapping[str, torch.Tensor]]
     pages: Mapping[str, torch.Tensor]
     speculative: bool
+    host_rows: HostRows | None = None
 
     @property
     def num_rows(self) -> int:

@@ -34,5 +34,5 @@ class PagedGQAAttention(nn.Module):
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         kv = batch.pages[KV_ROLE][self.index]
         o = paged_attention(q, k, v, kv, batch.page_table, batch.cached_lens, batch.cu_seqlens,
-                            scale=self.head_dim ** -0.5)
+                            scale=self.head_dim ** -0.5, host=batch.host_rows)
         return self.o_proj(o.reshape(n, -1))

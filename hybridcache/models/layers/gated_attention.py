@@ -41,5 +41,6 @@ class GatedPagedAttention(nn.Module):
         k = self.rope(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, dh)), *cos_sin)
         v = self.v_proj(x).view(n, self.num_kv_heads, dh)
         kv = batch.pages[KV_ROLE][self.index]
-        o = paged_attention(q, k, v, kv, batch.page_table, batch.cached_lens, batch.cu_seqlens, scale=dh ** -0.5)
+        o = paged_attention(q, k, v, kv, batch.page_table, batch.cached_lens, batch.cu_seqlens, scale=dh ** -0.5,
+                            host=batch.host_rows)
         return self.o_proj(o.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1)))

@@ -55,5 +55,5 @@ class MLAAttention(nn.Module):
         w_k, w_v = self.kv_b_proj.weight.view(H, self.nope_dim + self.v_dim, R).split([self.nope_dim, self.v_dim], 1)
         o = mla_paged_attention(q_nope, q_rope, latent, k_rope, batch.pages[LATENT_ROLE][self.index],
                                 batch.page_table, batch.cached_lens, batch.cu_seqlens, w_k, w_v,
-                                scale=(self.nope_dim + self.rope_dim) ** -0.5)
+                                scale=(self.nope_dim + self.rope_dim) ** -0.5, host=batch.host_rows)
         return self.o_proj(o.reshape(n, H * self.v_dim))

@@ -4,11 +4,12 @@ Fast functions (vectorized torch) are exported here; ``naive`` holds the referen
 signatures. Layouts: docs/layouts.md, "Attention pages".
 """
 
-from hybridcache.ops.attention._layout import PageTableError
+from hybridcache.ops.attention._layout import HostRows, PageTableError
 from hybridcache.ops.attention.mla import mla_paged_attention, write_latent
 from hybridcache.ops.attention.paged import attend_kv_pages, paged_attention, write_kv
 
 __all__ = [
+    "HostRows",
     "PageTableError",
     "attend_kv_pages",
     "mla_paged_attention",

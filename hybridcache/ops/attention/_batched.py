@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hybridcache.ops.attention._layout import row_pages
+from hybridcache.ops.attention._layout import HostRows, row_pages
 from hybridcache.ops.attention._scratch import scratch
 
 # Rows with at most this many new tokens are batched together; longer ones run one row at a time.
@@ -36,16 +37,22 @@ class RowGroup:
     min_len: int  # min(cached + counts): positions below it are valid in every row
 
 
-def group_rows(cached_lens: Tensor, cu_seqlens: Tensor, batch_max_new: int = BATCH_MAX_NEW) -> list[RowGroup]:
-    """Split the rows that have new tokens into padded groups (one host sync)."""
+def group_rows(cached_lens: Tensor, cu_seqlens: Tensor, batch_max_new: int = BATCH_MAX_NEW,
+               host: HostRows | None = None) -> list[RowGroup]:
+    """Split the rows that have new tokens into padded groups: one host sync to read the row lengths
+    back, none when `host` gives them."""
     cu = cu_seqlens.long()
     starts, counts, cached = cu[:-1], cu[1:] - cu[:-1], cached_lens.long()
-    host_counts, host_cached = torch.stack([counts, cached]).tolist()
+    if host is None:
+        host_counts, host_cached = torch.stack([counts, cached]).tolist()
+    else:
+        host_counts, host_cached = host.num_new.tolist(), host.cached_lens.tolist()
     short = [b for b, n in enumerate(host_counts) if 0 < n <= batch_max_new]
     members = ([short] if short else []) + [[b] for b, n in enumerate(host_counts) if n > batch_max_new]
     groups = []
     for rows in members:
-        idx = torch.tensor(rows, dtype=torch.long, device=cu.device)
+        # a copy from pageable memory that does not wait for the device (a blocking one synchronises)
+        idx = torch.from_numpy(np.array(rows, dtype=np.int64)).to(cu.device, non_blocking=True)
         groups.append(
             RowGroup(
                 rows=idx,
@@ -125,14 +132,16 @@ def attend_groups(
     out_tail: tuple[int, ...],
     out_dtype: torch.dtype,
     attend: Callable[[RowGroup, Tensor], Tensor],
+    host: HostRows | None = None,
 ) -> Tensor:
     """Run `attend(group, padded queries [Bs, max_new, ...]) -> [Bs, max_new, *out_tail]` for every group
     of `group_rows` and scatter the results back to the flat order: returns [N, *out_tail] in `out_dtype`.
 
     queries: [N, ...]. Padding entries of a group land in a dummy row N, dropped at the end (no sync).
+    host: the rows' lengths on the host, if known (then nothing is read back).
     """
     out = queries.new_zeros(queries.shape[0] + 1, *out_tail, dtype=out_dtype)
-    for group in group_rows(cached_lens, cu_seqlens):
+    for group in group_rows(cached_lens, cu_seqlens, host=host):
         q_pad, dest = pad_queries(queries, group)
         out[dest.flatten()] = attend(group, q_pad).flatten(0, 1).to(out_dtype)
     return out[:-1]

@@ -8,12 +8,38 @@ positions ``cached_lens[b] + i``.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from torch import Tensor
+
+# The page of a token that has none, when the table is not checked: past every pool (page ids are int32),
+# so that a write there fails loudly (IndexError on the host, a device assert on CUDA), never lands in a page.
+NO_PAGE = torch.iinfo(torch.int32).max
 
 
 class PageTableError(ValueError):
     """A new token would land outside the pages its row holds (page -1 or past the table's width)."""
+
+
+@dataclass(frozen=True)
+class HostRows:
+    """What the caller already knows on the host about a step's rows, so that the ops need not read it back.
+
+    cached_lens, num_new: [B] int numpy, equal to the device's ``cached_lens`` and the row lengths of
+    ``cu_seqlens``. pages_checked: the caller has checked on the host that every row's pages cover its
+    positions ``[0, cached_lens + num_new)``; the ops then skip their device-side PageTableError check.
+    """
+
+    cached_lens: np.ndarray
+    num_new: np.ndarray
+    pages_checked: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cached_lens.shape != self.num_new.shape or self.cached_lens.ndim != 1:
+            raise ValueError(f"cached_lens {self.cached_lens.shape} and num_new {self.num_new.shape} must both be [B]")
 
 
 def check_rows(page_table: Tensor, cached_lens: Tensor, cu_seqlens: Tensor, num_tokens: int) -> None:
@@ -50,10 +76,13 @@ def new_token_positions(cached_lens: Tensor, cu_seqlens: Tensor, num_tokens: int
     return rows, cached_lens.long()[rows] + local
 
 
-def token_slots(page_table: Tensor, rows: Tensor, pos: Tensor, page_size: int) -> tuple[Tensor, Tensor]:
+def token_slots(page_table: Tensor, rows: Tensor, pos: Tensor, page_size: int,
+                check: bool = True) -> tuple[Tensor, Tensor]:
     """Page and offset of each token; raises PageTableError if one falls outside its row's pages.
 
     rows, pos: [N] int64. Returns ``pages [N]`` and ``offsets [N]`` (int64).
+    check=False skips the check (a host sync) for a table the caller validated on the host: a token with
+    no page then gets page NO_PAGE, so that writing it fails instead of corrupting a page.
     """
     col = pos // page_size
     width = page_table.shape[1]
@@ -61,6 +90,8 @@ def token_slots(page_table: Tensor, rows: Tensor, pos: Tensor, page_size: int) -
     pages = page_table[rows, col.clamp(max=max(width - 1, 0))].long() if width else torch.full_like(col, -1)
     pages = torch.where(in_table, pages, -1)
     bad = pages < 0
+    if not check:
+        return torch.where(bad, NO_PAGE, pages), pos % page_size
     if pos.numel() and bool(bad.any()):
         n = int(bad.nonzero()[0, 0])
         raise PageTableError(
@@ -86,7 +117,8 @@ def row_pages(page_table: Tensor, rows: Tensor, num_pages: int) -> Tensor:
 def copy_into_slots(pool: Tensor, slots: Tensor, values: Tensor) -> None:
     """Write ``values[n]`` at flat index ``slots[n]`` of the pool's leading dims, in place.
 
-    pool: [*lead, *tail]; values: [N, *tail]; slots: [N] int64 in [0, prod(lead)).
+    pool: [*lead, *tail]; values: [N, *tail]; slots: [N] int64 in [0, prod(lead)); a slot past the end
+    raises (IndexError on the host, a device assert on CUDA) and is never wrapped into the pool.
     A flat ``index_copy_`` is far faster on CPU than a multi-index ``index_put_`` (0.02 ms vs 12 ms
     for 64 tokens into a 537 MB pool).
     """
@@ -95,4 +127,8 @@ def copy_into_slots(pool: Tensor, slots: Tensor, values: Tensor) -> None:
     if pool.is_contiguous():
         pool.view(-1, *tail).index_copy_(0, slots, values.to(pool.dtype))
     else:
-        pool.index_put_(torch.unravel_index(slots, lead), values.to(pool.dtype))
+        # unravel_index wraps every coordinate, the first too: leave that one unbounded, so a slot past
+        # the pool fails the bounds check of index_put_
+        inner = math.prod(lead[1:])
+        rest = torch.unravel_index(slots % inner, lead[1:]) if len(lead) > 1 else ()
+        pool.index_put_((slots // inner, *rest), values.to(pool.dtype))

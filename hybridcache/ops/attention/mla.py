@@ -28,7 +28,7 @@ from hybridcache.ops.attention._batched import (
     masked_attention,
     query_positions,
 )
-from hybridcache.ops.attention._layout import check_rows, copy_into_slots, new_token_positions, token_slots
+from hybridcache.ops.attention._layout import HostRows, check_rows, copy_into_slots, new_token_positions, token_slots
 
 
 def write_latent(
@@ -38,11 +38,13 @@ def write_latent(
     page_table: Tensor,
     cached_lens: Tensor,
     cu_seqlens: Tensor,
+    host: HostRows | None = None,
 ) -> None:
     """Write the new tokens' latent and rope key into their pages, in place.
 
     latent_pages: [P, page_size, R + Dr]; latent: [N, R]; k_rope: [N, Dr]; page_table: [B, max_pages]
-    int32; cached_lens: [B]; cu_seqlens: [B + 1]. Raises PageTableError if a token has no page.
+    int32; cached_lens: [B]; cu_seqlens: [B + 1]. Raises PageTableError if a token has no page (a host
+    sync), unless `host.pages_checked` says the caller checked the table already.
     """
     rank = latent.shape[-1]
     if latent_pages.ndim != 3 or latent_pages.shape[2] != rank + k_rope.shape[-1] or latent.shape[0] != k_rope.shape[0]:
@@ -52,7 +54,8 @@ def write_latent(
         )
     check_rows(page_table, cached_lens, cu_seqlens, latent.shape[0])
     rows, pos = new_token_positions(cached_lens, cu_seqlens, latent.shape[0])
-    pages, offsets = token_slots(page_table, rows, pos, latent_pages.shape[1])
+    check = host is None or not host.pages_checked
+    pages, offsets = token_slots(page_table, rows, pos, latent_pages.shape[1], check=check)
     entries = torch.cat([latent, k_rope], dim=-1)
     copy_into_slots(latent_pages, pages * latent_pages.shape[1] + offsets, entries)
 
@@ -93,6 +96,7 @@ def mla_paged_attention(
     w_v: Tensor,
     scale: float | None = None,
     absorb: bool | None = None,
+    host: HostRows | None = None,
 ) -> Tensor:
     """Write the new latents into the pages, then MLA of each new token over its row.
 
@@ -101,8 +105,10 @@ def mla_paged_attention(
     (``kv_b_proj.weight.view(H, Dn + Dv, R).split([Dn, Dv], dim=1)``). scale defaults to
     (Dn + Dr) ** -0.5. absorb: True / False forces a form; None picks absorbed for groups of short
     rows (decode, verify) and expanded for prefill rows. Returns [N, H, Dv] in q_nope's dtype.
+    host: what the caller knows on the host (row lengths, a checked page table); with it the op makes
+    no host sync, without it two (the page-table check, the row lengths).
     """
-    write_latent(latent_pages, latent, k_rope, page_table, cached_lens, cu_seqlens)
+    write_latent(latent_pages, latent, k_rope, page_table, cached_lens, cu_seqlens, host)
     heads, dv = w_v.shape[0], w_v.shape[1]
     if q_nope.shape[1] != heads or w_k.shape[0] != heads or w_k.shape[-1] != latent.shape[-1]:
         raise ValueError(f"q_nope {tuple(q_nope.shape)}, w_k {tuple(w_k.shape)}, w_v {tuple(w_v.shape)} disagree")
@@ -115,7 +121,7 @@ def mla_paged_attention(
         cached = gather_pages(latent_pages, page_table, group, slot=0)
         return form(q_pad[..., :dn], q_pad[..., dn:], cached, w_k, w_v, query_positions(group), scale)
 
-    return attend_groups(queries, cached_lens, cu_seqlens, (heads, dv), q_nope.dtype, attend)
+    return attend_groups(queries, cached_lens, cu_seqlens, (heads, dv), q_nope.dtype, attend, host)
 
 
 def _pick_form(group: RowGroup, absorb: bool | None) -> Callable[..., Tensor]:

@@ -22,7 +22,7 @@ from hybridcache.ops.attention._batched import (
     masked_attention,
     query_positions,
 )
-from hybridcache.ops.attention._layout import check_rows, copy_into_slots, new_token_positions, token_slots
+from hybridcache.ops.attention._layout import HostRows, check_rows, copy_into_slots, new_token_positions, token_slots
 
 try:
     from hybridcache.ops.attention.triton_paged import attend_kv_pages_triton
@@ -39,16 +39,19 @@ def _check_kv(kv: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [N, {kv.shape[3]}, {kv.shape[4]}]")
 
 
-def write_kv(kv: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cached_lens: Tensor, cu_seqlens: Tensor) -> None:
+def write_kv(kv: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cached_lens: Tensor, cu_seqlens: Tensor,
+             host: HostRows | None = None) -> None:
     """Write the new tokens' keys and values into their pages, in place.
 
     kv: [P, 2, page_size, Hkv, D]; k, v: [N, Hkv, D]; page_table: [B, max_pages] int32 (-1 past the
-    end); cached_lens: [B]; cu_seqlens: [B + 1]. Raises PageTableError if a token has no page.
+    end); cached_lens: [B]; cu_seqlens: [B + 1]. Raises PageTableError if a token has no page (a host
+    sync), unless `host.pages_checked` says the caller checked the table already.
     """
     _check_kv(kv, k, v)
     check_rows(page_table, cached_lens, cu_seqlens, k.shape[0])
     rows, pos = new_token_positions(cached_lens, cu_seqlens, k.shape[0])
-    pages, offsets = token_slots(page_table, rows, pos, kv.shape[2])
+    check = host is None or not host.pages_checked
+    pages, offsets = token_slots(page_table, rows, pos, kv.shape[2], check=check)
     page_size = kv.shape[2]
     key_slots = pages * (2 * page_size) + offsets  # flat over [P, 2, page_size]; values one page_size later
     copy_into_slots(kv, key_slots, k)
@@ -79,18 +82,20 @@ def attend_kv_pages(
     cached_lens: Tensor,
     cu_seqlens: Tensor,
     scale: float | None = None,
+    host: HostRows | None = None,
 ) -> Tensor:
     """Attention of the new tokens over pages that already hold them (read only).
 
     q: [N, Hq, D]; kv: [P, 2, page_size, Hkv, D]; each row's pages must hold positions
-    [0, cached_lens[b] + new tokens). Returns [N, Hq, D] in q's dtype.
+    [0, cached_lens[b] + new tokens). Returns [N, Hq, D] in q's dtype. `host`: the row lengths on the
+    host, if the caller knows them (the torch path then reads nothing back).
     """
     num_kv_heads = kv.shape[3]
     if q.ndim != 3 or q.shape[1] % num_kv_heads or q.shape[2] != kv.shape[4]:
         raise ValueError(f"q {tuple(q.shape)} must be [N, a multiple of {num_kv_heads}, {kv.shape[4]}]")
     if use_triton(q, kv, page_table):
         return attend_kv_pages_triton(q, kv, page_table, cached_lens, cu_seqlens, scale)
-    return attend_kv_pages_torch(q, kv, page_table, cached_lens, cu_seqlens, scale)
+    return attend_kv_pages_torch(q, kv, page_table, cached_lens, cu_seqlens, scale, host)
 
 
 def attend_kv_pages_torch(
@@ -100,8 +105,10 @@ def attend_kv_pages_torch(
     cached_lens: Tensor,
     cu_seqlens: Tensor,
     scale: float | None = None,
+    host: HostRows | None = None,
 ) -> Tensor:
-    """The vectorized torch path of ``attend_kv_pages`` (CPU and CUDA; one host sync per call)."""
+    """The vectorized torch path of ``attend_kv_pages`` (CPU and CUDA; one host sync per call, none with
+    `host`)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
 
     def attend(group: RowGroup, q_pad: Tensor) -> Tensor:
@@ -109,7 +116,7 @@ def attend_kv_pages_torch(
         values = gather_pages(kv[:, 1], page_table, group, slot=1)
         return masked_attention(q_pad, keys, values, query_positions(group), scale)
 
-    return attend_groups(q.to(kv.dtype), cached_lens, cu_seqlens, tuple(q.shape[1:]), q.dtype, attend)
+    return attend_groups(q.to(kv.dtype), cached_lens, cu_seqlens, tuple(q.shape[1:]), q.dtype, attend, host)
 
 
 def paged_attention(
@@ -121,13 +128,16 @@ def paged_attention(
     cached_lens: Tensor,
     cu_seqlens: Tensor,
     scale: float | None = None,
+    host: HostRows | None = None,
 ) -> Tensor:
     """Write k/v into the pages, then attend each new token over its row's prefix and new tokens.
 
     q: [N, Hq, D]; k, v: [N, Hkv, D] with Hq a multiple of Hkv (query head h reads kv head
     h // (Hq // Hkv)); kv: [P, 2, page_size, Hkv, D]. scale defaults to D ** -0.5.
     Returns [N, Hq, D] in q's dtype. Rows with no new tokens read and write nothing.
+    host: what the caller knows on the host (row lengths, a checked page table); with it the op makes
+    no host sync, without it one or two (the page-table check, the row lengths).
     """
-    write_kv(kv, k, v, page_table, cached_lens, cu_seqlens)
-    return attend_kv_pages(q, kv, page_table, cached_lens, cu_seqlens, scale)
+    write_kv(kv, k, v, page_table, cached_lens, cu_seqlens, host)
+    return attend_kv_pages(q, kv, page_table, cached_lens, cu_seqlens, scale, host)
 
