@@ -28,6 +28,7 @@ class DeviceTier:
         self.by_module: dict[str, dict[str, torch.Tensor]] = {}
         self.num_slots = 0
         self.num_pages = 0
+        self.generation = 0  # counts carvings: role views (and what captured them) from an older one are stale
 
     def carve(self, num_slots: int, num_pages: int) -> None:
         """Lay role tensors over the arena for the given counts (contents are not preserved)."""
@@ -47,6 +48,7 @@ class DeviceTier:
             module, role = name.split(".", 1)
             self.by_module.setdefault(module, {})[role] = t
         self.num_slots, self.num_pages = num_slots, num_pages
+        self.generation += 1
 
     def zero_slots(self, slots: torch.Tensor) -> None:
         """Zero every role of the given slots `[n]` (int64, on the device)."""

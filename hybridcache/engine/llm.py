@@ -50,7 +50,8 @@ class LLM:
     the device budget). `scheduling_policy`: "max_utilization" (admit while there is room now, preempt on
     growth) or "reserve" (admit only with room for the whole length, never preempt on growth).
 
-    A step that fails (an exception or Ctrl-C in the forward, the sampler or the drafter) restarts its
+    On CUDA, decode and verify steps replay CUDA graphs captured per batch shape (`enforce_eager=True`
+    runs every step eagerly). A step that fails (an exception or Ctrl-C in the forward, the sampler or the drafter) restarts its
     rows from their tokens; `generate` then aborts its requests and re-raises, and the LLM stays usable.
     """
 
@@ -70,6 +71,7 @@ class LLM:
         scheduling_policy: str = "max_utilization",
         seed: int = 0,
         preemption: PreemptionPolicy | None = None,
+        enforce_eager: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -110,7 +112,8 @@ class LLM:
             preemption = PreemptionPolicy(swap_bytes_per_s=50e9 if self.device.type == "cuda" else 5e9)
         self.scheduler = Scheduler(self.manager, max_num_seqs, max_num_batched_tokens, self.verify_tokens,
                                    scheduling_policy, preemption, self.split)
-        self.runner = ModelRunner(self.model, self.manager, self.device, speculative is not None)
+        self.runner = ModelRunner(self.model, self.manager, self.device, speculative is not None,
+                                  cuda_graphs=not enforce_eager)
         self.seed = seed
         self._requests: dict[int, Request] = {}
         self._next_id = 0

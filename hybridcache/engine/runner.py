@@ -9,14 +9,19 @@ import torch
 
 from ..cache import HybridCacheManager, StepPlan
 from .forward_batch import forward_batch
+from .graphs import DecodeGraphs
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, manager: HybridCacheManager, device: torch.device, speculative: bool) -> None:
+    """`cuda_graphs`: generation-only steps on CUDA replay captured graphs (`graphs.DecodeGraphs`)."""
+
+    def __init__(self, model: torch.nn.Module, manager: HybridCacheManager, device: torch.device, speculative: bool,
+                 cuda_graphs: bool = False) -> None:
         self.model = model
         self.manager = manager
         self.device = device
         self.speculative = speculative
+        self.graphs = DecodeGraphs(model, manager.store) if cuda_graphs and device.type == "cuda" else None
 
     @torch.inference_mode()
     def run(self, plan: StepPlan, token_ids: np.ndarray, num_context_rows: int, verify_tokens: int,
@@ -31,7 +36,12 @@ class ModelRunner:
         batch = forward_batch(self.manager.store, indices, num_context_rows, verify_tokens, self.speculative,
                               pages_checked=checked)
         # copies from pageable memory that do not wait for the device (a blocking one synchronises on CUDA)
-        hidden = self.model(torch.from_numpy(token_ids).to(self.device, non_blocking=True), batch)
-        if not len(logit_positions):
+        ids = torch.from_numpy(token_ids).to(self.device, non_blocking=True)
+        if not len(logit_positions):  # context chunks whose prompts go on: their state is what they leave
+            self.model(ids, batch)
             return None
-        return self.model.logits(hidden[torch.from_numpy(logit_positions).to(self.device, non_blocking=True)])
+        positions = torch.from_numpy(logit_positions).to(self.device, non_blocking=True)
+        logits = self.graphs.run(ids, batch) if self.graphs is not None else None
+        if logits is not None:
+            return logits if len(logit_positions) == len(token_ids) else logits[positions]
+        return self.model.logits(self.model(ids, batch)[positions])

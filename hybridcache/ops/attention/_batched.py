@@ -43,7 +43,7 @@ def group_rows(cached_lens: Tensor, cu_seqlens: Tensor, batch_max_new: int = BAT
     back, none when `host` gives them."""
     cu = cu_seqlens.long()
     starts, counts, cached = cu[:-1], cu[1:] - cu[:-1], cached_lens.long()
-    if host is None:
+    if host is None or host.cached_lens is None:
         host_counts, host_cached = torch.stack([counts, cached]).tolist()
     else:
         host_counts, host_cached = host.num_new.tolist(), host.cached_lens.tolist()

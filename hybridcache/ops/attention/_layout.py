@@ -29,16 +29,19 @@ class HostRows:
     """What the caller already knows on the host about a step's rows, so that the ops need not read it back.
 
     cached_lens, num_new: [B] int numpy, equal to the device's ``cached_lens`` and the row lengths of
-    ``cu_seqlens``. pages_checked: the caller has checked on the host that every row's pages cover its
-    positions ``[0, cached_lens + num_new)``; the ops then skip their device-side PageTableError check.
+    ``cu_seqlens`` (None: not known on the host, e.g. inside a CUDA graph that replays other lengths).
+    pages_checked: the caller has checked on the host that every row's pages cover its positions
+    ``[0, cached_lens + num_new)``; the ops then skip their device-side PageTableError check.
     """
 
-    cached_lens: np.ndarray
-    num_new: np.ndarray
+    cached_lens: np.ndarray | None
+    num_new: np.ndarray | None
     pages_checked: bool = False
 
     def __post_init__(self) -> None:
-        if self.cached_lens.shape != self.num_new.shape or self.cached_lens.ndim != 1:
+        if (self.cached_lens is None) != (self.num_new is None):
+            raise ValueError("cached_lens and num_new are both known on the host or both not")
+        if self.cached_lens is not None and (self.cached_lens.shape != self.num_new.shape or self.cached_lens.ndim != 1):
             raise ValueError(f"cached_lens {self.cached_lens.shape} and num_new {self.num_new.shape} must both be [B]")
 
 

@@ -1,0 +1,90 @@
+"""CUDA-graph decode and verify steps (hybridcache/engine/graphs.py) give the eager steps' tokens, through
+suspensions, resumes and rebalances; a replayed steady step waits for the device once. GPU only."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridcache import LLM, SamplingParams, SpeculativeConfig
+from tests.models import helpers as nemotron
+from tests.models import test_kimi_linear as kimi
+from tests.models import test_qwen3_next as qwen
+from tests.ops.tripwire import count_host_syncs
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                                reason="needs a CUDA device of compute capability 9.0 (bf16 grouped GEMM for MoE)")
+
+SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
+GRAPHED = {"nemotron_h", "qwen3_next"}  # kimi_linear's MLA reads its row lengths on the host: eager
+SPECULATIVE = {"plain": None, "ngram": SpeculativeConfig(num_draft_tokens=3)}
+PROMPTS = [[3 + (7 * i + j) % 11 for j in range(5 + 3 * i)] * 3 for i in range(6)]
+
+
+@pytest.fixture(scope="module", params=sorted(SAVERS))
+def checkpoint(request, tmp_path_factory):
+    path, _ = SAVERS[request.param](tmp_path_factory.mktemp(request.param))
+    return request.param, path
+
+
+def params() -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.9 * (i % 2), seed=i) for i in range(len(PROMPTS))]
+
+
+@pytest.mark.parametrize("spec", SPECULATIVE)
+def test_graph_steps_give_the_eager_tokens(checkpoint, spec):
+    family, path = checkpoint
+    kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=4, speculative=SPECULATIVE[spec], page_size=4,
+              max_model_len=128)
+    eager = LLM(path, enforce_eager=True, **kw).generate(PROMPTS, params())
+    llm = LLM(path, **kw)
+    graphed = llm.generate(PROMPTS, params())
+    assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]
+    graphs = llm.runner.graphs
+    if family in GRAPHED:
+        assert graphs.num_captured > 0 and graphs.num_replays > 0
+    else:
+        assert graphs.num_replays == 0
+
+
+@pytest.mark.parametrize("spec", SPECULATIVE)
+def test_graphs_through_suspensions_and_rebalances(checkpoint, spec):
+    family, path = checkpoint
+    kw = dict(device="cuda", dtype="bfloat16", speculative=SPECULATIVE[spec], page_size=4, max_model_len=128)
+    expected = [o.token_ids for o in LLM(path, enforce_eager=True, max_num_seqs=8, **kw).generate(PROMPTS, params())]
+    probe = LLM(path, enforce_eager=True, **kw)
+    per = probe.device_bytes_needed(max(map(len, PROMPTS)) + 24 + 4)
+    llm = LLM(path, max_num_seqs=4, device_cache_bytes=int(2.5 * per), host_cache_bytes=8 * per,
+              max_num_batched_tokens=32, **kw)
+    llm.step_hook = llm.manager.check_integrity
+    ids = [llm.add_request(p, s) for p, s in zip(PROMPTS, params())]
+    outputs, steps = {}, 0
+    while llm.has_unfinished():
+        steps += 1
+        if steps % 7 == 0:
+            try:
+                llm.rebalance(3 + steps % 2)
+            except ValueError:
+                pass
+        for out in llm.step():
+            outputs[out.request_id] = out.token_ids
+    assert [outputs[i] for i in ids] == expected
+    assert llm.stats.num_suspensions > 0 and llm.stats.num_rebalances > 0, llm.stats
+    if family in GRAPHED:
+        assert llm.runner.graphs.num_replays > 0
+
+
+def test_a_replayed_steady_step_syncs_once(checkpoint):
+    family, path = checkpoint
+    if family not in GRAPHED:
+        pytest.skip("runs eagerly")
+    llm = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=4, page_size=64, max_model_len=256)
+    for p in PROMPTS[:4]:
+        llm.add_request(p, SamplingParams(max_tokens=64, ignore_eos=True))
+    for _ in range(4):
+        llm.step()
+    replays = llm.runner.graphs.num_replays
+    for _ in range(5):
+        with count_host_syncs(cuda=True) as syncs:
+            llm.step()
+        assert syncs.count <= 1, syncs
+    assert llm.runner.graphs.num_replays == replays + 5
