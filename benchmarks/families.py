@@ -112,3 +112,19 @@ def checkpoint(args: argparse.Namespace) -> Path:
     """The benchmark's checkpoint directory, built on first use."""
     path = Path(args.dir or f"/tmp/hybridcache-bench-{args.family}-{args.size}")
     return build(path, args.family, args.size)
+
+
+def request_bytes(path: Path, dtype: str, num_tokens: int, num_draft_tokens: int = 0, page_size: int = 16) -> int:
+    """Device bytes one request of `num_tokens` tokens holds (pages and slot, every role): what
+    `LLM.device_bytes_needed` answers, known before the LLM is built (the model is built on the meta
+    device, so no weights are read). Pass `num_tokens` = prompt + max_tokens + num_draft_tokens + 1 (the
+    verify lookahead) and multiply by the batch: every request of the batch is then resident at once."""
+    from hybridcache.cache import sizing_of
+    from hybridcache.engine.llm import DTYPES
+    from hybridcache.models.checkpoint import read_config
+    from hybridcache.models.registry import model_class
+
+    config = read_config(path)
+    model = model_class(config.get("model_type")).from_config(config, torch.device("meta"), DTYPES[dtype])
+    sizing = sizing_of(model.state_modules(num_draft_tokens), model.page_roles(page_size))
+    return sizing.request_bytes(num_tokens, page_size)

@@ -4,18 +4,22 @@ Times one layer's verify step (verify + accept bookkeeping) for both approaches 
 and draft counts, prints ms per call, the ratio from the same run, state bytes per request, and the
 achieved memory bandwidth (bytes the step must touch / time). A script, not a test:
 
-    python benchmarks/ops_mamba2.py [--device cpu|cuda] [--batches 1 16 64 256] [--drafts 3 7]
+    PYTHONPATH=. python benchmarks/ops_mamba2.py [--device cpu|cuda] [--batches 1 16 64 256] [--drafts 3 7] [--json PATH]
+
+Each figure is the median of --repeats runs (default 5) of --iters calls, timed with CUDA events on CUDA
+(as graph replays unless --no-graph), after warm-up calls at the same shapes.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
 
+from benchmarks.record import Record, add_json_arg
+from benchmarks.timing import REPEATS, graphed, median, time_runs
 from hybridcache.ops.mamba2 import mamba2_accept, mamba2_decode, mamba2_verify
 from hybridcache.ops.mamba2.intermediate import mamba2_accept_intermediate, mamba2_verify_intermediate
 
@@ -53,39 +57,9 @@ class Layer:
         return self.ssm_bytes * (1 + steps)
 
 
-def timed(fn: Callable[[], None], device: str, iters: int, warmup: int = 3) -> float:
-    """Mean seconds per call."""
-    for _ in range(warmup):
-        fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
-
-
-def graphed(fn: Callable[[], None], device: str, use_graph: bool) -> Callable[[], None]:
-    """Capture fn in a CUDA graph (the ops never sync, so they capture); else return fn."""
-    if device != "cuda" or not use_graph:
-        return fn
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+def timed(fn: Callable[[], None], device: str, iters: int, repeats: int = REPEATS, warmup: int = 3) -> float:
+    """Seconds per call: the median over `repeats` runs of `iters` calls each, after `warmup` calls."""
+    return median(time_runs(fn, device, repeats, warmup, inner=iters))
 
 
 def copy_bandwidth(device: str) -> float:
@@ -97,7 +71,7 @@ def copy_bandwidth(device: str) -> float:
 
 
 def bench_case(layer: Layer, batch: int, drafts: int, device: str, iters: int, use_graph: bool,
-               profile: bool = False) -> dict:
+               profile: bool = False, repeats: int = REPEATS) -> dict:
     steps = drafts + 1
     h, p, n, g, hist = layer.heads, layer.head_dim, layer.state, layer.groups, layer.hist
     gen = torch.Generator(device="cpu").manual_seed(batch * 10 + drafts)
@@ -146,9 +120,9 @@ def bench_case(layer: Layer, batch: int, drafts: int, device: str, iters: int, u
             sort = "device_time_total" if device == "cuda" else "cpu_time_total"
             print(f"--- {name}, batch {batch}, k {drafts}: 5 calls")
             print(prof.key_averages().table(sort_by=sort, row_limit=14))
-    t_replay = timed(graphed(replay_step, device, use_graph), device, iters)
-    t_inter = timed(graphed(intermediate_step, device, use_graph), device, iters)
-    t_decode = timed(graphed(decode_step, device, use_graph), device, iters)
+    t_replay = timed(graphed(replay_step, device, use_graph), device, iters, repeats)
+    t_inter = timed(graphed(intermediate_step, device, use_graph), device, iters, repeats)
+    t_decode = timed(graphed(decode_step, device, use_graph), device, iters, repeats)
 
     # bytes each step must touch (reads + writes), the minimum any implementation moves
     io = steps * layer.token_bytes()
@@ -158,46 +132,60 @@ def bench_case(layer: Layer, batch: int, drafts: int, device: str, iters: int, u
     decode_bytes = batch * (2 * layer.ssm_bytes + layer.token_bytes())
     return dict(batch=batch, k=drafts, replay_ms=t_replay * 1e3, inter_ms=t_inter * 1e3, decode_ms=t_decode * 1e3,
                 ratio=t_inter / t_replay, folds=fold_fraction, replay_gbs=replay_bytes / t_replay / 1e9,
-                inter_gbs=inter_bytes / t_inter / 1e9, decode_gbs=decode_bytes / t_decode / 1e9)
+                inter_gbs=inter_bytes / t_inter / 1e9, decode_gbs=decode_bytes / t_decode / 1e9,
+                replay_state_bytes=layer.replay_state_bytes(), inter_state_bytes=layer.intermediate_state_bytes(steps))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--size", choices=["tiny", "full"], help="layer shape (default: full on cuda, tiny on cpu)")
     parser.add_argument("--batches", type=int, nargs="+")
     parser.add_argument("--drafts", type=int, nargs="+", default=[3, 7])
     parser.add_argument("--heads", type=int)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--state", type=int)
-    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--groups", type=int)
     parser.add_argument("--hist", type=int, default=16)
-    parser.add_argument("--iters", type=int)
+    parser.add_argument("--iters", type=int, help="calls per timed run (default 50 on cuda, 5 on cpu)")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per figure (the median is reported)")
     parser.add_argument("--no-graph", action="store_true", help="CUDA: time eager launches, not graph replay")
     parser.add_argument("--profile", action="store_true", help="print the top kernels of each approach per case")
+    add_json_arg(parser)
     args = parser.parse_args()
     cuda = args.device == "cuda"
-    # the full Nemotron-H-like layer on a GPU; a quarter of it on a CPU so the run stays under a minute
-    layer = Layer(heads=args.heads or (64 if cuda else 16), head_dim=args.head_dim, state=args.state or (128 if cuda else 64),
-                  groups=args.groups if cuda or args.heads else 4, hist=args.hist,
+    full = (args.size or ("full" if cuda else "tiny")) == "full"
+    # full: the Nemotron-H-like layer (the 1b family); tiny: a quarter of it, so a CPU run stays under a minute
+    layer = Layer(heads=args.heads or (64 if full else 16), head_dim=args.head_dim, state=args.state or (128 if full else 64),
+                  groups=args.groups or (8 if full else 4), hist=args.hist,
                   dtype=torch.bfloat16 if cuda else torch.float32)
     batches = args.batches or ([1, 16, 64, 256] if cuda else [1, 16, 64])
     iters = args.iters or (50 if cuda else 5)
+    use_graph = cuda and not args.no_graph
+    rec = Record(args.json, "ops_mamba2", args.device, dict(
+        op="mamba2", device=args.device, batches=batches, drafts=args.drafts, iters=iters, repeats=args.repeats,
+        graphs=use_graph, **{k: str(v) if k == "dtype" else v for k, v in asdict(layer).items()}))
     print(f"device={args.device} layer: {layer.heads} heads x {layer.head_dim} head dim x {layer.state} state, "
-          f"G={layer.groups}, HIST={layer.hist}, {layer.dtype}, graphs={cuda and not args.no_graph}")
+          f"G={layer.groups}, HIST={layer.hist}, {layer.dtype}, graphs={use_graph}; median of {args.repeats} runs "
+          f"of {iters} calls")
     for drafts in args.drafts:
         rb, ib = layer.replay_state_bytes(), layer.intermediate_state_bytes(drafts + 1)
         print(f"k={drafts}: state bytes per request per layer: replay {rb / 2**20:.3f} MiB, intermediate "
               f"{ib / 2**20:.3f} MiB; beyond the checkpoint: replay {(rb - layer.ssm_bytes) / 2**10:.1f} KiB, "
               f"intermediate {(ib - layer.ssm_bytes) / 2**10:.1f} KiB ({(ib - layer.ssm_bytes) / (rb - layer.ssm_bytes):.1f}x)")
-    print(f"measured device copy bandwidth (read + write): {copy_bandwidth(args.device):.0f} GB/s")
+    bandwidth = copy_bandwidth(args.device)
+    rec.extra("copy_gbs", bandwidth)
+    print(f"measured device copy bandwidth (read + write): {bandwidth:.0f} GB/s")
     print(f"{'batch':>5} {'k':>2} {'replay ms':>10} {'interm. ms':>10} {'ratio':>6} {'folds':>6} "
           f"{'replay GB/s':>11} {'interm. GB/s':>12} {'decode ms':>10} {'decode GB/s':>11}")
     for drafts in args.drafts:
         for batch in batches:
-            r = bench_case(layer, batch, drafts, args.device, iters, not args.no_graph, args.profile)
+            r = bench_case(layer, batch, drafts, args.device, iters, use_graph, args.profile, args.repeats)
+            rec.add(op="mamba2", device=args.device, **r)
             print(f"{r['batch']:>5} {r['k']:>2} {r['replay_ms']:>10.3f} {r['inter_ms']:>10.3f} {r['ratio']:>5.2f}x "
                   f"{r['folds']:>6.2f} {r['replay_gbs']:>11.1f} {r['inter_gbs']:>12.1f} {r['decode_ms']:>10.3f} "
                   f"{r['decode_gbs']:>11.1f}")
+    rec.close()
 
 
 if __name__ == "__main__":

@@ -48,26 +48,32 @@ def test_graph_steps_give_the_eager_tokens(checkpoint, spec):
 
 @pytest.mark.parametrize("spec", SPECULATIVE)
 def test_graphs_through_suspensions_and_rebalances(checkpoint, spec):
+    """The same pressured schedule, eager and graphed, gives the same tokens (bf16 results depend on the batch
+    a row runs in, so the reference is the eager run of the same schedule, not an unconstrained one)."""
     family, path = checkpoint
     kw = dict(device="cuda", dtype="bfloat16", speculative=SPECULATIVE[spec], page_size=4, max_model_len=128)
-    expected = [o.token_ids for o in LLM(path, enforce_eager=True, max_num_seqs=8, **kw).generate(PROMPTS, params())]
-    probe = LLM(path, enforce_eager=True, **kw)
-    per = probe.device_bytes_needed(max(map(len, PROMPTS)) + 24 + 4)
-    llm = LLM(path, max_num_seqs=4, device_cache_bytes=int(2.5 * per), host_cache_bytes=8 * per,
-              max_num_batched_tokens=32, **kw)
-    llm.step_hook = llm.manager.check_integrity
-    ids = [llm.add_request(p, s) for p, s in zip(PROMPTS, params())]
-    outputs, steps = {}, 0
-    while llm.has_unfinished():
-        steps += 1
-        if steps % 7 == 0:
-            try:
-                llm.rebalance(3 + steps % 2)
-            except ValueError:
-                pass
-        for out in llm.step():
-            outputs[out.request_id] = out.token_ids
-    assert [outputs[i] for i in ids] == expected
+    per = LLM(path, enforce_eager=True, **kw).device_bytes_needed(max(map(len, PROMPTS)) + 24 + 4)
+
+    def pressured(enforce_eager: bool) -> tuple[list[list[int]], LLM]:
+        llm = LLM(path, max_num_seqs=4, device_cache_bytes=int(2.5 * per), host_cache_bytes=8 * per,
+                  max_num_batched_tokens=32, enforce_eager=enforce_eager, **kw)
+        llm.step_hook = llm.manager.check_integrity
+        ids = [llm.add_request(p, s) for p, s in zip(PROMPTS, params())]
+        outputs, steps = {}, 0
+        while llm.has_unfinished():
+            steps += 1
+            if steps % 7 == 0:
+                try:
+                    llm.rebalance(3 + steps % 2)
+                except ValueError:
+                    pass
+            for out in llm.step():
+                outputs[out.request_id] = out.token_ids
+        return [outputs[i] for i in ids], llm
+
+    expected, _ = pressured(enforce_eager=True)
+    got, llm = pressured(enforce_eager=False)
+    assert got == expected
     assert llm.stats.num_suspensions > 0 and llm.stats.num_rebalances > 0, llm.stats
     if family in GRAPHED:
         assert llm.runner.graphs.num_replays > 0

@@ -1,0 +1,87 @@
+"""Timing for the benchmarks: CUDA events on CUDA, perf_counter on the CPU; medians of repeated runs.
+
+Every figure a benchmark reports is the median of `REPEATS` (at least 5) timed runs that follow untimed
+warm-up runs of the same call at the same shapes, so a first call's compilation, autotuning, allocator
+growth or CUDA-graph capture is never in a figure.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+REPEATS = 5
+
+
+class Stopwatch:
+    """Marks on one timeline from `start()`: CUDA events on the current stream for a CUDA device (the
+    device is synchronised first, so earlier work is not counted), perf_counter otherwise.
+
+    A CUDA mark completes when the work queued before it does; `read()` waits for the last mark."""
+
+    def __init__(self, device: str | torch.device) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self._marks: list[tuple[str, object]] = []
+
+    def start(self) -> None:
+        self._marks = []
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.mark("start")
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append((name, event))
+        else:
+            self._marks.append((name, time.perf_counter()))
+
+    def read(self) -> dict[str, float]:
+        """Seconds from the start to each mark."""
+        (_, first), rest = self._marks[0], self._marks[1:]
+        if self.cuda:
+            rest[-1][1].synchronize()
+            return {name: first.elapsed_time(event) / 1e3 for name, event in rest}
+        return {name: t - first for name, t in rest}
+
+
+def time_runs(fn: Callable[[], object], device: str | torch.device, repeats: int = REPEATS, warmup: int = 1,
+              inner: int = 1) -> list[float]:
+    """Seconds per call of `fn` in each of `repeats` runs of `inner` back-to-back calls, after `warmup`
+    untimed calls. Take the median (`median`)."""
+    if repeats < 1 or inner < 1:
+        raise ValueError("repeats and inner must be >= 1")
+    for _ in range(warmup):
+        fn()
+    watch, runs = Stopwatch(device), []
+    for _ in range(repeats):
+        watch.start()
+        for _ in range(inner):
+            fn()
+        watch.mark("end")
+        runs.append(watch.read()["end"] / inner)
+    return runs
+
+
+def median(runs: list[float]) -> float:
+    return statistics.median(runs)
+
+
+def graphed(fn: Callable[[], None], device: str, use_graph: bool) -> Callable[[], None]:
+    """Capture `fn` in a CUDA graph and return its replay (the ops never sync, so they capture); on a CPU
+    or with `use_graph` off, return `fn`. Capturing runs `fn` twice first on a side stream (warm-up)."""
+    if torch.device(device).type != "cuda" or not use_graph:
+        return fn
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
