@@ -1,0 +1,98 @@
+"""Speculative decoding cost and gain, as ratios to plain decode measured in one run (issue 9 targets):
+
+  zero acceptance: every row proposes k tokens the model never picks (the verify costs, nothing is gained)
+  full acceptance: an oracle proposes the greedy reference continuation (every draft passes)
+
+    python benchmarks/spec_decode.py --family nemotron_h --size 1b --device cuda --dtype bfloat16
+    python benchmarks/spec_decode.py --size tiny                                     # CPU smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+from benchmarks.families import add_model_args, checkpoint
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+class OracleDrafter:
+    """Proposes the next `k` tokens of each request's reference continuation (matched by its prompt)."""
+
+    def __init__(self, refs: dict[tuple[int, ...], list[int]], k: int) -> None:
+        self.refs, self.k = refs, k
+
+    def propose(self, tokens: list[int]) -> list[int]:
+        for prompt, cont in self.refs.items():
+            n = len(tokens) - len(prompt)
+            if n >= 0 and tuple(tokens[: len(prompt)]) == prompt:
+                return cont[n : n + self.k]
+        return []
+
+
+class WrongDrafter:
+    """Proposes `k` tokens that are never the greedy choice (the reference's next token plus one)."""
+
+    def __init__(self, oracle: OracleDrafter, vocab: int) -> None:
+        self.oracle, self.vocab = oracle, vocab
+
+    def propose(self, tokens: list[int]) -> list[int]:
+        return [(t + 1) % self.vocab for t in self.oracle.propose(tokens)] or [0] * self.oracle.k
+
+
+def timed(llm, prompts, params, device: str, repeat: int) -> float:
+    """Median tokens/s over `repeat` runs (after one warm-up run at the same shapes)."""
+    rates = []
+    for i in range(repeat + 1):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if i:
+            rates.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0))
+    return sorted(rates)[len(rates) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    from hybridcache import LLM, SamplingParams, SpeculativeConfig
+    from hybridcache.workload import make_prompts
+
+    path = checkpoint(args)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=max(args.batch), max_num_batched_tokens=8192,
+              max_model_len=args.prompt_len + args.max_tokens + args.k + 16)
+    plain = LLM(path, **kw)
+    spec = LLM(path, speculative=SpeculativeConfig(num_draft_tokens=args.k), **kw)
+    print(f"{args.family} {args.size} on {args.device} {args.dtype}; k={args.k}; prompt {args.prompt_len}, "
+          f"{args.max_tokens} new tokens; median of {args.repeat}")
+    print(f"{'batch':>5} {'plain tok/s':>12} {'zero-accept':>12} {'ratio':>7} {'full-accept':>12} {'ratio':>7}"
+          "   targets: zero-accept >= 0.87x from bs16; full-accept >= 2.5x at bs1")
+    for b in args.batch:
+        prompts = make_prompts(b, plain.vocab_size, seed=b, min_len=args.prompt_len, max_len=args.prompt_len)
+        refs = {tuple(p): o.token_ids for p, o in zip(prompts, plain.generate(prompts, params))}
+        oracle = OracleDrafter(refs, args.k)
+        base = timed(plain, prompts, params, args.device, args.repeat)
+        spec.drafter.propose = WrongDrafter(oracle, plain.vocab_size).propose
+        zero = timed(spec, prompts, params, args.device, args.repeat)
+        spec.drafter.propose = oracle.propose
+        full = timed(spec, prompts, params, args.device, args.repeat)
+        same = sum(o.token_ids == refs[tuple(p)] for p, o in zip(prompts, spec.generate(prompts, params)))
+        print(f"{b:>5} {base:>12.1f} {zero:>12.1f} {zero / base:>6.2f}x {full:>12.1f} {full / base:>6.2f}x"
+              f"   (speculative outputs equal to plain: {same}/{b})")
+
+
+if __name__ == "__main__":
+    main()
