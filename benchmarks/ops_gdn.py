@@ -9,12 +9,17 @@ overhead; `--no-graph` times eager launches. Usage:
 
     PYTHONPATH=. python benchmarks/ops_gdn.py --device cuda   # H=16, HV=32, K=V=128 (Qwen3-Next-like), bf16
     PYTHONPATH=. python benchmarks/ops_gdn.py --device cpu    # small shapes, finishes in well under a minute
+
+Each figure is the median of --repeats runs (default 5) of --iters calls, after warm-up calls at the same
+shapes; CUDA events on CUDA. `--json PATH` writes the rows.
 """
 import argparse
 
 import torch
 
-from benchmarks.ops_mamba2 import graphed, timed
+from benchmarks.ops_mamba2 import timed
+from benchmarks.record import Record, add_json_arg
+from benchmarks.timing import REPEATS, graphed
 from hybridcache.ops.gdn import gdn_accept, gdn_decode, gdn_verify
 from hybridcache.ops.gdn.block import per_value_head, prepare_qk
 
@@ -45,7 +50,7 @@ def copy_bandwidth(device: str, nbytes: int) -> float:
 
 
 def bench_case(B: int, k: int, H: int, HV: int, D: int, hist: int, act: torch.dtype, dev: str, iters: int,
-               use_graph: bool, profile: bool = False) -> tuple[float, float, float]:
+               use_graph: bool, profile: bool = False, repeats: int = REPEATS) -> tuple[float, float, float]:
     """Seconds per call of (replay verify + accept, intermediate verify + accept, plain decode)."""
     T = k + 1
     gen = torch.Generator(device=dev).manual_seed(B * 10 + k)
@@ -90,32 +95,41 @@ def bench_case(B: int, k: int, H: int, HV: int, D: int, hist: int, act: torch.dt
             sort = "device_time_total" if dev == "cuda" else "cpu_time_total"
             print(f"--- {name}, batch {B}, k {k}: one call")
             print(prof.key_averages().table(sort_by=sort, row_limit=15))
-    return tuple(timed(graphed(fn, dev, use_graph), dev, iters) for fn in (replay, intermediate, decode))
+    return tuple(timed(graphed(fn, dev, use_graph), dev, iters, repeats) for fn in (replay, intermediate, decode))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--size", choices=["tiny", "full"], help="head shapes (default: full on cuda, tiny on cpu)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--drafts", type=int, nargs="+", default=[3, 7])
-    ap.add_argument("--heads", type=int, help="key heads H (default 16 on cuda, 2 on cpu)")
-    ap.add_argument("--value-heads", type=int, help="value heads HV (default 32 on cuda, 4 on cpu)")
-    ap.add_argument("--head-dim", type=int, help="K = V (default 128 on cuda, 64 on cpu)")
+    ap.add_argument("--heads", type=int, help="key heads H (default 16 full, 2 tiny)")
+    ap.add_argument("--value-heads", type=int, help="value heads HV (default 32 full, 4 tiny)")
+    ap.add_argument("--head-dim", type=int, help="K = V (default 128 full, 64 tiny)")
     ap.add_argument("--hist", type=int, default=16)
-    ap.add_argument("--iters", type=int, help="timed calls (default 50 on cuda, 10 on cpu)")
+    ap.add_argument("--iters", type=int, help="calls per timed run (default 50 on cuda, 10 on cpu)")
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per figure (the median is reported)")
     ap.add_argument("--no-graph", action="store_true", help="CUDA: time eager launches, not graph replays")
     ap.add_argument("--profile", action="store_true", help="print the top kernels of each approach per case")
+    add_json_arg(ap)
     args = ap.parse_args()
     dev, gpu = args.device, args.device == "cuda"
-    H = args.heads or (16 if gpu else 2)
-    HV = args.value_heads or (32 if gpu else 4)
-    D = args.head_dim or (128 if gpu else 64)
+    full = (args.size or ("full" if gpu else "tiny")) == "full"
+    H = args.heads or (16 if full else 2)
+    HV = args.value_heads or (32 if full else 4)
+    D = args.head_dim or (128 if full else 64)
     iters = args.iters or (50 if gpu else 10)
     act = torch.bfloat16 if gpu else torch.float32
     act_bytes = torch.finfo(act).bits // 8
+    use_graph = gpu and not args.no_graph
+    rec = Record(args.json, "ops_gdn", dev, dict(
+        op="gdn", device=dev, batches=args.batches, drafts=args.drafts, heads=H, value_heads=HV, head_dim=D,
+        hist=args.hist, dtype=str(act), iters=iters, repeats=args.repeats, graphs=use_graph))
     bw = copy_bandwidth(dev, (256 if gpu else 64) << 20)
+    rec.extra("copy_gbs", bw)
     print(f"device {dev}  H={H} HV={HV} K=V={D}  activations {act}  HIST>={args.hist}  copy bandwidth {bw:.0f} GB/s"
-          f"  graphs={gpu and not args.no_graph}")
+          f"  graphs={use_graph}; median of {args.repeats} runs of {iters} calls")
     print(f"{'B':>4} {'k':>2} {'replay ms':>10} {'inter ms':>9} {'ratio':>6} {'replay GB/s':>12} {'inter GB/s':>11}"
           f" {'decode ms':>10} {'replay B/req':>13} {'inter B/req':>12}")
     state_bytes = HV * D * D * 4
@@ -123,17 +137,20 @@ def main() -> None:
         T, hist = k + 1, max(args.hist, k + 1)
         hist_bytes = 2 * hist * (HV * D * act_bytes + H * D * act_bytes + 2 * HV * 4) + 8
         for B in args.batches:
-            s_r, s_i, s_d = bench_case(B, k, H, HV, D, hist, act, dev, iters, not args.no_graph,
-                                       args.profile)
+            s_r, s_i, s_d = bench_case(B, k, H, HV, D, hist, act, dev, iters, use_graph, args.profile, args.repeats)
             # least traffic each approach needs: replay reads the checkpoint and history, writes T history
             # entries and folds about once per HIST / mean-accept steps; intermediate reads the state, writes
             # T states, reads the accepted one and writes it back
             fold_rate = ((T + 1) / 2) / (hist - T + 1)
             replay_bytes = B * (state_bytes * (1 + 2 * fold_rate) + hist_bytes / 2)
             inter_bytes = B * state_bytes * (T + 3)
+            rec.add(op="gdn", device=dev, batch=B, k=k, replay_ms=s_r * 1e3, inter_ms=s_i * 1e3, decode_ms=s_d * 1e3,
+                    ratio=s_i / s_r, replay_gbs=replay_bytes / s_r / 1e9, inter_gbs=inter_bytes / s_i / 1e9,
+                    replay_state_bytes=state_bytes + hist_bytes, inter_state_bytes=state_bytes * (T + 1))
             print(f"{B:>4} {k:>2} {s_r * 1e3:>10.3f} {s_i * 1e3:>9.3f} {s_i / s_r:>5.2f}x {replay_bytes / s_r / 1e9:>12.1f}"
                   f" {inter_bytes / s_i / 1e9:>11.1f} {s_d * 1e3:>10.3f} {state_bytes + hist_bytes:>13,}"
                   f" {state_bytes * (T + 1):>12,}")
+    rec.close()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -28,6 +29,21 @@ class RowParams:
     position: torch.Tensor
     drafts: torch.Tensor
     num_drafts: torch.Tensor
+
+    @classmethod
+    def upload(cls, temperature: list[float], top_k: list[int], top_p: list[float], seed: list[int],
+               position: list[int], drafts: list[list[int]], width: int, device: torch.device) -> "RowParams":
+        """From per-row host values (each row's drafts, padded here to `width`) in one host-to-device copy:
+        the floats travel as their fp32 bit patterns inside the int64 block."""
+        R = len(seed)
+        block = np.zeros((6 + width, R), dtype=np.int64)
+        block[:2] = np.array([temperature, top_p], dtype=np.float32).reshape(2, R).view(np.int32)
+        block[2:6] = np.array([top_k, seed, position, [len(d) for d in drafts]], dtype=np.int64).reshape(4, R)
+        for i, d in enumerate(drafts):
+            block[6 : 6 + len(d), i] = d
+        dev = torch.from_numpy(block).to(device, non_blocking=True)
+        floats = dev[:2].to(torch.int32).view(torch.float32)
+        return cls(floats[0], dev[2], floats[1], dev[3], dev[4], dev[6:].T, dev[5])
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:

@@ -320,24 +320,18 @@ class LLM:
         if not sampled:
             return {}, accepted
         T = width
-        index = [[i] * T for i in range(num_first)]
-        index += [list(range(num_first + i * T, num_first + (i + 1) * T)) for i in range(len(step.generation))]
         props = [drafts.get(r.req_id, []) if i >= num_first else [] for i, r in enumerate(sampled)]
-        host = {
-            "temperature": ([r.params.temperature for r in sampled], torch.float32),
-            "top_k": ([r.params.top_k for r in sampled], torch.long),
-            "top_p": ([r.params.top_p for r in sampled], torch.float32),
-            "seed": ([r.seed for r in sampled], torch.long),
-            "position": ([len(r.output) for r in sampled], torch.long),
-            "drafts": ([d + [0] * (T - 1 - len(d)) for d in props], torch.long),
-            "num_drafts": ([len(d) for d in props], torch.long),
-        }
-        rows = RowParams(**{k: torch.tensor(v, dtype=dt).to(self.device, non_blocking=True) for k, (v, dt) in host.items()})
-        flat = torch.tensor(index, dtype=torch.long).to(self.device, non_blocking=True)
-        tokens, counts = sample(logits[flat], rows, all_greedy=all(r.params.greedy for r in sampled))
+        rows = RowParams.upload([r.params.temperature for r in sampled], [r.params.top_k for r in sampled],
+                                [r.params.top_p for r in sampled], [r.seed for r in sampled],
+                                [len(r.output) for r in sampled], props, T - 1, self.device)
+        # logits rows: a first token reads its prompt's last position; a generation row its T positions
+        row = torch.arange(len(sampled), device=self.device)
+        gen = (row >= num_first).long()
+        index = row[:, None] + gen[:, None] * ((row[:, None] - num_first) * (T - 1) + torch.arange(T, device=self.device))
+        tokens, counts = sample(logits[index], rows, all_greedy=all(r.params.greedy for r in sampled))
         packed = torch.cat([counts[:, None], tokens], 1).tolist()
         new_tokens = {r.req_id: row[1 : 1 + row[0]] for r, row in zip(sampled, packed)}
-        accepted += [new_tokens[r.req_id].__len__() for r in step.generation]
+        accepted += [len(new_tokens[r.req_id]) for r in step.generation]
         return new_tokens, accepted
 
     def _advance(self, step: ScheduledStep, drafts: dict[int, list[int]],

@@ -68,3 +68,10 @@ def test_draws_depend_only_on_seed_position_and_stream():
     a, _ = sample(logits, rows(4, 1, temperature=1.0, seed=11, position=3))
     b, _ = sample(logits[[2, 0]], RowParams(*(t[[2, 0]] for t in vars(rows(4, 1, temperature=1.0, seed=11, position=3)).values())))
     assert a[[2, 0]].tolist() == b.tolist()  # a row's draw does not depend on its batch
+
+
+def test_upload_packs_every_field_in_one_copy():
+    r = RowParams.upload([0.0, 0.7], [0, 5], [1.0, 0.25], [-3, 2**62], [4, 9], [[7], []], 2, torch.device("cpu"))
+    assert r.temperature.tolist() == [0.0, pytest.approx(0.7)] and r.top_p.tolist() == [1.0, 0.25]
+    assert r.top_k.tolist() == [0, 5] and r.seed.tolist() == [-3, 2**62] and r.position.tolist() == [4, 9]
+    assert r.drafts.tolist() == [[7, 0], [0, 0]] and r.num_drafts.tolist() == [1, 0]

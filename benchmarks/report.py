@@ -1,0 +1,291 @@
+"""Turn a folder of benchmark JSON (what each script writes with `--json`) into docs/benchmarks.md, every
+figure beside the command that produced it, and matplotlib plots under docs/img/:
+
+  engine_throughput.png   tokens/s against batch size, hybridcache vs transformers, one panel per family
+  swap_vs_reprefill.png   resume by swap vs by re-prefill against context length
+  spec_verify.png         speculative verify, replay vs per-token states, against batch size (Mamba2, GDN)
+
+    .venv/bin/pip install -e '.[bench]'                                   # matplotlib, once
+    PYTHONPATH=. .venv/bin/python benchmarks/report.py docs/bench-data    # tables + plots
+
+Where a folder holds several files for the same thing (a family, an op, a context sweep), the newest wins.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = ROOT / "docs" / "bench-data"
+
+
+def load(folder: Path) -> dict[str, list[dict]]:
+    """The newest file per (benchmark, subject), grouped by benchmark."""
+    newest: dict[tuple, dict] = {}
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            print(f"skipping {path}: not JSON")
+            continue
+        if not isinstance(data, dict) or "benchmark" not in data or "rows" not in data:
+            continue
+        data["file"] = path.name
+        key = (data["benchmark"], subject(data))
+        if key not in newest or data.get("created", "") >= newest[key].get("created", ""):
+            newest[key] = data
+    out: dict[str, list[dict]] = defaultdict(list)
+    for (bench, _), data in sorted(newest.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        out[bench].append(data)
+    return out
+
+
+def subject(data: dict) -> tuple:
+    p = data.get("params", {})
+    if data["benchmark"] in ("engine_throughput", "swap_vs_reprefill"):
+        return (p.get("family"), p.get("size"), p.get("dtype"), p.get("device"))
+    return (p.get("op"), p.get("device"))
+
+
+# ------------------------------------------------------------------------------------------ markdown
+def provenance(data: dict) -> list[str]:
+    m = data.get("machine", {})
+    lines = [f"Command: `{data['command']}`  ", f"Machine: {m.get('device', '?')}, torch {m.get('torch', '?')}"
+             + (f", transformers {m['transformers']}" if "transformers" in m else "")
+             + f"; run {data.get('created', '?')}; file `{data['file']}`."]
+    if "cuda" not in str(data.get("params", {}).get("device", "")):
+        lines.append("")
+        lines.append("**CPU run: a smoke test, not a benchmark figure.**")
+    if not data.get("complete", False):
+        lines.append("")
+        lines.append(f"**Run cut short: only the {len(data['rows'])} rows it finished are here.**")
+    return lines
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def engine_section(files: list[dict], img: str | None) -> list[str]:
+    out = ["## Engine throughput", "",
+           "Generated tokens per second of a whole `generate` call (prefill included), greedy, equal-length "
+           "prompts; the median of the runs after a warm-up run of the same batch. Every request of a batch is "
+           "resident (the suspension, re-prefill and rebalance counts say so). Random-weight checkpoints of "
+           "each family (`benchmarks/families.py`); transformers runs its torch paths.", ""]
+    if img:
+        out += [f"![tokens/s against batch size]({img}/engine_throughput.png)", ""]
+    for data in files:
+        p = data["params"]
+        out += [f"### {p['family']} {p['size']} ({p['dtype']}, prompt {p['prompt_len']}, {p['max_tokens']} new "
+                f"tokens, median of {p['repeats']})", ""]
+        out += provenance(data) + [""]
+        hf = {r["batch"]: r["tok_per_s"] for r in data["rows"] if r["engine"] == "transformers"}
+        rows = []
+        for r in sorted(data["rows"], key=lambda r: (r["batch"], r["engine"] != "transformers", r["engine"])):
+            ratio = f"{r['tok_per_s'] / hf[r['batch']]:.2f}x" if r["batch"] in hf else "—"
+            resident = "—" if r["engine"] == "transformers" else (
+                f"{r['num_slots']} / {r['num_pages']} / {r['suspensions']} / {r['reprefills']} / {r['rebalances']}")
+            accept = f"{r['accepted_per_draft']:.2f}" if "accepted_per_draft" in r else "—"
+            rows.append([str(r["batch"]), r["engine"], f"{r['tok_per_s']:.1f}", f"{r['median_s']:.3f}", ratio,
+                         accept, resident])
+        out += table(["batch", "engine", "tok/s", "median s", "vs transformers", "accepted / draft",
+                      "slots / pages / suspensions / re-prefills / rebalances"], rows) + [""]
+        spec = data.get("extra", {}).get("spec_state_bytes")
+        if spec:
+            out += ["Speculative state per request (all recurrent layers): "
+                    + "; ".join(f"k={s['k']}: replay {s['replay_bytes'] / 1e6:.2f} MB, per-token states "
+                                f"{s['per_token_bytes'] / 1e6:.2f} MB ({s['per_token_bytes'] / s['replay_bytes']:.1f}x)"
+                                for s in spec) + ".", ""]
+    return out
+
+
+def swap_section(files: list[dict], img: str | None) -> list[str]:
+    out = ["## Resume: swap-in vs re-prefill", "",
+           "One request, preempted and resumed, timed to its next token. *copy*: the host-to-device copy of its "
+           "pages and slot; *swap*: copy + one decode step; *prefill*: recomputing the context (in *steps* "
+           "scheduler steps: 1 = the whole context in one step); *re-prefill*: prefill + one decode step; "
+           "*decode*: a plain decode step. Ratio = re-prefill / swap. Medians of the rounds after a warm-up round.",
+           ""]
+    if img:
+        out += [f"![swap-in vs re-prefill against context length]({img}/swap_vs_reprefill.png)", ""]
+    for data in files:
+        p = data["params"]
+        out += [f"### {p['family']} {p['size']} ({p['dtype']}, prefill budget {p['max_num_batched_tokens']} "
+                f"tokens a step, median of {p['repeats']})", ""]
+        out += provenance(data) + [""]
+        rows = [[f"{r['context']:,}", f"{r['state_bytes'] / 1e6:.1f}", f"{r['copy_ms']:.2f}", f"{r['swap_ms']:.2f}",
+                 f"{r['prefill_ms']:.2f}", str(r["prefill_steps"]), f"{r['reprefill_ms']:.2f}", f"{r['decode_ms']:.2f}",
+                 f"{r['ratio']:.1f}x"] for r in sorted(data["rows"], key=lambda r: r["context"])]
+        out += table(["context", "state MB", "copy ms", "swap ms", "prefill ms", "steps", "re-prefill ms",
+                      "decode ms", "re-prefill / swap"], rows) + [""]
+    return out
+
+
+def ops_section(files: list[dict], img: str | None) -> list[str]:
+    out = ["## Speculative verify: replay vs per-token states", "",
+           "One layer's verify step (verify + accept) of k drafts: replay (checkpoint + history, what hybridcache "
+           "keeps) against per-token intermediate states (k + 1 states written, the accepted one copied back), and "
+           "a plain decode step. ms per call, the median of runs of many calls (CUDA graph replays on CUDA); GB/s = "
+           "the least bytes each approach must touch / time.", ""]
+    if img:
+        out += [f"![replay vs per-token states against batch size]({img}/spec_verify.png)", ""]
+    for data in files:
+        p = data["params"]
+        shape = (f"{p['heads']} heads x {p['head_dim']} x {p['state']} state, {p['groups']} groups"
+                 if p["op"] == "mamba2" else f"H={p['heads']}, HV={p['value_heads']}, K=V={p['head_dim']}")
+        out += [f"### {p['op']} ({shape}, {p['dtype']}, HIST {p['hist']}, median of {p['repeats']} runs of "
+                f"{p['iters']} calls)", ""]
+        out += provenance(data) + [""]
+        if "copy_gbs" in data.get("extra", {}):
+            out += [f"Device copy bandwidth (read + write): {data['extra']['copy_gbs']:.0f} GB/s.", ""]
+        rows = [[str(r["batch"]), str(r["k"]), f"{r['replay_ms']:.3f}", f"{r['inter_ms']:.3f}", f"{r['ratio']:.2f}x",
+                 f"{r['replay_gbs']:.0f}", f"{r['inter_gbs']:.0f}", f"{r['decode_ms']:.3f}",
+                 f"{r['replay_state_bytes'] / 2**10:,.0f}", f"{r['inter_state_bytes'] / 2**10:,.0f}"]
+                for r in sorted(data["rows"], key=lambda r: (r["k"], r["batch"]))]
+        out += table(["batch", "k", "replay ms", "per-token ms", "per-token / replay", "replay GB/s",
+                      "per-token GB/s", "decode ms", "replay KiB/req", "per-token KiB/req"], rows) + [""]
+    return out
+
+
+def markdown(groups: dict[str, list[dict]], data_dir: str, img: str | None, plots_made: bool) -> str:
+    out = ["# Benchmarks", "",
+           "Generated by `benchmarks/report.py`; do not edit by hand. To regenerate every table and plot here "
+           f"from the JSON in `{data_dir}/`:", "", "```bash",
+           ".venv/bin/pip install -e '.[bench]'   # matplotlib, once",
+           f"PYTHONPATH=. .venv/bin/python benchmarks/report.py {data_dir}", "```", "",
+           "The JSON comes from `benchmarks/run_gpu.sh` on one H200 (it writes into `$OUT`, else `./bench-out`; "
+           f"copy those files to `{data_dir}/`). Each script also runs alone and writes its JSON with `--json PATH`; "
+           "the command under each table is the one that produced it. Every timing is the median of at least 5 "
+           "runs after warm-up runs at the same shapes, timed with CUDA events on CUDA.", ""]
+    if not plots_made:
+        out += ["(Plots not generated: run without `--no-plots`, with matplotlib installed.)", ""]
+    if not groups:
+        out += [f"No results in `{data_dir}/` yet: run `benchmarks/run_gpu.sh` on the GPU machine and copy its "
+                "JSON there.", ""]
+    sections = {"engine_throughput": engine_section, "swap_vs_reprefill": swap_section}
+    for bench, files in groups.items():
+        if bench in sections:
+            out += sections[bench](files, img if plots_made else None)
+    ops = groups.get("ops_mamba2", []) + groups.get("ops_gdn", [])
+    if ops:
+        out += ops_section(ops, img if plots_made else None)
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ------------------------------------------------------------------------------------------ plots
+def plot_all(groups: dict[str, list[dict]], img_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    img_dir.mkdir(parents=True, exist_ok=True)
+    if groups.get("engine_throughput"):
+        files = groups["engine_throughput"]
+        fig, axes = plt.subplots(1, len(files), figsize=(4.5 * len(files), 3.8), squeeze=False)
+        for ax, data in zip(axes[0], files):
+            series = defaultdict(list)
+            for r in data["rows"]:
+                series[r["engine"]].append((r["batch"], r["tok_per_s"]))
+            for engine, pts in sorted(series.items()):
+                pts.sort()
+                style = dict(color="black", linestyle="--") if engine == "transformers" else {}
+                ax.plot(*zip(*pts), marker="o", label=engine, **style)
+            p = data["params"]
+            ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="generated tokens/s",
+                   title=f"{p['family']} {p['size']} {p['dtype']}" + cpu_note(data))
+            ax.set_xticks(sorted({r["batch"] for r in data["rows"]}), [str(b) for b in sorted({r["batch"] for r in data["rows"]})])
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        save(fig, img_dir / "engine_throughput.png")
+    if groups.get("swap_vs_reprefill"):
+        files = groups["swap_vs_reprefill"]
+        fig, axes = plt.subplots(1, len(files), figsize=(6 * len(files), 4.2), squeeze=False)
+        for ax, data in zip(axes[0], files):
+            rows = sorted(data["rows"], key=lambda r: r["context"])
+            ctx = [r["context"] for r in rows]
+            for key, label, style in (("reprefill_ms", "re-prefill, to next token", dict(color="C3")),
+                                      ("prefill_ms", "prefill alone", dict(color="C3", linestyle=":")),
+                                      ("swap_ms", "swap-in, to next token", dict(color="C0")),
+                                      ("copy_ms", "copy alone", dict(color="C0", linestyle=":")),
+                                      ("decode_ms", "one decode step", dict(color="gray", linestyle="--"))):
+                ax.plot(ctx, [r[key] for r in rows], marker="o", label=label, **style)
+            p = data["params"]
+            ax.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="ms",
+                   title=f"resume one request: {p['family']} {p['size']} {p['dtype']}" + cpu_note(data))
+            ax.set_xticks(ctx, [f"{c:,}" for c in ctx])
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        save(fig, img_dir / "swap_vs_reprefill.png")
+    ops = groups.get("ops_mamba2", []) + groups.get("ops_gdn", [])
+    if ops:
+        fig, axes = plt.subplots(1, len(ops), figsize=(5.5 * len(ops), 4.2), squeeze=False)
+        for ax, data in zip(axes[0], ops):
+            by_k = defaultdict(list)
+            for r in data["rows"]:
+                by_k[r["k"]].append(r)
+            for i, (k, rows) in enumerate(sorted(by_k.items())):
+                rows.sort(key=lambda r: r["batch"])
+                b = [r["batch"] for r in rows]
+                ax.plot(b, [r["replay_ms"] for r in rows], marker="o", color=f"C{i}", label=f"replay, k={k}")
+                ax.plot(b, [r["inter_ms"] for r in rows], marker="s", color=f"C{i}", linestyle="--",
+                        label=f"per-token states, k={k}")
+            first = sorted(by_k.get(min(by_k), []), key=lambda r: r["batch"]) if by_k else []
+            if first:
+                ax.plot([r["batch"] for r in first], [r["decode_ms"] for r in first], color="gray", linestyle=":",
+                        label="plain decode")
+            p = data["params"]
+            ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="ms per verify step (one layer)",
+                   title=f"{p['op']} verify, {p['dtype'].replace('torch.', '')}" + cpu_note(data))
+            batches = sorted({r["batch"] for r in data["rows"]})
+            ax.set_xticks(batches, [str(x) for x in batches])
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        save(fig, img_dir / "spec_verify.png")
+
+
+def cpu_note(data: dict) -> str:
+    return "" if "cuda" in str(data["params"].get("device", "")) else "\n(CPU smoke run)"
+
+
+def save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="folder of benchmark JSON (default docs/bench-data)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown to write")
+    ap.add_argument("--img-dir", default=None, help="folder for the PNGs (default: img/ beside --out)")
+    ap.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib needed)")
+    args = ap.parse_args()
+    data_dir, out = Path(args.data), Path(args.out)
+    img_dir = Path(args.img_dir) if args.img_dir else out.parent / "img"
+    if not data_dir.is_dir():
+        raise SystemExit(f"no folder {data_dir}")
+    groups = load(data_dir)
+    if not args.no_plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SystemExit("matplotlib is missing: `.venv/bin/pip install -e '.[bench]'`, or pass --no-plots")
+        plot_all(groups, img_dir)
+    shown = os.path.relpath(data_dir.resolve(), ROOT) if data_dir.resolve().is_relative_to(ROOT) else str(data_dir)
+    img_link = os.path.relpath(img_dir.resolve(), out.resolve().parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown(groups, shown, img_link, not args.no_plots))
+    print(f"wrote {out} from {sum(len(v) for v in groups.values())} files in {data_dir}")
+
+
+if __name__ == "__main__":
+    main()
