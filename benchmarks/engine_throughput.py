@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per figure (the median is reported)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="scheduler token budget per step (default: max batch x prompt len, one prefill step)")
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     add_json_arg(ap)
     args = ap.parse_args()
     from hybridcache import LLM, SamplingParams, SpeculativeConfig
@@ -59,7 +60,7 @@ def main() -> None:
     rec = Record(args.json, "engine_throughput", args.device, dict(
         family=args.family, size=args.size, device=args.device, dtype=args.dtype, batches=args.batch,
         hf_batches=hf_batches, prompt_len=args.prompt_len, max_tokens=args.max_tokens, repeats=args.repeats,
-        max_num_batched_tokens=token_budget))
+        max_num_batched_tokens=token_budget, enforce_eager=args.enforce_eager))
     engines: dict[str, tuple[object, int]] = {}
     for name in args.engines:
         k = ENGINES[name] if ENGINES[name] is not None else args.num_draft_tokens
@@ -68,7 +69,8 @@ def main() -> None:
         engines[label] = (LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=max_batch,
                               max_num_batched_tokens=token_budget, device_cache_bytes=max_batch * need,
                               max_model_len=args.prompt_len + args.max_tokens,
-                              speculative=SpeculativeConfig(num_draft_tokens=k) if k else None), k)
+                              speculative=SpeculativeConfig(num_draft_tokens=k) if k else None,
+                              enforce_eager=args.enforce_eager), k)
     hf = None
     if hf_batches:
         from transformers import AutoModelForCausalLM
@@ -87,8 +89,12 @@ def main() -> None:
         prompts = make_prompts(b, first.vocab_size, seed=b, min_len=args.prompt_len, max_len=args.prompt_len)
         rates = {}
         for label, (llm, k) in engines.items():
+            def run() -> None:
+                outs = llm.generate(prompts, params)
+                assert all(len(o.token_ids) == args.max_tokens for o in outs), "every request runs max_tokens"
+
             before = counters(llm)
-            runs = time_runs(lambda: llm.generate(prompts, params), args.device, args.repeats)
+            runs = time_runs(run, args.device, args.repeats)
             after = counters(llm)
             seen = {key: after[key] - before[key] for key in after}
             tokens = b * args.max_tokens
@@ -96,7 +102,8 @@ def main() -> None:
             row = dict(base, batch=b, engine=label, num_draft_tokens=k, tokens=tokens, median_s=median(runs),
                        runs_s=runs, tok_per_s=rates[label], num_slots=llm.manager.num_slots,
                        num_pages=llm.manager.num_pages, device_cache_bytes=llm.manager.config.device_bytes,
-                       max_num_batched_tokens=token_budget, suspensions=seen["suspensions"],
+                       max_num_batched_tokens=token_budget, enforce_eager=args.enforce_eager,
+                       suspensions=seen["suspensions"],
                        reprefills=seen["reprefills"], rebalances=seen["rebalances"],
                        steps_per_run=seen["steps"] / (args.repeats + 1))
             if k:
@@ -109,8 +116,12 @@ def main() -> None:
             ids = torch.tensor(prompts, device=args.device)
             gen_kw = dict(max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens, do_sample=False,
                           pad_token_id=0)
-            with torch.inference_mode():
-                runs = time_runs(lambda: hf.generate(ids, **gen_kw), args.device, args.repeats)
+            def hf_run() -> None:
+                with torch.inference_mode():
+                    out = hf.generate(ids, **gen_kw)
+                assert out.shape == (b, args.prompt_len + args.max_tokens), "every row generates max_tokens"
+
+            runs = time_runs(hf_run, args.device, args.repeats)
             hf_rate = b * args.max_tokens / median(runs)
             rec.add(**base, batch=b, engine="transformers", num_draft_tokens=0, tokens=b * args.max_tokens,
                     median_s=median(runs), runs_s=runs, tok_per_s=hf_rate)

@@ -65,6 +65,10 @@ def provenance(data: dict) -> list[str]:
     return lines
 
 
+def eager(params: dict) -> str:
+    return ", no CUDA graphs (--enforce-eager)" if params.get("enforce_eager") else ""
+
+
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -82,7 +86,7 @@ def engine_section(files: list[dict], img: str | None) -> list[str]:
     for data in files:
         p = data["params"]
         out += [f"### {p['family']} {p['size']} ({p['dtype']}, prompt {p['prompt_len']}, {p['max_tokens']} new "
-                f"tokens, median of {p['repeats']})", ""]
+                f"tokens, median of {p['repeats']}{eager(p)})", ""]
         out += provenance(data) + [""]
         hf = {r["batch"]: r["tok_per_s"] for r in data["rows"] if r["engine"] == "transformers"}
         rows = []
@@ -116,7 +120,7 @@ def swap_section(files: list[dict], img: str | None) -> list[str]:
     for data in files:
         p = data["params"]
         out += [f"### {p['family']} {p['size']} ({p['dtype']}, prefill budget {p['max_num_batched_tokens']} "
-                f"tokens a step, median of {p['repeats']})", ""]
+                f"tokens a step, median of {p['repeats']}{eager(p)})", ""]
         out += provenance(data) + [""]
         rows = [[f"{r['context']:,}", f"{r['state_bytes'] / 1e6:.1f}", f"{r['copy_ms']:.2f}", f"{r['swap_ms']:.2f}",
                  f"{r['prefill_ms']:.2f}", str(r["prefill_steps"]), f"{r['reprefill_ms']:.2f}", f"{r['decode_ms']:.2f}",
@@ -160,8 +164,9 @@ def markdown(groups: dict[str, list[dict]], data_dir: str, img: str | None, plot
            f"PYTHONPATH=. .venv/bin/python benchmarks/report.py {data_dir}", "```", "",
            "The JSON comes from `benchmarks/run_gpu.sh` on one H200 (it writes into `$OUT`, else `./bench-out`; "
            f"copy those files to `{data_dir}/`). Each script also runs alone and writes its JSON with `--json PATH`; "
-           "the command under each table is the one that produced it. Every timing is the median of at least 5 "
-           "runs after warm-up runs at the same shapes, timed with CUDA events on CUDA.", ""]
+           "the command under each table is the one that produced it. Every timing is the median of timed runs "
+           "(5 unless a heading says otherwise) after warm-up runs at the same shapes, timed with CUDA events on "
+           "CUDA.", ""]
     if not plots_made:
         out += ["(Plots not generated: run without `--no-plots`, with matplotlib installed.)", ""]
     if not groups:
@@ -184,7 +189,8 @@ def plot_all(groups: dict[str, list[dict]], img_dir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    img_dir.mkdir(parents=True, exist_ok=True)
+    if groups:
+        img_dir.mkdir(parents=True, exist_ok=True)
     if groups.get("engine_throughput"):
         files = groups["engine_throughput"]
         fig, axes = plt.subplots(1, len(files), figsize=(4.5 * len(files), 3.8), squeeze=False)
@@ -199,9 +205,7 @@ def plot_all(groups: dict[str, list[dict]], img_dir: Path) -> None:
             p = data["params"]
             ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="generated tokens/s",
                    title=f"{p['family']} {p['size']} {p['dtype']}" + cpu_note(data))
-            ax.set_xticks(sorted({r["batch"] for r in data["rows"]}), [str(b) for b in sorted({r["batch"] for r in data["rows"]})])
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
+            log_axes(ax, sorted({r["batch"] for r in data["rows"]}))
         save(fig, img_dir / "engine_throughput.png")
     if groups.get("swap_vs_reprefill"):
         files = groups["swap_vs_reprefill"]
@@ -218,9 +222,7 @@ def plot_all(groups: dict[str, list[dict]], img_dir: Path) -> None:
             p = data["params"]
             ax.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="ms",
                    title=f"resume one request: {p['family']} {p['size']} {p['dtype']}" + cpu_note(data))
-            ax.set_xticks(ctx, [f"{c:,}" for c in ctx])
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
+            log_axes(ax, ctx)
         save(fig, img_dir / "swap_vs_reprefill.png")
     ops = groups.get("ops_mamba2", []) + groups.get("ops_gdn", [])
     if ops:
@@ -242,11 +244,21 @@ def plot_all(groups: dict[str, list[dict]], img_dir: Path) -> None:
             p = data["params"]
             ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="ms per verify step (one layer)",
                    title=f"{p['op']} verify, {p['dtype'].replace('torch.', '')}" + cpu_note(data))
-            batches = sorted({r["batch"] for r in data["rows"]})
-            ax.set_xticks(batches, [str(x) for x in batches])
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
+            log_axes(ax, sorted({r["batch"] for r in data["rows"]}))
         save(fig, img_dir / "spec_verify.png")
+
+
+def log_axes(ax, xticks: list[int]) -> None:
+    """Log-log axes labelled with plain numbers: the measured x values, the y decades and their halves."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(xticks, [f"{x:,}" for x in xticks])
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.4g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def cpu_note(data: dict) -> str:

@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed rounds per context (the median is reported)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="prefill token budget per step (default: the longest context in one step)")
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     add_json_arg(ap)
     args = ap.parse_args()
     path = checkpoint(args)
@@ -46,10 +47,12 @@ def main() -> None:
     # one request, resident at its whole length (prompt + max_tokens + the one-token verify lookahead)
     budget = request_bytes(path, args.dtype, longest + 1)
     llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=1, max_num_batched_tokens=token_budget,
-              max_model_len=longest, device_cache_bytes=budget, host_cache_bytes=budget)
+              max_model_len=longest, device_cache_bytes=budget, host_cache_bytes=budget,
+              enforce_eager=args.enforce_eager)
     rec = Record(args.json, "swap_vs_reprefill", args.device, dict(
         family=args.family, size=args.size, device=args.device, dtype=args.dtype, contexts=args.contexts,
-        repeats=args.repeats, max_num_batched_tokens=token_budget, device_cache_bytes=budget))
+        repeats=args.repeats, max_num_batched_tokens=token_budget, device_cache_bytes=budget,
+        enforce_eager=args.enforce_eager))
     print(f"{args.family} {args.size} on {args.device} {args.dtype}; prefill budget {token_budget} tokens a step; "
           f"median of {args.repeats} rounds after {WARMUP} warm-up round; times to the next token")
     print(f"{'context':>8} {'state MB':>9} {'copy ms':>8} {'swap ms':>8} {'prefill ms':>11} {'steps':>5} "

@@ -94,7 +94,7 @@ class LLM:
         if device_cache_bytes is None:
             # every sequence at full length, but never more than DEFAULT_TOKENS_PER_SEQ tokens each (long-context
             # configs would otherwise ask for terabytes); pass the budget explicitly for anything else
-            tokens = min(self.max_model_len, DEFAULT_TOKENS_PER_SEQ) + k
+            tokens = min(self.max_model_len, DEFAULT_TOKENS_PER_SEQ) + self.verify_tokens
             device_cache_bytes = max_num_seqs * sizing.request_bytes(tokens, page_size)
         self.split = DemandSplit(sizing, page_size, device_cache_bytes, 0, max_num_seqs, self.verify_tokens,
                                  follow_demand=num_slots is None)
