@@ -109,9 +109,9 @@ class Planner:
         return max(0, pages_for(e.num_tokens + num_new, self.page_size) - len(e.pages))
 
     def live_counts(self) -> tuple[int, int]:
-        """(requests on the device, pages holding their committed tokens)."""
+        """(requests on the device, pages they hold): what a rebalance must place."""
         live = [e for e in self._entries.values() if e.on_device]
-        return len(live), sum(self.live_pages(e) for e in live)
+        return len(live), sum(len(e.pages) for e in live)
 
     # ------------------------------------------------------------------ lifecycle
     def add(self, req_id: Hashable) -> None:
@@ -358,19 +358,25 @@ class Planner:
     # ------------------------------------------------------------------ rebalance
     def plan_rebalance(self, num_slots: int, num_pages: int) -> RecarvePlan:
         """Where every live request's slot and pages go in a carving of `num_slots` request slots and
-        `num_pages` pages (compacted from row 0). Raises OutOfDeviceMemoryError when they do not fit."""
+        `num_pages` pages, compacted from row 0. A request keeps as many pages as it holds (what it was
+        allocated is its own); only those holding committed tokens are copied. Raises
+        OutOfDeviceMemoryError when they do not fit."""
         self._require_idle()
         live = [e for e in self._entries.values() if e.on_device]
-        pages = [p for e in live for p in e.pages[: self.live_pages(e)]]
-        if num_slots < 1 or len(live) > num_slots or len(pages) > num_pages:
+        held = [len(e.pages) for e in live]
+        if num_slots < 1 or len(live) > num_slots or sum(held) > num_pages:
             raise OutOfDeviceMemoryError(
-                f"{len(live)} live requests with {len(pages)} pages do not fit {num_slots} slots and {num_pages} pages"
+                f"{len(live)} live requests holding {sum(held)} pages do not fit {num_slots} slots and {num_pages} pages"
             )
+        committed = [self.live_pages(e) for e in live]
+        starts = np.cumsum([0] + held[:-1]).tolist()  # the new pool hands each request a run from row 0 on
         d = self.num_dummies
         plan = RecarvePlan(
             old_slots=self.slot_pool.total, old_pages=self.page_pool.total, new_slots=num_slots + d,
             new_pages=num_pages, num_dummies=d, slots_from=tuple(e.slot for e in live),
-            slots_to=tuple(range(d, d + len(live))), pages_from=tuple(pages), pages_to=tuple(range(len(pages))),
+            slots_to=tuple(range(d, d + len(live))),
+            pages_from=tuple(p for e, k in zip(live, committed) for p in e.pages[:k]),
+            pages_to=tuple(s + j for s, k in zip(starts, committed) for j in range(k)),
         )
         self._moving = plan
         return plan
@@ -383,7 +389,7 @@ class Planner:
         page_pool = IdPool(plan.new_pages)
         slots = slot_pool.allocate(len(live))
         for e, slot in zip(live, slots):
-            e.slot, e.pages = slot, page_pool.allocate(self.live_pages(e))
+            e.slot, e.pages = slot, page_pool.allocate(len(e.pages))
         self.slot_pool, self.page_pool = slot_pool, page_pool
         self.stats["rebalances"] += 1
         self._moving = None

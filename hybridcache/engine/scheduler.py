@@ -122,15 +122,9 @@ class Scheduler:
             _insert_sorted(self.running, req)
 
     def _rows(self) -> ScheduledStep:
-        """Generation rows, then context rows in the token budget left. A re-split while placing context
-        rows keeps only committed tokens' pages, so it drops what this step's rows were just allocated:
-        the rows are then allocated again on the new split, which is not re-split a second time."""
-        step = ScheduledStep(generation=self._generation_rows())
-        step.context, resplit = self._context_rows(step.generation, may_resplit=True)
-        if resplit:
-            step.generation = self._generation_rows()
-            step.context, _ = self._context_rows(step.generation, may_resplit=False)
-        return step
+        """Generation rows, then context rows in the token budget left."""
+        generation = self._generation_rows()
+        return ScheduledStep(context=self._context_rows(generation), generation=generation)
 
     def _generation_rows(self) -> list[Request]:
         while True:
@@ -140,9 +134,7 @@ class Scheduler:
             if not self._shrink(wants_slot=False):
                 self._preempt(self.preemption.victim(self.running))
 
-    def _context_rows(self, generation: list[Request], may_resplit: bool) -> tuple[list[tuple[Request, int]], bool]:
-        """The context rows and whether the device split changed while placing them (it changes at most
-        once, and then the last candidate is not placed: the caller allocates every row again)."""
+    def _context_rows(self, generation: list[Request]) -> list[tuple[Request, int]]:
         budget = self.token_budget - self.verify_tokens * len(generation)
         rows: list[tuple[Request, int]] = []
         candidates = [r for r in self.running if self.status(r) == Status.CONTEXT] + list(self.waiting)
@@ -159,16 +151,17 @@ class Scheduler:
                     break
                 reserved += whole
             chunk = min(req.context_len - req.num_prefilled, budget)
-            if not self.planner.allocate([req.req_id], chunk):
-                if may_resplit and self._resplit_for(req, waiting):
-                    return rows, True
+            # a re-split keeps every allocation made so far; this chunk is tried once more on the new split
+            if not self.planner.allocate([req.req_id], chunk) and not (
+                self._resplit_for(req, waiting) and self.planner.allocate([req.req_id], chunk)
+            ):
                 break
             rows.append((req, chunk))
             budget -= chunk
             if waiting:
                 self.waiting.remove(req)
                 _insert_sorted(self.running, req)
-        return rows, False
+        return rows
 
     def _resplit_for(self, req: Request, waiting: bool) -> bool:
         """Re-split the device budget for a context chunk that does not fit: grow slots when it is a waiting

@@ -227,7 +227,7 @@ class Model:
         assert p.free_dummy_slots == self.free_dummies
         assert {k: p.stats[k] for k in STATS} == self.stats
         live = [q for q in self.reqs.values() if q.status in ON_DEVICE]
-        assert p.live_counts() == (len(live), sum(map(self.live_pages, live)))
+        assert p.live_counts() == (len(live), sum(q.pages for q in live))
         assert p.pending is self.step
         if self.phase in (MOVING, RECARVING):
             with pytest.raises(IntegrityError, match="half done"):
@@ -481,7 +481,8 @@ class Model:
         num_pages = cfg.num_pages + 8 - d.int(0, cfg.num_pages + 8)
         live = self.ids(*ON_DEVICE)
         counts = [self.live_pages(self.reqs[r]) for r in live]
-        if num_slots < 1 or len(live) > num_slots or sum(counts) > num_pages:
+        held = [self.reqs[r].pages for r in live]
+        if num_slots < 1 or len(live) > num_slots or sum(held) > num_pages:
             return self.refused(OutOfDeviceMemoryError, lambda: p.plan_rebalance(num_slots, num_pages))
         before = self.snapshot()
         plan = p.plan_rebalance(num_slots, num_pages)
@@ -492,7 +493,8 @@ class Model:
         assert plan.slots_from == tuple(e.slot for e in entries)
         assert plan.slots_to == tuple(range(dummies, dummies + len(live)))
         assert plan.pages_from == tuple(x for e, k in zip(entries, counts) for x in e.pages[:k])
-        assert plan.pages_to == tuple(range(sum(counts)))
+        starts = [sum(held[:i]) for i in range(len(held))]
+        assert plan.pages_to == tuple(s + j for s, k in zip(starts, counts) for j in range(k))
         self.move, self.before_move, self.added = plan, before, []
 
     # -- rules: closing a pending step or move ----------------------------------------------------
@@ -573,8 +575,7 @@ class Model:
             at = 0
             for r, slot in zip(live, plan.slots_to):
                 q, e = self.reqs[r], p.entry(r)
-                q.pages = self.live_pages(q)
-                assert e.slot == slot and e.pages == list(plan.pages_to[at : at + q.pages])
+                assert e.slot == slot and e.pages == list(range(at, at + q.pages))  # it keeps what it held
                 at += q.pages
             self.stats["rebalances"] += 1
             self.outcomes["rebalance"] += 1
