@@ -482,6 +482,8 @@ def _int_array(values, what: str, rows: int | None = None) -> np.ndarray:
         values = [int(values)] * rows
     if hasattr(values, "detach"):  # a tensor: read it on the host
         values = values.detach().cpu().numpy()
+    if isinstance(values, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in values):
+        raise InvalidCountError(f"{what} must be integers, got a bool among {list(values)[:8]}")
     try:
         a = np.asarray(values)
     except (OverflowError, ValueError) as err:

@@ -199,9 +199,9 @@ class LLM:
 
     def abort_request(self, request_id: int) -> None:
         """Stop a request and release everything it holds; unknown or finished ids are ignored."""
-        req = self._requests.pop(request_id, None)
-        if req is not None and not req.finished:
-            with deferred_interrupts():
+        with deferred_interrupts():
+            req = self._requests.pop(request_id, None)
+            if req is not None and not req.finished:
                 self.scheduler.finish(req)
 
     def has_unfinished(self) -> bool:

@@ -34,7 +34,8 @@ def two_generating(kind: str = "gdn"):
 
 @pytest.mark.parametrize("counts", [
     [0, 4], [2, 5], [2**70, 1], np.array([2**63, 1], dtype=np.uint64), [1.0, 4], [1.5, 2], np.array([True, True]),
-], ids=["zero", "past-num-new", "2**70", "uint64-past-int64", "float", "fraction", "bool"])
+    [True, 1],
+], ids=["zero", "past-num-new", "2**70", "uint64-past-int64", "float", "fraction", "bool", "bool-among-ints"])
 def test_accept_refuses_a_bad_count_and_changes_nothing(counts):
     mgr = two_generating()
     mgr.prepare_step(["a", "b"], 4)
