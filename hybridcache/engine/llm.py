@@ -118,6 +118,7 @@ class LLM:
         self._requests: dict[int, Request] = {}
         self._next_id = 0
         self._stats = Stats()
+        self._ready: list[RequestOutput] = []
         self.step_hook: Callable[[], None] | None = None  # tests call check_integrity() here
 
     # ---------------------------------------------------------------------------------- public
@@ -180,6 +181,8 @@ class LLM:
                 for rid in rids:
                     if rid not in done:
                         self.abort_request(rid)
+                ours = set(rids)
+                self._ready = [o for o in self._ready if o.request_id not in ours]
             raise
         return [done[r] for r in rids]
 
@@ -217,7 +220,7 @@ class LLM:
                 self._restart_lost()
                 raise
         if step.empty:
-            return []
+            return self._take_ready()
         drafts = self._draft(step)
         longest = max(map(len, drafts.values()), default=0)
         try:
@@ -231,7 +234,7 @@ class LLM:
                 accept = self.manager.planner.check_accept(plan, accepted)
                 self.manager.store.accept(accept)
                 self.manager.planner.commit_step(plan, accept)
-                finished = self._advance(step, drafts, new_tokens)
+                self._ready += self._advance(step, drafts, new_tokens)  # kept if a held Ctrl-C fires now
         except BaseException:
             with deferred_interrupts():
                 if self.manager.has_pending_step:  # nothing committed: the rows run again (same draws)
@@ -242,9 +245,14 @@ class LLM:
             self.manager.check_integrity()  # idle: every id must be back in its pool
         if self.step_hook:
             self.step_hook()
-        return finished
+        return self._take_ready()
 
     # ---------------------------------------------------------------------------------- internals
+    def _take_ready(self) -> list[RequestOutput]:
+        """Outputs of committed steps not yet returned (a Ctrl-C can land right after a commit)."""
+        ready, self._ready = self._ready, []
+        return ready
+
     def _restart_lost(self) -> None:
         """A rebalance lost the live state and the cache restarted those requests from their tokens
         (WAITING): the scheduler restarts them too."""

@@ -8,12 +8,14 @@ After each: integrity holds, nothing is held (generate aborted its requests), an
 from __future__ import annotations
 
 import random
+import signal
 import time
 
 import pytest
 
 from .helpers import (
-    FAMILIES, PROMPTS, SPEC, CtrlCOnCall, assert_clean, build, greedy_and_sampled, interrupt_during, tokens,
+    FAMILIES, PROMPTS, SPEC, CtrlCOnCall, add_all, assert_clean, build, greedy_and_sampled, interrupt_during,
+    step_to_end, step_until_raises, tokens,
 )
 
 
@@ -69,4 +71,28 @@ def test_ctrl_c_held_by_a_bookkeeping_section_aborts_generate_cleanly(checkpoint
     monkeypatch.undo()
     assert_clean(llm)
     assert tokens(llm.generate(PROMPTS, params)) == expected
+    assert_clean(llm)
+
+
+def test_ctrl_c_after_a_commit_that_finished_requests_loses_no_output(checkpoint, reference):
+    """With `step()`, a Ctrl-C held through the commit of a step that finished requests is raised after the
+    commit; those outputs come back from the next `step()`, and every request ends exact."""
+    params = greedy_and_sampled()
+    expected = reference("nemotron_h", SPEC, params)
+    llm = build(checkpoint("nemotron_h"), SPEC, pressure=True)
+    rids = add_all(llm, PROMPTS, params)
+    real, outputs, fired = llm._advance, {}, []
+
+    def advance_then_ctrl_c(*args):
+        finished = real(*args)
+        if finished and not fired:
+            fired.append([o.request_id for o in finished])
+            signal.raise_signal(signal.SIGINT)
+        return finished
+
+    llm._advance = advance_then_ctrl_c
+    step_until_raises(llm, outputs, exc=KeyboardInterrupt)
+    assert fired and not set(fired[0]) & set(outputs)  # the step raised: its outputs were not returned yet
+    step_to_end(llm, outputs)
+    assert [outputs[r] for r in rids] == expected
     assert_clean(llm)
