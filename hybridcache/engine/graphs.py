@@ -7,8 +7,9 @@ captured the first time that shape comes (a steady decode batch keeps its shape 
 
 Capture runs once eagerly first (kernels compile and allocate outside the graph) with every row's slot
 set to -1, so no recurrent state is read or written; attention writes the rows' keys and values at
-positions past their committed tokens, which the real step overwrites. A forward that cannot be captured
-(a host sync inside, e.g. attention with row lengths read back) is remembered and runs eagerly.
+positions past their committed tokens, which the real step overwrites. The graph's attention knows no row
+lengths on the host (`HostRows.uniform_new`: its work is sized from the page table's width). A forward
+that cannot be captured (a host sync inside, e.g. fp32 MoE on CUDA) is remembered and runs eagerly.
 A rebalance re-carves the arena: graphs of an older carving are dropped.
 """
 from __future__ import annotations
@@ -74,7 +75,8 @@ class DecodeGraphs:
             positions=batch.positions.clone(), cu_seqlens=batch.cu_seqlens.clone(),
             cached_lens=batch.cached_lens.clone(), slots=torch.full_like(batch.slots, -1),
             has_initial=batch.has_initial.clone(), page_table=batch.page_table.clone(),
-            host_rows=HostRows(None, None, pages_checked=batch.host_rows is not None and batch.host_rows.pages_checked),
+            host_rows=HostRows(None, None, pages_checked=batch.host_rows is not None and batch.host_rows.pages_checked,
+                               uniform_new=batch.generation_tokens),  # lengths vary by replay: none baked in
         )
         ids = input_ids.clone()
         stream = torch.cuda.Stream(ids.device)

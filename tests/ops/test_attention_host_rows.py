@@ -128,3 +128,28 @@ def test_table_wrongly_claimed_checked_fails_loudly(how: str, contiguous: bool) 
         write_kv(kv, k, k, *indices(batch, "cpu"), host=host_rows(batch, pages_checked=True))
     changed = {(p, off) for p, _, off in (kv != before).any(-1).any(-1).nonzero().tolist()}
     assert changed <= own
+
+
+UNIFORM = {"decode": [(13, 1), (40, 1), (2, 1)], "verify": [(21, 4), (3, 4), (9, 4)]}
+
+
+@pytest.mark.parametrize("kind", UNIFORM)
+def test_uniform_rows_without_lengths_match_and_read_nothing_back(kind: str, device: str) -> None:
+    """A decode / verify step whose lengths are not known on the host (inside a CUDA graph): one group padded
+    to the page table's width gives the attention of the known-lengths path, with no host sync."""
+    batch = make_batch(UNIFORM[kind], 4, seed=3)
+    T = UNIFORM[kind][0][1]
+    blind = HostRows(None, None, pages_checked=True, uniform_new=T)
+    (q, k, v), kv = gqa_case(batch, device)
+    inputs = mla_t.make_inputs(batch, torch.float32)
+    mla_args = [mla_t.flat_new(batch, inputs[x]).to(device) for x in ("q_nope", "q_rope", "latent", "k_rope")]
+    pages = mla_t.make_pages(batch, inputs, torch.float32).to(device)
+    w_k, w_v = (w.to(device) for w in mla_t.make_weights())
+    want_gqa = paged_attention(q, k, v, kv.clone(), *indices(batch, device), host=host_rows(batch, True))
+    want_mla = mla_paged_attention(*mla_args, pages.clone(), *indices(batch, device), w_k, w_v,
+                                   host=host_rows(batch, True))
+    with no_host_sync() if device == "cpu" else torch.no_grad():
+        got_mla = mla_paged_attention(*mla_args, pages, *indices(batch, device), w_k, w_v, host=blind)
+        got_gqa = paged_attention(q, k, v, kv, *indices(batch, device), host=blind)
+    torch.testing.assert_close(got_mla, want_mla, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_gqa, want_gqa, atol=1e-5, rtol=1e-5)

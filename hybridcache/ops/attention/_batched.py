@@ -38,11 +38,15 @@ class RowGroup:
 
 
 def group_rows(cached_lens: Tensor, cu_seqlens: Tensor, batch_max_new: int = BATCH_MAX_NEW,
-               host: HostRows | None = None) -> list[RowGroup]:
+               host: HostRows | None = None, table_len: int | None = None) -> list[RowGroup]:
     """Split the rows that have new tokens into padded groups: one host sync to read the row lengths
-    back, none when `host` gives them."""
+    back, none when `host` gives them. With `host.uniform_new` and no host lengths, one group of every
+    row, padded to `table_len` (the positions the page table can hold): no sync, static shapes."""
     cu = cu_seqlens.long()
     starts, counts, cached = cu[:-1], cu[1:] - cu[:-1], cached_lens.long()
+    if host is not None and host.cached_lens is None and host.uniform_new and table_len:
+        rows = torch.arange(counts.shape[0], device=cu.device)
+        return [RowGroup(rows, starts, counts, cached, host.uniform_new, table_len, 0)]
     if host is None or host.cached_lens is None:
         host_counts, host_cached = torch.stack([counts, cached]).tolist()
     else:
@@ -133,6 +137,7 @@ def attend_groups(
     out_dtype: torch.dtype,
     attend: Callable[[RowGroup, Tensor], Tensor],
     host: HostRows | None = None,
+    table_len: int | None = None,
 ) -> Tensor:
     """Run `attend(group, padded queries [Bs, max_new, ...]) -> [Bs, max_new, *out_tail]` for every group
     of `group_rows` and scatter the results back to the flat order: returns [N, *out_tail] in `out_dtype`.
@@ -141,7 +146,7 @@ def attend_groups(
     host: the rows' lengths on the host, if known (then nothing is read back).
     """
     out = queries.new_zeros(queries.shape[0] + 1, *out_tail, dtype=out_dtype)
-    for group in group_rows(cached_lens, cu_seqlens, host=host):
+    for group in group_rows(cached_lens, cu_seqlens, host=host, table_len=table_len):
         q_pad, dest = pad_queries(queries, group)
         out[dest.flatten()] = attend(group, q_pad).flatten(0, 1).to(out_dtype)
     return out[:-1]

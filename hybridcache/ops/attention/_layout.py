@@ -32,11 +32,14 @@ class HostRows:
     ``cu_seqlens`` (None: not known on the host, e.g. inside a CUDA graph that replays other lengths).
     pages_checked: the caller has checked on the host that every row's pages cover its positions
     ``[0, cached_lens + num_new)``; the ops then skip their device-side PageTableError check.
+    uniform_new: with the lengths unknown, every row feeds this many tokens: the ops then size their
+    work from the page table's width instead of reading the lengths back (static shapes, graph-capturable).
     """
 
     cached_lens: np.ndarray | None
     num_new: np.ndarray | None
     pages_checked: bool = False
+    uniform_new: int | None = None  # every row feeds this many tokens (a decode / verify step)
 
     def __post_init__(self) -> None:
         if (self.cached_lens is None) != (self.num_new is None):

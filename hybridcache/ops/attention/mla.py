@@ -121,7 +121,8 @@ def mla_paged_attention(
         cached = gather_pages(latent_pages, page_table, group, slot=0)
         return form(q_pad[..., :dn], q_pad[..., dn:], cached, w_k, w_v, query_positions(group), scale)
 
-    return attend_groups(queries, cached_lens, cu_seqlens, (heads, dv), q_nope.dtype, attend, host)
+    table_len = page_table.shape[1] * latent_pages.shape[1]
+    return attend_groups(queries, cached_lens, cu_seqlens, (heads, dv), q_nope.dtype, attend, host, table_len)
 
 
 def _pick_form(group: RowGroup, absorb: bool | None) -> Callable[..., Tensor]:

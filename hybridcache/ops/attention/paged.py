@@ -116,7 +116,8 @@ def attend_kv_pages_torch(
         values = gather_pages(kv[:, 1], page_table, group, slot=1)
         return masked_attention(q_pad, keys, values, query_positions(group), scale)
 
-    return attend_groups(q.to(kv.dtype), cached_lens, cu_seqlens, tuple(q.shape[1:]), q.dtype, attend, host)
+    table_len = page_table.shape[1] * kv.shape[2]
+    return attend_groups(q.to(kv.dtype), cached_lens, cu_seqlens, tuple(q.shape[1:]), q.dtype, attend, host, table_len)
 
 
 def paged_attention(
