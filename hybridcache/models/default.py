@@ -1,10 +1,13 @@
 """The embedded default: a tiny Nemotron-H-style checkpoint built deterministically from a config."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .default_tokenizer import CHAT_TEMPLATE, CORPUS, save_default_tokenizer
 
 SEED = 0
 LM_HEAD_SCALE = 8.0  # random tiny models have flat logits; a wider head keeps greedy choices off near-ties
@@ -41,7 +44,8 @@ def default_config() -> Any:
 
 
 def build_default_checkpoint(path: str | Path) -> Path:
-    """Write the default checkpoint (config.json + model.safetensors) to `path`; same bytes every time.
+    """Write the default checkpoint (config.json + model.safetensors + the tokenizer's two files) to
+    `path`; same bytes every time.
 
     Weights: transformers' own random init under `torch.manual_seed(SEED)` (the global RNG state is
     restored afterwards), with the LM head scaled by LM_HEAD_SCALE.
@@ -56,4 +60,14 @@ def build_default_checkpoint(path: str | Path) -> Path:
         model.lm_head.weight.mul_(LM_HEAD_SCALE)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
+    save_default_tokenizer(path, DEFAULT_CONFIG["vocab_size"], DEFAULT_CONFIG["max_position_embeddings"])
     return path
+
+
+def recipe() -> str:
+    """What the built checkpoint depends on; a cached copy whose stamp differs is rebuilt."""
+    import tokenizers
+    import transformers
+
+    return json.dumps([DEFAULT_CONFIG, SEED, LM_HEAD_SCALE, transformers.__version__,
+                       "tokenizer", CORPUS, CHAT_TEMPLATE, tokenizers.__version__], sort_keys=True)

@@ -36,3 +36,27 @@ class TensorShapeError(ModelLoadError):
     def __init__(self, name: str, expected: tuple[int, ...], got: tuple[int, ...]) -> None:
         super().__init__(f"tensor {name!r} has shape {list(got)}, expected {list(expected)}")
         self.name, self.expected, self.got = name, expected, got
+
+
+class CheckpointFileError(ModelLoadError):
+    """A checkpoint file cannot be read: missing, truncated, not JSON, or not a safetensors file."""
+
+    def __init__(self, file: str, reason: str) -> None:
+        super().__init__(f"{file}: {reason}")
+        self.file, self.reason = file, reason
+
+
+class TensorDtypeError(ModelLoadError):
+    """A checkpoint tensor is stored in a dtype the loader does not take as weights (e.g. int32)."""
+
+    def __init__(self, name: str, dtype: object, supported: list[str]) -> None:
+        super().__init__(f"tensor {name!r} has dtype {dtype}; weights must be one of {', '.join(supported)}")
+        self.name, self.dtype = name, dtype
+
+
+class NonFiniteTensorError(ModelLoadError):
+    """A checkpoint tensor holds NaN or inf, in the file or after the cast to the serving dtype."""
+
+    def __init__(self, name: str, count: int, numel: int, reason: str) -> None:
+        super().__init__(f"tensor {name!r} has {count} of {numel} values NaN or inf {reason}")
+        self.name, self.count = name, count

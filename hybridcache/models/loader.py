@@ -7,17 +7,20 @@ from typing import Any
 import torch
 
 from .checkpoint import CheckpointReader, read_config
-from .errors import MissingTensorError, TensorShapeError
+from .errors import MissingTensorError, ModelLoadError, NonFiniteTensorError, TensorDtypeError, TensorShapeError
 from .registry import model_class
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # what a checkpoint may store
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Any:
     """The model of a HF-format checkpoint directory, its weights in `dtype` on `device`, in eval mode.
 
-    Raises UnsupportedModelTypeError, UnsupportedConfigError, MissingTensorError, TensorShapeError (all
-    ModelLoadError). Tensors the model does not use (e.g. multi-token-prediction heads) are ignored.
+    Raises UnsupportedModelTypeError, UnsupportedConfigError, CheckpointFileError (a file truncated, corrupt
+    or not JSON), MissingTensorError, TensorShapeError, TensorDtypeError (e.g. int32 weights),
+    NonFiniteTensorError (NaN or inf, stored or from the cast to `dtype`); all ModelLoadError. Tensors the
+    model does not use (e.g. multi-token-prediction heads) are ignored.
     """
     config = read_config(path)
     cls = model_class(config.get("model_type"))
@@ -30,9 +33,26 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torc
             shape = reader.shape(found)
             if shape != tuple(target.shape):
                 raise TensorShapeError(found, tuple(target.shape), shape)
+            source = reader.tensor(found)
+            if source.dtype not in WEIGHT_DTYPES:
+                raise TensorDtypeError(found, source.dtype, [str(d) for d in WEIGHT_DTYPES])
             with torch.no_grad():
-                target.copy_(reader.tensor(found))
+                target.copy_(source)
+            _check_finite(found, source, target)
     return model.eval()
+
+
+def _check_finite(name: str, source: torch.Tensor, target: torch.Tensor) -> None:
+    """Refuse NaN or inf in the loaded weight: stored so, or overflowing the serving dtype (fp32 -> fp16).
+    One device reduction per tensor; the offending tensor alone is inspected further."""
+    if bool(torch.isfinite(target).all()):
+        return
+    stored = int((~torch.isfinite(source)).sum())
+    if stored:
+        raise NonFiniteTensorError(name, stored, source.numel(), "in the checkpoint")
+    cast = int((~torch.isfinite(target)).sum())
+    raise NonFiniteTensorError(name, cast, source.numel(), f"after the cast from {source.dtype} to {target.dtype} "
+                               f"(values beyond its range); load it in a wider dtype")
 
 
 def load_tokenizer(path: str | Path) -> Any | None:
@@ -41,4 +61,7 @@ def load_tokenizer(path: str | Path) -> Any | None:
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # transformers raises many kinds (OSError, ValueError, JSON and tokenizers errors)
+        raise ModelLoadError(f"{path}: the tokenizer files cannot be loaded ({type(e).__name__}: {e})") from e

@@ -1,0 +1,1 @@
+"""Client-side benchmarks; `serve` drives any OpenAI-compatible endpoint (`hybridcache bench serve`)."""
