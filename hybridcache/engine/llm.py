@@ -1,6 +1,8 @@
 """`LLM`: the public facade — load a checkpoint, build the cache, run requests to completion."""
 from __future__ import annotations
 
+import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -17,13 +19,14 @@ from .errors import InvalidRequestError, RequestTooLargeError
 from .params import SamplingParams, SpeculativeConfig
 from .interrupts import deferred_interrupts
 from .policy import DemandSplit, PreemptionPolicy
-from .request import Request, RequestOutput
+from .request import Request, RequestDelta, RequestOutput, TokenLogprob
 from .runner import ModelRunner
 from .device_sampler import RowParams, sample
 from .scheduler import ScheduledStep, Scheduler
 
 DEFAULT_TOKENS_PER_SEQ = 4096
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_new_tokens": "max_tokens"}
 
 
 @dataclass
@@ -73,16 +76,25 @@ class LLM:
         preemption: PreemptionPolicy | None = None,
         enforce_eager: bool = False,
     ) -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if dtype not in DTYPES and dtype != "auto":
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.device = torch.device(device)
-        self.model = load_model(model, device=self.device, dtype=DTYPES[dtype])
-        self.tokenizer = load_tokenizer(model)
         cfg = read_config(model)
+        if dtype == "auto":  # the checkpoint's own dtype; float32 when it names none we run
+            dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").removeprefix("torch.")
+            dtype = dtype if dtype in DTYPES else "float32"
+        self.dtype = DTYPES[dtype]
+        self.model = load_model(model, device=self.device, dtype=self.dtype)
+        self.tokenizer = load_tokenizer(model)
+        gen_cfg = _read_generation_config(model)
         self.vocab_size = int(cfg["vocab_size"])
-        self.eos_token_id = _first(cfg.get("eos_token_id"))
+        # every eos id of config.json and generation_config.json, config.json's first
+        self.eos_token_ids = list(dict.fromkeys(_ids(cfg.get("eos_token_id")) + _ids(gen_cfg.get("eos_token_id"))))
+        # generation_config.json's sampling defaults, for requests that pass no SamplingParams
+        self.default_params = SamplingParams(**{ours: gen_cfg[theirs] for theirs, ours in GENERATION_DEFAULTS.items()
+                                                if gen_cfg.get(theirs) is not None})
         self.max_model_len = max_model_len or int(cfg.get("max_position_embeddings") or cfg.get("model_max_length") or 4096)
         self.speculative = speculative
         k = speculative.num_draft_tokens if speculative else 0
@@ -119,9 +131,22 @@ class LLM:
         self._next_id = 0
         self._stats = Stats()
         self._ready: list[RequestOutput] = []
+        self._held: list[RequestOutput] = []  # others' outputs that finished inside generate(): step() returns them
+        self._deltas: list[RequestDelta] = []
+        self.stream_deltas = False  # record per-step deltas for take_deltas() (the engine core sets it)
+        self._generate_lock = threading.Lock()
         self.step_hook: Callable[[], None] | None = None  # tests call check_integrity() here
 
     # ---------------------------------------------------------------------------------- public
+    @property
+    def eos_token_id(self) -> int | None:
+        """The first eos id (setting it replaces them all)."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @eos_token_id.setter
+    def eos_token_id(self, value: int | None) -> None:
+        self.eos_token_ids = [] if value is None else [int(value)]
+
     @property
     def stats(self) -> Stats:
         s, m = self._stats, self.manager.stats
@@ -155,25 +180,42 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order. All prompts are checked
         before any runs: a bad one raises and nothing is queued. If anything raises while they run
-        (Ctrl-C included), their requests are aborted and the error reaches the caller."""
-        params = sampling_params or SamplingParams()
+        (Ctrl-C included), their requests are aborted and the error reaches the caller.
+
+        Requests queued before with `add_request` run alongside; their outputs are returned by the next
+        `step()`. One caller at a time: a second thread (or the progress callback, or an engine core
+        running this LLM) gets InvalidRequestError at once."""
+        if not self._generate_lock.acquire(blocking=False):
+            raise InvalidRequestError(
+                "generate() is already running on this LLM (another thread, its progress callback, or an engine "
+                "core): an LLM serves one caller at a time; use one LLM per thread or the engine core"
+            )
+        try:
+            return self._generate(prompts, sampling_params, progress)
+        finally:
+            self._generate_lock.release()
+
+    def _generate(self, prompts, sampling_params, progress) -> list[RequestOutput]:
+        params = sampling_params or self.default_params
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
         encoded = [self._encode(p) for p in prompts]
         for ids, p in zip(encoded, plist):
             self._validate(ids, p)
-        if self.scheduler.has_work:
-            raise InvalidRequestError("generate() needs an idle engine: finish or abort the requests added with add_request()")
         rids: list[int] = []
         done: dict[int, RequestOutput] = {}
         try:
             with deferred_interrupts():  # a Ctrl-C while queueing comes after: every queued request is in rids
                 for ids, p in zip(encoded, plist):
                     rids.append(self.add_request(ids, p))
+            ours = set(rids)
             while len(done) < len(rids):
                 for out in self.step():
-                    done[out.request_id] = out
+                    if out.request_id in ours:
+                        done[out.request_id] = out
+                    else:
+                        self._held.append(out)
                 if progress:
                     progress(len(done), len(rids))
         except BaseException:
@@ -188,13 +230,13 @@ class LLM:
 
     def add_request(self, prompt: Sequence[int] | str, params: SamplingParams | None = None) -> int:
         """Queue one request; raises InvalidRequestError (queueing nothing) on bad input."""
-        params = params or SamplingParams()
+        params = params or self.default_params
         ids = self._encode(prompt)
         self._validate(ids, params)
         with deferred_interrupts():
             rid = self._next_id
             seed = params.seed if params.seed is not None else self.seed * 1_000_003 + rid
-            req = Request(rid, ids, params, self.eos_token_id, arrival=rid, seed=_int64(seed))
+            req = Request(rid, ids, params, tuple(self.eos_token_ids), arrival=rid, seed=_int64(seed))
             self.scheduler.add(req)
             self._requests[rid] = req
             self._next_id += 1
@@ -206,6 +248,22 @@ class LLM:
             req = self._requests.pop(request_id, None)
             if req is not None and not req.finished:
                 self.scheduler.finish(req)
+                req.finish("abort")
+                if self.stream_deltas:
+                    self._deltas.append(req.take_delta(self.tokenizer is not None))
+
+    def take_deltas(self) -> list[RequestDelta]:
+        """Per-request progress since the last call (recorded while `stream_deltas` is set): each step's
+        new tokens, text and logprobs, and a last delta with the finish reason (abort included)."""
+        deltas, self._deltas = self._deltas, []
+        return deltas
+
+    def check_request(self, prompt: Sequence[int] | str, params: SamplingParams) -> list[int]:
+        """The prompt's token ids if `add_request` would accept it; raises InvalidRequestError otherwise.
+        Reads only what a step never changes, so another thread may call it while this LLM runs."""
+        ids = self._encode(prompt)
+        self._validate(ids, params)
+        return ids
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
@@ -227,14 +285,14 @@ class LLM:
             with deferred_interrupts():
                 plan, tokens, positions = self._plan(step, drafts, 1 + longest)
             logits = self.runner.run(plan, tokens, len(step.context), 1 + longest, positions)
-            new_tokens, accepted = self._sample(step, drafts, logits, 1 + longest)
+            new_tokens, accepted, logprobs = self._sample(step, drafts, logits, 1 + longest)
             with deferred_interrupts():
                 # planner and store directly, as the runner executes: a failed accept hook leaves the step
                 # pending, so the handler below restarts its rows (the facade's accept would abort it unseen)
                 accept = self.manager.planner.check_accept(plan, accepted)
                 self.manager.store.accept(accept)
                 self.manager.planner.commit_step(plan, accept)
-                self._ready += self._advance(step, drafts, new_tokens)  # kept if a held Ctrl-C fires now
+                self._ready += self._advance(step, drafts, new_tokens, logprobs)  # kept if a held Ctrl-C fires now
         except BaseException:
             with deferred_interrupts():
                 if self.manager.has_pending_step:  # nothing committed: the rows run again (same draws)
@@ -250,7 +308,7 @@ class LLM:
     # ---------------------------------------------------------------------------------- internals
     def _take_ready(self) -> list[RequestOutput]:
         """Outputs of committed steps not yet returned (a Ctrl-C can land right after a commit)."""
-        ready, self._ready = self._ready, []
+        ready, self._ready, self._held = self._held + self._ready, [], []
         return ready
 
     def _restart_lost(self) -> None:
@@ -269,6 +327,8 @@ class LLM:
     def _validate(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
             raise InvalidRequestError("empty prompt")
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
@@ -320,13 +380,14 @@ class LLM:
     def _sample(self, step: ScheduledStep, drafts: dict[int, list[int]], logits, width: int):
         """New tokens per request, and per row the tokens now valid in the cache (context rows: the chunk;
         generation rows: the fed token plus the accepted drafts). Every sampled row is chosen in one batched
-        call on the device; its tokens come back in one copy (the step's one host sync)."""
+        call on the device; its tokens come back in one copy (the step's one host sync). When a row asks for
+        logprobs, every row's come back too, in one more copy: {req_id: [TokenLogprob per new token]}."""
         accepted: list[int] = [chunk for _, chunk in step.context]
         sampled = [r for r, chunk in step.context if r.num_prefilled + chunk == r.context_len and not r.output]
         num_first = len(sampled)
         sampled += step.generation
         if not sampled:
-            return {}, accepted
+            return {}, accepted, {}
         T = width
         props = [drafts.get(r.req_id, []) if i >= num_first else [] for i, r in enumerate(sampled)]
         rows = RowParams.upload([r.params.temperature for r in sampled], [r.params.top_k for r in sampled],
@@ -336,14 +397,35 @@ class LLM:
         row = torch.arange(len(sampled), device=self.device)
         gen = (row >= num_first).long()
         index = row[:, None] + gen[:, None] * ((row[:, None] - num_first) * (T - 1) + torch.arange(T, device=self.device))
-        tokens, counts = sample(logits[index], rows, all_greedy=all(r.params.greedy for r in sampled))
+        row_logits = logits[index]  # [R, T, V]
+        tokens, counts = sample(row_logits, rows, all_greedy=all(r.params.greedy for r in sampled))
         packed = torch.cat([counts[:, None], tokens], 1).tolist()
         new_tokens = {r.req_id: row[1 : 1 + row[0]] for r, row in zip(sampled, packed)}
         accepted += [len(new_tokens[r.req_id]) for r in step.generation]
-        return new_tokens, accepted
+        return new_tokens, accepted, self._logprobs(sampled, row_logits, tokens, new_tokens)
 
-    def _advance(self, step: ScheduledStep, drafts: dict[int, list[int]],
-                 new_tokens: dict[int, list[int]]) -> list[RequestOutput]:
+    def _logprobs(self, sampled: list[Request], row_logits: torch.Tensor, tokens: torch.Tensor,
+                  new_tokens: dict[int, list[int]]) -> dict[int, list[TokenLogprob]]:
+        """Log-probabilities of the sampled tokens [R, T] under the raw logits [R, T, V], with the top N
+        (the step's largest ask) of each position, computed on the device and copied back once."""
+        asks = [r.params.logprobs for r in sampled if r.params.logprobs is not None]
+        if not asks:
+            return {}
+        logp = torch.log_softmax(row_logits.float(), -1)
+        chosen = logp.gather(-1, tokens[..., None])[..., 0]  # [R, T]
+        top_lp, top_ids = logp.topk(max(asks), -1) if max(asks) else (chosen[..., :0], tokens[..., :0])
+        chosen, top_lp, top_ids = chosen.tolist(), top_lp.tolist(), top_ids.tolist()
+        out: dict[int, list[TokenLogprob]] = {}
+        for i, r in enumerate(sampled):
+            n = r.params.logprobs
+            if n is None:
+                continue
+            out[r.req_id] = [TokenLogprob(t, chosen[i][j], tuple(zip(top_ids[i][j][:n], top_lp[i][j][:n])))
+                             for j, t in enumerate(new_tokens[r.req_id])]
+        return out
+
+    def _advance(self, step: ScheduledStep, drafts: dict[int, list[int]], new_tokens: dict[int, list[int]],
+                 logprobs: dict[int, list[TokenLogprob]]) -> list[RequestOutput]:
         """Move the requests past the committed step; returns the finished ones."""
         for req, chunk in step.context:
             req.num_prefilled += chunk
@@ -359,15 +441,21 @@ class LLM:
             if toks is None:
                 continue
             before = len(req.output)
-            if req.append(toks):
+            done = req.append(toks, logprobs.get(req.req_id))
+            if self.tokenizer is not None and (done or req.params.stop or self.stream_deltas):
+                if req.update_text(self.tokenizer):  # a stop string: the text ends before it
+                    req.finish("stop")
+                    done = True
+            if done:
                 self.scheduler.finish(req)
                 self._requests.pop(req.req_id, None)
-                finished.append(RequestOutput(req.req_id, req.prompt, list(req.output), self._decode(req.output)))
+                finished.append(RequestOutput(req.req_id, req.prompt, list(req.output),
+                                              req.text if self.tokenizer is not None else None,
+                                              req.finish_reason, req.logprobs))
+            if self.stream_deltas:
+                self._deltas.append(req.take_delta(self.tokenizer is not None))
             self._stats.num_generated_tokens += len(req.output) - before
         return finished
-
-    def _decode(self, ids: list[int]) -> str | None:
-        return self.tokenizer.decode(ids) if self.tokenizer is not None else None
 
 
 def _int64(seed: int) -> int:
@@ -376,7 +464,13 @@ def _int64(seed: int) -> int:
     return seed - (1 << 64) if seed >= 1 << 63 else seed
 
 
-def _first(value):
-    if isinstance(value, (list, tuple)):
-        return int(value[0]) if value else None
-    return None if value is None else int(value)
+def _ids(value) -> list[int]:
+    """An eos entry of a config (an id, a list of them, or None) as a list."""
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _read_generation_config(model: str | Path) -> dict:
+    path = Path(model) / "generation_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

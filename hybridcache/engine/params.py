@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's API allows
 MIN_TEMPERATURE = 1e-2  # below this, dividing logits by it only amplifies noise: use 0 (greedy)
 
 
@@ -42,6 +43,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    stop: tuple[str, ...] = field(default_factory=tuple)  # text that ends the request (needs a tokenizer)
+    logprobs: int | None = None  # the sampled token's logprob plus this many top alternatives per token
 
     def __post_init__(self) -> None:
         max_tokens = _int("max_tokens", self.max_tokens)
@@ -67,8 +70,13 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):  # "no" would be truthy
             kind = type(self.ignore_eos).__name__
             raise InvalidParamsError(f"ignore_eos must be a bool, got {self.ignore_eos!r} ({kind})")
+        stop = self._stop()
+        logprobs = None if self.logprobs is None else _int("logprobs", self.logprobs)
+        if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+            raise InvalidParamsError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], got {logprobs}")
         for name, value in [("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
-                            ("top_k", top_k), ("seed", seed), ("stop_token_ids", stop_token_ids)]:
+                            ("top_k", top_k), ("seed", seed), ("stop_token_ids", stop_token_ids), ("stop", stop),
+                            ("logprobs", logprobs)]:
             object.__setattr__(self, name, value)
 
     def _stop_token_ids(self) -> tuple[int, ...]:
@@ -80,6 +88,16 @@ class SamplingParams:
         if bad:
             raise InvalidParamsError(f"stop_token_ids must be >= 0, got {bad[0]} in {ids}")
         return ids
+
+    def _stop(self) -> tuple[str, ...]:
+        raw = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not hasattr(raw, "__iter__") or isinstance(raw, bytes):
+            raise InvalidParamsError(f"stop must be a string or a sequence of strings, got {raw!r}")
+        stop = tuple(raw)
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidParamsError(f"stop strings must be non-empty strings, got {s!r}")
+        return stop
 
     @property
     def greedy(self) -> bool:
