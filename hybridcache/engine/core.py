@@ -83,6 +83,10 @@ class EngineCore:
         self._thread = None
 
     @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def num_live(self) -> int:
         return self._num_live
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -42,6 +43,7 @@ class Stats:
     num_aborted_rows: int = 0  # rows of failed steps, restarted from their tokens
     num_steps: int = 0
     num_generated_tokens: int = 0
+    step_seconds: float = 0.0  # wall time of committed steps (schedule, forward, sample, commit)
 
 
 class LLM:
@@ -135,6 +137,7 @@ class LLM:
         self._deltas: list[RequestDelta] = []
         self.stream_deltas = False  # record per-step deltas for take_deltas() (the engine core sets it)
         self._generate_lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()  # a fast tokenizer used from two threads can fail ("Already borrowed")
         self.step_hook: Callable[[], None] | None = None  # tests call check_integrity() here
 
     # ---------------------------------------------------------------------------------- public
@@ -271,6 +274,7 @@ class LLM:
     def step(self) -> list[RequestOutput]:
         """One scheduler step and one forward; returns the requests that finished in it. If it raises,
         the step's rows restart from their tokens and stay queued."""
+        start = time.perf_counter()
         with deferred_interrupts():
             try:
                 step = self.scheduler.schedule()
@@ -299,6 +303,7 @@ class LLM:
                     self.scheduler.restart(self.manager.abort_step(), self._requests)
             raise
         self._stats.num_steps += 1
+        self._stats.step_seconds += time.perf_counter() - start
         if not self.scheduler.has_work:
             self.manager.check_integrity()  # idle: every id must be back in its pool
         if self.step_hook:
@@ -321,7 +326,8 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidRequestError("this checkpoint has no tokenizer: pass token ids, not text")
-            return list(self.tokenizer.encode(prompt))
+            with self._tokenizer_lock:
+                return list(self.tokenizer.encode(prompt))
         return [int(t) for t in prompt]
 
     def _validate(self, ids: list[int], params: SamplingParams) -> None:
@@ -443,7 +449,9 @@ class LLM:
             before = len(req.output)
             done = req.append(toks, logprobs.get(req.req_id))
             if self.tokenizer is not None and (done or req.params.stop or self.stream_deltas):
-                if req.update_text(self.tokenizer):  # a stop string: the text ends before it
+                with self._tokenizer_lock:
+                    stopped = req.update_text(self.tokenizer)
+                if stopped:  # a stop string: the text ends before it
                     req.finish("stop")
                     done = True
             if done:

@@ -5,11 +5,12 @@
 
 A request is submitted to the core before the response starts, so refusals are plain 400 (bad input) or
 503 (queue full) with OpenAI's error body. A client that goes away aborts its request (a streaming
-response is cancelled; a plain one is polled for disconnection while it waits).
+response is cancelled; a plain one watches for the disconnect message while it waits).
 """
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 import uuid
@@ -28,7 +29,6 @@ from ..engine.request import RequestDelta, TokenLogprob
 from .metrics import Metrics, RequestTimer
 from .protocol import BadRequest, ChatCompletionRequest, CompletionRequest
 
-DISCONNECT_POLL_S = 0.5
 
 
 def error_response(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
@@ -39,7 +39,8 @@ def build_app(llm: LLM, model_name: str, max_queued: int | None = None) -> FastA
     """An app serving `llm`; its core thread starts and stops with the app's lifespan."""
     core = EngineCore(llm, max_queued)
     metrics = Metrics(core, model_name)
-    tok = llm.tokenizer
+    # the server's own copy: the core's thread decodes with the LLM's while requests are templated here
+    tok = copy.deepcopy(llm.tokenizer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -79,7 +80,7 @@ def build_app(llm: LLM, model_name: str, max_queued: int | None = None) -> FastA
 
     @app.get("/health")
     async def health() -> Response:
-        if core._thread is None or not core._thread.is_alive():
+        if not core.is_running:
             return error_response(503, "the engine core is not running", "service_unavailable")
         return JSONResponse({"status": "ok"})
 
@@ -126,17 +127,19 @@ def build_app(llm: LLM, model_name: str, max_queued: int | None = None) -> FastA
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(sse(stream, timer, fmt, usage), media_type="text/event-stream")
         deltas = []
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
             while not stream.finished:
-                try:
-                    d = await asyncio.wait_for(stream.next(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        break
-                    continue
+                nxt = asyncio.ensure_future(stream.next())
+                await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():  # the client left
+                    nxt.cancel()
+                    break
+                d = nxt.result()
                 timer.observe(d, time.perf_counter())
                 deltas.append(d)
         finally:
+            gone.cancel()
             stream.close()
             timer.finish("abort", time.perf_counter())  # a no-op when it finished
         return JSONResponse(fmt.whole(deltas))
@@ -159,6 +162,12 @@ def build_app(llm: LLM, model_name: str, max_queued: int | None = None) -> FastA
             timer.finish("abort", time.perf_counter())  # a no-op when it finished
 
     return app
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body is read already: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _event(obj: dict) -> str:

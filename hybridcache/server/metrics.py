@@ -22,6 +22,7 @@ ENGINE_COUNTERS = {
     "bytes_to_host": ("bytes_to_host", "Bytes copied from the device to the host tier"),
     "bytes_to_device": ("bytes_to_device", "Bytes copied from the host tier to the device"),
     "num_steps": ("num_steps", "Engine steps run"),
+    "step_seconds": ("engine_step_seconds", "Wall time of committed engine steps"),
     "num_draft_tokens": ("spec_decode_num_draft_tokens", "Speculative tokens proposed"),
     "num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Speculative tokens accepted"),
     "num_aborted_rows": ("num_aborted_rows", "Rows of failed steps restarted from their tokens"),

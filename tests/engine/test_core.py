@@ -41,6 +41,7 @@ def test_core_deltas_add_up_to_generate_and_abort_frees_the_state(tiny):
               for i in range(3)]
     want = LLM(tiny).generate(PROMPTS, params)
     llm = LLM(tiny, max_num_seqs=2)
+    llm.step_hook = lambda: time.sleep(0.005)  # (on the core's thread) nothing finishes before the checks below
     core = EngineCore(llm, max_queued=4).start()
     try:
         with pytest.raises(InvalidRequestError, match="already running"):

@@ -3,6 +3,7 @@ on a tiny checkpoint without a tokenizer (token ids) and on the embedded default
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -82,7 +83,9 @@ def test_token_id_prompts_equal_generate_and_text_is_refused_without_a_tokenizer
 
 
 def test_bad_requests_get_openai_errors_and_a_full_queue_503(tiny):
-    with serve(LLM(tiny), "tiny", max_queued=1) as srv:
+    llm = LLM(tiny)
+    llm.step_hook = lambda: time.sleep(0.01)  # (on the core's thread) the long request below runs for seconds
+    with serve(llm, "tiny", max_queued=1) as srv:
         url = srv.base + "/v1/completions"
         cases = [
             ({"prompt": IDS, "n": 2}, "n"),
@@ -203,7 +206,9 @@ def test_32_concurrent_streams_equal_generate(default):
 
 def test_a_client_that_disconnects_mid_stream_is_aborted_and_metrics_count_the_run(default):
     path, ref = default
-    with serve(LLM(path), "default") as srv:
+    llm = LLM(path)
+    llm.step_hook = lambda: time.sleep(0.002)  # (on the core's thread) long requests stay running for seconds
+    with serve(llm, "default") as srv:
         client = srv.openai()
         lengths = [(4, 5), (9, 7), (14, 3)]
         for n, m in lengths:
@@ -211,22 +216,24 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_metrics_count_the_r
                                           temperature=0, extra_body={"ignore_eos": True})
             assert r.usage.completion_tokens == m
         with httpx.Client(timeout=30) as http:
-            body = {"model": "default", "prompt": [7, 8, 9], "max_tokens": 1500, "ignore_eos": True, "stream": True}
+            body = {"model": "default", "prompt": [7, 8, 9], "max_tokens": 2000, "ignore_eos": True, "stream": True}
             with http.stream("POST", srv.base + "/v1/completions", json=body) as resp:
                 lines = resp.iter_lines()
                 seen = [line for line, _ in zip(lines, range(6)) if line.startswith("data:")]
                 assert len(seen) >= 3
+            with pytest.raises(httpx.ReadTimeout):  # a plain request whose client gives up: aborted too
+                http.post(srv.base + "/v1/completions", json={**body, "stream": False}, timeout=0.3)
         srv.wait_idle()
         assert_idle_and_empty(srv.llm)
         m = metrics_of(httpx.get(srv.base + "/metrics").text)
         stats = srv.llm.stats
     assert m["hybridcache:request_success_total{finished_reason=length}"] == 3
-    assert m["hybridcache:request_success_total{finished_reason=abort}"] == 1
+    assert m["hybridcache:request_success_total{finished_reason=abort}"] == 2
     aborted_tokens = m["hybridcache:generation_tokens_total"] - sum(mt for _, mt in lengths)
-    assert 3 <= aborted_tokens < 1500
-    assert m["hybridcache:prompt_tokens_total"] == sum(n for n, _ in lengths) + 3
-    assert m["hybridcache:time_to_first_token_seconds_count"] == 4
-    assert m["hybridcache:e2e_request_latency_seconds_count"] == 4
+    assert 3 <= aborted_tokens < 4000
+    assert m["hybridcache:prompt_tokens_total"] == sum(n for n, _ in lengths) + 3 + 3
+    assert m["hybridcache:time_to_first_token_seconds_count"] == 5
+    assert m["hybridcache:e2e_request_latency_seconds_count"] == 5
     assert m["hybridcache:inter_token_latency_seconds_count"] >= sum(mt - 1 for _, mt in lengths)
     assert m["hybridcache:num_requests_running"] == m["hybridcache:num_requests_waiting"] == 0
     assert m["hybridcache:device_slots_used"] == m["hybridcache:device_pages_used"] == 0
@@ -235,3 +242,37 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_metrics_count_the_r
     for name in ("num_suspensions", "num_resumes", "num_reprefills", "num_rebalances", "bytes_to_host",
                  "bytes_to_device"):
         assert m[f"hybridcache:{name}_total"] == getattr(stats, name)
+
+
+def test_the_serve_command_answers_and_refuses_a_bad_model_dir_in_one_line(tiny, tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    bad = subprocess.run([sys.executable, "-m", "hybridcache.cli", "serve", str(tmp_path / "missing")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "hybridcache.cli", "serve", str(tiny), "--port", str(port),
+                             "--served-model-name", "t"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.1)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"model": "t", "prompt": IDS, "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+    finally:
+        proc.terminate()
+        proc.wait(30)
