@@ -27,6 +27,7 @@ from .layout import Layout
 from .plans import AcceptPlan, MovePlan, RecarvePlan, StepPlan, frozen
 
 MAX_TOKENS = 2**31 - 1  # token counts travel to kernels as int32
+FREED_REMEMBERED = 4096  # freed ids kept to tell a double free from an unknown id
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -50,7 +51,7 @@ class Planner:
         self.host_page_pool = IdPool(host_pages)
         self._tokens = TokenCounts()
         self._entries: dict[Hashable, Entry] = {}
-        self._freed: set[Hashable] = set()
+        self._freed: dict[Hashable, None] = {}  # recently freed ids, oldest first (for DoubleFreeError)
         self._free_dummy_slots = list(range(num_dummies - 1, -1, -1))
         self._layout: Layout | None = None
         self._version = 0
@@ -118,7 +119,7 @@ class Planner:
         """Register a request; it holds nothing until it is allocated."""
         if req_id in self._entries:
             raise DuplicateRequestError(f"request {req_id!r} already exists")
-        self._freed.discard(req_id)
+        self._freed.pop(req_id, None)
         self._entries[req_id] = Entry(req_id, Status.WAITING, self._tokens, self._tokens.take())
 
     def add_dummy(self, req_id: Hashable) -> int:
@@ -128,7 +129,7 @@ class Planner:
         if not self._free_dummy_slots:
             raise OutOfDeviceMemoryError(f"all {self.num_dummies} dummy slots are taken")
         slot = self._free_dummy_slots.pop()
-        self._freed.discard(req_id)
+        self._freed.pop(req_id, None)
         self._entries[req_id] = Entry(req_id, Status.DUMMY, self._tokens, self._tokens.take(), slot=slot)
         return slot
 
@@ -274,7 +275,9 @@ class Planner:
             self._release(e)
         del self._entries[req_id]
         self._tokens.give_back(e.handle)
-        self._freed.add(req_id)
+        self._freed[req_id] = None
+        if len(self._freed) > FREED_REMEMBERED:
+            del self._freed[next(iter(self._freed))]
         e.status = Status.FINISHED
         self._layout = None
 

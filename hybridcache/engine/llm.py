@@ -16,7 +16,7 @@ from ..cache import CacheConfig, HybridCacheManager, StateLostError, Status, siz
 from ..models.checkpoint import read_config
 from ..models.loader import load_model, load_tokenizer
 from .drafter import NgramDrafter
-from .errors import InvalidRequestError, RequestTooLargeError
+from .errors import InvalidParamsError, InvalidRequestError, RequestTooLargeError
 from .params import SamplingParams, SpeculativeConfig
 from .interrupts import deferred_interrupts
 from .policy import DemandSplit, PreemptionPolicy
@@ -79,9 +79,12 @@ class LLM:
         enforce_eager: bool = False,
     ) -> None:
         if dtype not in DTYPES and dtype != "auto":
-            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+            raise InvalidParamsError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("page_size", page_size), ("max_model_len", 1 if max_model_len is None else max_model_len),
+                            ("num_slots", 1 if num_slots is None else num_slots)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidParamsError(f"{name} must be an int >= 1, got {value!r}")
         self.device = torch.device(device)
         cfg = read_config(model)
         if dtype == "auto":  # the checkpoint's own dtype; float32 when it names none we run
@@ -328,6 +331,11 @@ class LLM:
                 raise InvalidRequestError("this checkpoint has no tokenizer: pass token ids, not text")
             with self._tokenizer_lock:
                 return list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
+            raise InvalidRequestError(f"a prompt is text or a list of token ids, got {type(prompt).__name__}")
+        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, (int, np.integer))]
+        if bad:
+            raise InvalidRequestError(f"token ids must be ints, got {bad[0]!r} ({type(bad[0]).__name__})")
         return [int(t) for t in prompt]
 
     def _validate(self, ids: list[int], params: SamplingParams) -> None:

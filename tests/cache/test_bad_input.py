@@ -156,3 +156,17 @@ def test_lifecycle_ops_while_a_step_is_pending(mgr):
         mgr.suspend(["gen"])
     mgr.accept([1])
     mgr.suspend(["gen"])
+
+
+def test_freed_ids_are_remembered_for_double_free_but_bounded():
+    from hybridcache.cache.planner import FREED_REMEMBERED, Planner
+
+    planner = Planner(4, True, num_slots=2, num_pages=8, num_dummies=0, host_slots=0, host_pages=0)
+    for i in range(FREED_REMEMBERED + 100):
+        planner.add(i)
+        planner.free(i)
+    assert len(planner._freed) == FREED_REMEMBERED
+    with pytest.raises(DoubleFreeError):
+        planner.free(FREED_REMEMBERED + 99)
+    with pytest.raises(UnknownRequestError):  # forgotten: an unknown id now
+        planner.free(0)

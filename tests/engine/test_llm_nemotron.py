@@ -193,3 +193,24 @@ def test_a_failed_forward_commits_nothing_and_the_next_step_runs(checkpoint, mon
     while llm.has_unfinished():
         done += llm.step()
     assert done[0].token_ids == ref[0]
+
+
+@pytest.mark.parametrize("prompt, fragment", [
+    ([1, 2.0, 3], "token ids must be ints"), ([1, True, 3], "token ids must be ints"), ([1, "2"], "token ids must be ints"),
+    ([[1, 2]], "token ids must be ints"), (b"hi", "a prompt is text or a list"), (7, "a prompt is text or a list"),
+])
+def test_token_ids_must_be_ints(checkpoint, prompt, fragment):
+    path, _ = checkpoint
+    llm = LLM(path)
+    with pytest.raises(InvalidRequestError, match=fragment):
+        llm.add_request(prompt, GREEDY)
+    assert not llm.has_unfinished()
+
+
+@pytest.mark.parametrize("kw", [dict(max_model_len=0), dict(max_num_seqs=0), dict(page_size=2.5), dict(dtype="fp8"),
+                                dict(max_num_batched_tokens=True), dict(num_slots=0)])
+def test_constructor_refuses_bad_sizes_with_a_typed_error(checkpoint, kw):
+    from hybridcache.engine.errors import InvalidParamsError
+
+    with pytest.raises(InvalidParamsError):
+        LLM(checkpoint[0], **kw)
