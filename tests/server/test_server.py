@@ -276,3 +276,22 @@ def test_the_serve_command_answers_and_refuses_a_bad_model_dir_in_one_line(tiny,
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_bench_serve_against_our_server(default, endpoint):
+    """`hybridcache bench serve`'s engine against this server: every request completes, the token counts are
+    the requested ones, and the latencies are ordered."""
+    from hybridcache.bench.serve import BenchConfig, run_benchmark
+
+    path, _ = default
+    llm = LLM(path, max_num_seqs=8)
+    with serve(llm, "default") as srv:
+        for kw in (dict(max_concurrency=4), dict(request_rate=50.0)):
+            s = run_benchmark(BenchConfig(base_url=srv.base, endpoint=endpoint, num_prompts=8, input_len=16,
+                                          output_len=8, ignore_eos=True, **kw))
+            assert (s["completed"], s["failed"]) == (8, 0), s["errors"]
+            assert s["total_output_tokens"] == 8 * 8
+            assert 0 < s["median_ttft_ms"] <= s["p99_ttft_ms"] and s["median_ttft_ms"] <= s["median_e2el_ms"]
+        srv.wait_idle()
+        assert_idle_and_empty(llm)
