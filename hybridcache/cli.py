@@ -276,8 +276,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .server.app import serve
     except ImportError as e:
         raise UsageError(f"serve needs the server extras (fastapi, uvicorn, prometheus_client): {e}") from None
+    import logging
+
     from . import LLM
 
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     check_device(args.device)
     model_dir = args.model or ensure_default_model(default_model_dir())
     config = check_model(model_dir)

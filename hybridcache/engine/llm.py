@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,6 +26,7 @@ from .runner import ModelRunner
 from .device_sampler import RowParams, sample
 from .scheduler import ScheduledStep, Scheduler
 
+log = logging.getLogger(__name__)
 DEFAULT_TOKENS_PER_SEQ = 4096
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_new_tokens": "max_tokens"}
@@ -131,6 +133,10 @@ class LLM:
                                    scheduling_policy, preemption, self.split)
         self.runner = ModelRunner(self.model, self.manager, self.device, speculative is not None,
                                   cuda_graphs=not enforce_eager)
+        log.info("%s on %s %s: device cache %d B (%d slots, %d pages of %d tokens), host tier %d B%s",
+                 Path(model).name, self.device, dtype, device_cache_bytes, self.manager.num_slots,
+                 self.manager.num_pages, page_size, host_cache_bytes,
+                 "" if self.runner.graphs is None else ", CUDA graphs")
         self.seed = seed
         self._requests: dict[int, Request] = {}
         self._next_id = 0

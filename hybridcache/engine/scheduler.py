@@ -9,6 +9,7 @@ The scheduler never touches a tensor; the request's lifecycle status is the plan
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
@@ -18,6 +19,7 @@ from .policy import DemandSplit, PreemptionPolicy
 from .request import Request
 
 POLICIES = ("max_utilization", "reserve")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -189,6 +191,7 @@ class Scheduler:
             return False
         if mgr.pages_beside(num_slots) == mgr.num_pages:
             return False
+        log.debug("re-split the device cache: %d -> %d slots", mgr.num_slots, num_slots)
         mgr.rebalance(num_slots)
         return True
 
@@ -216,12 +219,14 @@ class Scheduler:
             if self.preemption.swap(live, e.num_tokens):
                 try:
                     self.manager.suspend([req.req_id])
+                    log.debug("suspended request %r to the host tier", req.req_id)
                     self.running.remove(req)
                     _insert_sorted(self.suspended, req)
                     return
                 except HostTierFullError:
                     pass
         self.manager.reprefill(req.req_id)
+        log.debug("request %r will re-prefill", req.req_id)
         self.running.remove(req)
         req.num_prefilled = 0
         _insert_sorted(self.waiting, req)
