@@ -21,7 +21,6 @@ from typing import Any, Callable, NoReturn
 
 # engine.llm.DTYPES and "auto" (the checkpoint's own); spelled out so that --help imports no torch
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-TINY_HIDDEN_SIZE = 256  # at or below this, CPU matmuls are too small to split across threads
 
 
 # ------------------------------------------------------------------------------ user mistakes
@@ -160,16 +159,6 @@ def check_model(model_dir: Path | str) -> dict[str, Any]:
     return config
 
 
-def set_cpu_threads(device: str, config: dict[str, Any]) -> None:
-    """One torch thread for a tiny model on the CPU: its matmuls are too small to split, and more threads only
-    contend (the embedded default runs about 10x faster so on 2 cores). Larger models keep torch's default."""
-    import torch
-
-    hidden = config.get("hidden_size")
-    if torch.device(device).type == "cpu" and isinstance(hidden, int) and hidden <= TINY_HIDDEN_SIZE:
-        torch.set_num_threads(1)
-
-
 def default_model_dir() -> Path:
     root = Path(os.environ.get("HYBRIDCACHE_HOME", Path.home() / ".cache" / "hybridcache"))
     return root / "default-nemotron-h"
@@ -200,7 +189,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = SpeculativeConfig(method="ngram", num_draft_tokens=args.num_draft_tokens)
     check_device(args.device)
     model_dir = Path(args.model) if args.model else ensure_default_model(default_model_dir())
-    set_cpu_threads(args.device, check_model(model_dir))
+    check_model(model_dir)  # the LLM picks torch threads for a tiny model on the CPU
     reference = LLM(model_dir, device=args.device, max_num_seqs=args.num_requests, speculative=None,
                     max_num_batched_tokens=4096)
     prompts = make_prompts(args.num_requests, reference.vocab_size, seed=args.seed)
@@ -261,7 +250,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     bad = [t for ids in args.token_ids for t in ids if isinstance(vocab, int) and t >= vocab]
     if bad:
         raise UsageError(f"--token-ids: {bad[0]} is outside the vocabulary [0, {vocab})")
-    set_cpu_threads(args.device, config)
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, speculative=spec, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
               device_cache_bytes=args.device_cache_bytes, host_cache_bytes=args.host_cache_bytes,
@@ -283,8 +271,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     check_device(args.device)
     model_dir = args.model or ensure_default_model(default_model_dir())
-    config = check_model(model_dir)
-    set_cpu_threads(args.device, config)
+    check_model(model_dir)
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
               device_cache_bytes=args.device_cache_bytes, host_cache_bytes=args.host_cache_bytes,

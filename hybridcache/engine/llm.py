@@ -23,6 +23,7 @@ from .interrupts import deferred_interrupts
 from .policy import DemandSplit, PreemptionPolicy
 from .request import Request, RequestDelta, RequestOutput, TokenLogprob
 from .runner import ModelRunner
+from .cpu_threads import tune_cpu_threads
 from .device_sampler import RowParams, sample
 from .scheduler import ScheduledStep, Scheduler
 
@@ -89,6 +90,7 @@ class LLM:
                 raise InvalidParamsError(f"{name} must be an int >= 1, got {value!r}")
         self.device = torch.device(device)
         cfg = read_config(model)
+        tune_cpu_threads(self.device, cfg)
         if dtype == "auto":  # the checkpoint's own dtype; float32 when it names none we run
             dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").removeprefix("torch.")
             dtype = dtype if dtype in DTYPES else "float32"
