@@ -27,7 +27,7 @@ from ..engine.llm import LLM
 from ..engine.params import InvalidParamsError
 from ..engine.request import RequestDelta, TokenLogprob
 from .metrics import Metrics, RequestTimer
-from .protocol import BadRequest, ChatCompletionRequest, CompletionRequest
+from .protocol import BadRequest, ChatCompletionRequest, CompletionRequest, ModelNotFound
 
 
 
@@ -62,7 +62,7 @@ def build_app(llm: LLM, model_name: str, max_queued: int | None = None) -> FastA
 
     @app.exception_handler(BadRequest)
     async def _bad(request: Request, exc: BadRequest) -> JSONResponse:
-        return error_response(400, str(exc), "invalid_request_error", exc.param)
+        return error_response(exc.status, str(exc), exc.kind, exc.param)
 
     @app.exception_handler(InvalidParamsError)
     @app.exception_handler(InvalidRequestError)
@@ -76,7 +76,7 @@ def build_app(llm: LLM, model_name: str, max_queued: int | None = None) -> FastA
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
-            raise BadRequest(f"model {name!r} is not served here; this server serves {model_name!r}", "model")
+            raise ModelNotFound(f"model {name!r} is not served here; this server serves {model_name!r}", "model")
 
     @app.get("/health")
     async def health() -> Response:

@@ -14,9 +14,17 @@ from ..engine.params import SamplingParams
 class BadRequest(ValueError):
     """A request the API refuses with 400; `param` names the field."""
 
+    status, kind = 400, "invalid_request_error"
+
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class ModelNotFound(BadRequest):
+    """The request names a model this server does not serve: 404, as OpenAI's API answers."""
+
+    status, kind = 404, "model_not_found"
 
 
 class StreamOptions(BaseModel):

@@ -97,7 +97,6 @@ def test_bad_requests_get_openai_errors_and_a_full_queue_503(tiny):
             ({"prompt": []}, None),
             ({"prompt": [IDS, IDS]}, "prompt"),
             ({}, "prompt"),
-            ({"prompt": IDS, "model": "other"}, "model"),
             ({"prompt": IDS, "logprobs": 99}, None),
         ]
         for body, param in cases:
@@ -108,6 +107,9 @@ def test_bad_requests_get_openai_errors_and_a_full_queue_503(tiny):
             assert err["code"] == 400 and err["message"], body
             if param is not None:
                 assert err["param"] is not None and err["param"].startswith(param), (body, err)
+        resp = httpx.post(url, json={"prompt": IDS, "model": "other"})
+        assert resp.status_code == 404 and resp.json()["error"]["type"] == "model_not_found"
+        assert resp.json()["error"]["param"] == "model"
         with httpx.Client(timeout=30) as http:
             long = {"prompt": IDS, "max_tokens": 200, "ignore_eos": True, "stream": True}
             with http.stream("POST", url, json=long) as first:
