@@ -212,7 +212,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar.close()
     tokens = sum(len(o.token_ids) for o in outs)
 
+    t0 = time.perf_counter()
     ref = reference.generate(prompts, params)
+    ref_elapsed = time.perf_counter() - t0
     same = sum(o.token_ids == r.token_ids for o, r in zip(outs, ref))
     s = llm.stats
     rate = s.num_accepted_tokens / max(s.num_draft_tokens, 1)
@@ -221,11 +223,12 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"host {host_bytes / 1e6:.2f} MB")
     print(f"requests            {len(outs)}")
     print(f"tokens              {tokens}")
-    print(f"tokens/s            {tokens / elapsed:.1f}  ({elapsed:.2f} s, {s.num_steps} steps)")
+    print(f"tokens/s            {tokens / elapsed:.1f}  ({elapsed:.2f} s, {s.num_steps} steps); unconstrained "
+          f"without speculation {tokens / ref_elapsed:.1f} ({elapsed / ref_elapsed:.2f}x its time)")
     print(f"suspensions         {s.num_suspensions}")
     print(f"resumes             {s.num_resumes}")
     print(f"re-prefills         {s.num_reprefills}")
-    print(f"bytes moved         {s.bytes_to_host} to host, {s.bytes_to_device} to device")
+    print(f"moved               {s.bytes_to_host / 1e6:.2f} MB to host, {s.bytes_to_device / 1e6:.2f} MB to device")
     print(f"draft acceptance    {s.num_accepted_tokens}/{s.num_draft_tokens} = {rate:.1%}")
     print(f"equal to the unconstrained run without speculation: {same}/{len(outs)} "
           f"{'yes' if same == len(outs) else 'NO'}")
