@@ -22,6 +22,8 @@ from ..cache import CacheStore
 from ..models.batch import ForwardBatch
 from ..ops.attention import HostRows
 
+MAX_GRAPHS = 64  # captured shapes kept at once (a steady batch uses one; widths and sizes change slowly)
+
 
 @dataclass
 class _Graph:
@@ -64,6 +66,8 @@ class DecodeGraphs:
                 self._refused.add(key)
                 return None
             self._graphs[key] = entry
+            if len(self._graphs) > MAX_GRAPHS:  # each holds its own memory pool: drop the oldest
+                del self._graphs[next(iter(self._graphs))]
         entry.load(input_ids, batch)
         entry.graph.replay()
         self.num_replays += 1
