@@ -22,9 +22,9 @@ from .params import SamplingParams, SpeculativeConfig
 from .interrupts import deferred_interrupts
 from .policy import DemandSplit, PreemptionPolicy
 from .request import Request, RequestDelta, RequestOutput, TokenLogprob
+from .step_tokens import choose_tokens
 from .runner import ModelRunner
 from .cpu_threads import tune_cpu_threads
-from .device_sampler import RowParams, sample
 from .scheduler import ScheduledStep, Scheduler
 
 log = logging.getLogger(__name__)
@@ -300,7 +300,7 @@ class LLM:
             with deferred_interrupts():
                 plan, tokens, positions = self._plan(step, drafts, 1 + longest)
             logits = self.runner.run(plan, tokens, len(step.context), 1 + longest, positions)
-            new_tokens, accepted, logprobs = self._sample(step, drafts, logits, 1 + longest)
+            new_tokens, accepted, logprobs = choose_tokens(step, drafts, logits, 1 + longest, self.device)
             with deferred_interrupts():
                 # planner and store directly, as the runner executes: a failed accept hook leaves the step
                 # pending, so the handler below restarts its rows (the facade's accept would abort it unseen)
@@ -398,53 +398,6 @@ class LLM:
             offset += width
         plan = self.manager.planner.plan_step(ids, counts)
         return plan, np.asarray(tokens, dtype=np.int64), np.asarray(positions, dtype=np.int64)
-
-    def _sample(self, step: ScheduledStep, drafts: dict[int, list[int]], logits, width: int):
-        """New tokens per request, and per row the tokens now valid in the cache (context rows: the chunk;
-        generation rows: the fed token plus the accepted drafts). Every sampled row is chosen in one batched
-        call on the device; its tokens come back in one copy (the step's one host sync). When a row asks for
-        logprobs, every row's come back too, in one more copy: {req_id: [TokenLogprob per new token]}."""
-        accepted: list[int] = [chunk for _, chunk in step.context]
-        sampled = [r for r, chunk in step.context if r.num_prefilled + chunk == r.context_len and not r.output]
-        num_first = len(sampled)
-        sampled += step.generation
-        if not sampled:
-            return {}, accepted, {}
-        T = width
-        props = [drafts.get(r.req_id, []) if i >= num_first else [] for i, r in enumerate(sampled)]
-        rows = RowParams.upload([r.params.temperature for r in sampled], [r.params.top_k for r in sampled],
-                                [r.params.top_p for r in sampled], [r.seed for r in sampled],
-                                [len(r.output) for r in sampled], props, T - 1, self.device)
-        # logits rows: a first token reads its prompt's last position; a generation row its T positions
-        row = torch.arange(len(sampled), device=self.device)
-        gen = (row >= num_first).long()
-        index = row[:, None] + gen[:, None] * ((row[:, None] - num_first) * (T - 1) + torch.arange(T, device=self.device))
-        row_logits = logits[index]  # [R, T, V]
-        tokens, counts = sample(row_logits, rows, all_greedy=all(r.params.greedy for r in sampled))
-        packed = torch.cat([counts[:, None], tokens], 1).tolist()
-        new_tokens = {r.req_id: row[1 : 1 + row[0]] for r, row in zip(sampled, packed)}
-        accepted += [len(new_tokens[r.req_id]) for r in step.generation]
-        return new_tokens, accepted, self._logprobs(sampled, row_logits, tokens, new_tokens)
-
-    def _logprobs(self, sampled: list[Request], row_logits: torch.Tensor, tokens: torch.Tensor,
-                  new_tokens: dict[int, list[int]]) -> dict[int, list[TokenLogprob]]:
-        """Log-probabilities of the sampled tokens [R, T] under the raw logits [R, T, V], with the top N
-        (the step's largest ask) of each position, computed on the device and copied back once."""
-        asks = [r.params.logprobs for r in sampled if r.params.logprobs is not None]
-        if not asks:
-            return {}
-        logp = torch.log_softmax(row_logits.float(), -1)
-        chosen = logp.gather(-1, tokens[..., None])[..., 0]  # [R, T]
-        top_lp, top_ids = logp.topk(max(asks), -1) if max(asks) else (chosen[..., :0], tokens[..., :0])
-        chosen, top_lp, top_ids = chosen.tolist(), top_lp.tolist(), top_ids.tolist()
-        out: dict[int, list[TokenLogprob]] = {}
-        for i, r in enumerate(sampled):
-            n = r.params.logprobs
-            if n is None:
-                continue
-            out[r.req_id] = [TokenLogprob(t, chosen[i][j], tuple(zip(top_ids[i][j][:n], top_lp[i][j][:n])))
-                             for j, t in enumerate(new_tokens[r.req_id])]
-        return out
 
     def _advance(self, step: ScheduledStep, drafts: dict[int, list[int]], new_tokens: dict[int, list[int]],
                  logprobs: dict[int, list[TokenLogprob]]) -> list[RequestOutput]:

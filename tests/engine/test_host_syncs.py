@@ -1,6 +1,6 @@
 """One host sync per steady decode step (issue 9): once prefill is done and every request decodes, a step of
 `LLM.step()` — plain or speculative, every family — waits for the device at most once, for the sampled
-tokens' copy-back in `LLM._sample`. Counted with the CPU tripwire (tests/ops/tripwire.py), which sees the
+tokens' copy-back in `step_tokens.choose_tokens`. Counted with the CPU tripwire (tests/ops/tripwire.py), which sees the
 Python-level calls that synchronise on a GPU; on CUDA, CUDA's sync-debug mode counts the rest as well."""
 from __future__ import annotations
 
@@ -55,6 +55,6 @@ def test_steady_decode_step_makes_at_most_one_host_sync(checkpoint, spec: str, d
               max_model_len=128, page_size=4, enforce_eager=True)
     for syncs in steady_steps(llm, 6):
         assert syncs.count <= 1, syncs
-        assert all(site.rsplit(":", 1)[0].endswith("hybridcache/engine/llm.py") for _, site in syncs.calls), syncs
+        assert all(site.rsplit(":", 1)[0].endswith("hybridcache/engine/step_tokens.py") for _, site in syncs.calls), syncs
     if spec == "ngram" and device == "cpu":
         assert llm.stats.num_accepted_tokens > 0  # the verify steps took the accept paths too

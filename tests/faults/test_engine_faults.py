@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import hybridcache.cache.copy_engine as copy_engine
-import hybridcache.engine.llm as llm_module
+import hybridcache.engine.step_tokens as step_tokens
 from hybridcache.cache import StateLostError, Status
 from tests.cache.factory import assert_same_state
 
@@ -42,8 +42,8 @@ def test_a_sampler_fault_replays_the_same_random_draws(checkpoint, reference, mo
     params = sampled()
     expected = reference(FAMILY, SPECS[spec], params)
     llm = build(checkpoint(FAMILY), SPECS[spec], pressure=True)
-    fault = FailOnCall(llm_module.sample, nth)
-    monkeypatch.setattr(llm_module, "sample", fault)
+    fault = FailOnCall(step_tokens.sample, nth)
+    monkeypatch.setattr(step_tokens, "sample", fault)
     run_with_fault(llm, params, expected)
     assert fault.fired == 1
 

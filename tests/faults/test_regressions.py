@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import hybridcache.engine.llm as llm_module
+import hybridcache.engine.step_tokens as step_tokens
 from hybridcache import LLM, SamplingParams
 from hybridcache.cache import BudgetTooSmallError, InvalidCountError, Status
 from tests.cache.factory import assert_same_state, fill_random, make_manager, run_to_generation
@@ -74,7 +74,7 @@ def test_a_sampler_fault_after_the_forward_leaves_the_llm_usable(checkpoint, mon
     expected = tokens(LLM(path, page_size=4).generate(PROMPTS[:3], GREEDY))
     llm = LLM(path, page_size=4)
     rids = [llm.add_request(p, GREEDY) for p in PROMPTS[:3]]
-    monkeypatch.setattr(llm_module, "sample", FailOnCall(llm_module.sample, 5))  # the forward ran; nothing accepted
+    monkeypatch.setattr(step_tokens, "sample", FailOnCall(step_tokens.sample, 5))  # the forward ran; nothing accepted
     outputs: dict[int, list[int]] = {}
     step_until_raises(llm, outputs)
     llm.manager.check_integrity()

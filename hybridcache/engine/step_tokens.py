@@ -1,0 +1,59 @@
+"""A step's token choice: every sampled row's tokens chosen on the device in one call and copied back once
+(the step's one host sync), with per-token logprobs for the rows that ask."""
+from __future__ import annotations
+
+import torch
+
+from .device_sampler import RowParams, sample
+from .request import Request, TokenLogprob
+from .scheduler import ScheduledStep
+
+
+def choose_tokens(step: ScheduledStep, drafts: dict[int, list[int]], logits: torch.Tensor | None, width: int,
+                  device: torch.device) -> tuple[dict[int, list[int]], list[int], dict[int, list[TokenLogprob]]]:
+    """New tokens per request, and per row the tokens now valid in the cache (context rows: the chunk;
+    generation rows: the fed token plus the accepted drafts). Every sampled row is chosen in one batched
+    call on the device; its tokens come back in one copy (the step's one host sync). When a row asks for
+    logprobs, every row's come back too, in one more copy: {req_id: [TokenLogprob per new token]}."""
+    accepted: list[int] = [chunk for _, chunk in step.context]
+    sampled = [r for r, chunk in step.context if r.num_prefilled + chunk == r.context_len and not r.output]
+    num_first = len(sampled)
+    sampled += step.generation
+    if not sampled:
+        return {}, accepted, {}
+    T = width
+    props = [drafts.get(r.req_id, []) if i >= num_first else [] for i, r in enumerate(sampled)]
+    rows = RowParams.upload([r.params.temperature for r in sampled], [r.params.top_k for r in sampled],
+                            [r.params.top_p for r in sampled], [r.seed for r in sampled],
+                            [len(r.output) for r in sampled], props, T - 1, device)
+    # logits rows: a first token reads its prompt's last position; a generation row its T positions
+    row = torch.arange(len(sampled), device=device)
+    gen = (row >= num_first).long()
+    index = row[:, None] + gen[:, None] * ((row[:, None] - num_first) * (T - 1) + torch.arange(T, device=device))
+    row_logits = logits[index]  # [R, T, V]
+    tokens, counts = sample(row_logits, rows, all_greedy=all(r.params.greedy for r in sampled))
+    packed = torch.cat([counts[:, None], tokens], 1).tolist()
+    new_tokens = {r.req_id: row[1 : 1 + row[0]] for r, row in zip(sampled, packed)}
+    accepted += [len(new_tokens[r.req_id]) for r in step.generation]
+    return new_tokens, accepted, _logprobs(sampled, row_logits, tokens, new_tokens)
+
+
+def _logprobs(sampled: list[Request], row_logits: torch.Tensor, tokens: torch.Tensor,
+              new_tokens: dict[int, list[int]]) -> dict[int, list[TokenLogprob]]:
+    """Log-probabilities of the sampled tokens [R, T] under the raw logits [R, T, V], with the top N
+    (the step's largest ask) of each position, computed on the device and copied back once."""
+    asks = [r.params.logprobs for r in sampled if r.params.logprobs is not None]
+    if not asks:
+        return {}
+    logp = torch.log_softmax(row_logits.float(), -1)
+    chosen = logp.gather(-1, tokens[..., None])[..., 0]  # [R, T]
+    top_lp, top_ids = logp.topk(max(asks), -1) if max(asks) else (chosen[..., :0], tokens[..., :0])
+    chosen, top_lp, top_ids = chosen.tolist(), top_lp.tolist(), top_ids.tolist()
+    out: dict[int, list[TokenLogprob]] = {}
+    for i, r in enumerate(sampled):
+        n = r.params.logprobs
+        if n is None:
+            continue
+        out[r.req_id] = [TokenLogprob(t, chosen[i][j], tuple(zip(top_ids[i][j][:n], top_lp[i][j][:n])))
+                         for j, t in enumerate(new_tokens[r.req_id])]
+    return out
