@@ -58,9 +58,11 @@ class LLM:
     the device budget). `scheduling_policy`: "max_utilization" (admit while there is room now, preempt on
     growth) or "reserve" (admit only with room for the whole length, never preempt on growth).
 
-    On CUDA, decode and verify steps replay CUDA graphs captured per batch shape (`enforce_eager=True`
-    runs every step eagerly). A step that fails (an exception or Ctrl-C in the forward, the sampler or the drafter) restarts its
-    rows from their tokens; `generate` then aborts its requests and re-raises, and the LLM stays usable.
+    `preemption` chooses the victim and swap or re-prefill (`policy.PreemptionPolicy`). On CUDA, decode and
+    verify steps replay CUDA graphs captured per batch shape (`enforce_eager=True` runs every step
+    eagerly). A step that fails (an exception or Ctrl-C in the forward, the sampler or the drafter)
+    restarts its rows from their tokens; `generate` then aborts its requests and re-raises, and the LLM
+    stays usable.
     """
 
     def __init__(
