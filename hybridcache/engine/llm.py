@@ -1,11 +1,9 @@
 """`LLM`: the public facade — load a checkpoint, build the cache, run requests to completion."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -14,7 +12,7 @@ import torch
 import numpy as np
 
 from ..cache import CacheConfig, HybridCacheManager, StateLostError, Status, sizing_of
-from ..models.checkpoint import read_config
+from ..models.checkpoint import read_config, read_generation_config
 from ..models.loader import load_model, load_tokenizer
 from .drafter import NgramDrafter
 from .errors import InvalidParamsError, InvalidRequestError, RequestTooLargeError
@@ -22,6 +20,7 @@ from .params import SamplingParams, SpeculativeConfig
 from .interrupts import deferred_interrupts
 from .policy import DemandSplit, PreemptionPolicy
 from .request import Request, RequestDelta, RequestOutput, TokenLogprob
+from .stats import Stats
 from .step_tokens import choose_tokens
 from .runner import ModelRunner
 from .cpu_threads import tune_cpu_threads
@@ -31,22 +30,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TOKENS_PER_SEQ = 4096
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_new_tokens": "max_tokens"}
-
-
-@dataclass
-class Stats:
-    num_suspensions: int = 0
-    num_resumes: int = 0
-    num_reprefills: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    bytes_to_host: int = 0
-    bytes_to_device: int = 0
-    num_rebalances: int = 0
-    num_aborted_rows: int = 0  # rows of failed steps, restarted from their tokens
-    num_steps: int = 0
-    num_generated_tokens: int = 0
-    step_seconds: float = 0.0  # wall time of committed steps (schedule, forward, sample, commit)
 
 
 class LLM:
@@ -99,7 +82,7 @@ class LLM:
         self.dtype = DTYPES[dtype]
         self.model = load_model(model, device=self.device, dtype=self.dtype)
         self.tokenizer = load_tokenizer(model)
-        gen_cfg = _read_generation_config(model)
+        gen_cfg = read_generation_config(model)
         self.vocab_size = int(cfg["vocab_size"])
         # every eos id of config.json and generation_config.json, config.json's first
         self.eos_token_ids = list(dict.fromkeys(_ids(cfg.get("eos_token_id")) + _ids(gen_cfg.get("eos_token_id"))))
@@ -448,8 +431,3 @@ def _ids(value) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
-
-
-def _read_generation_config(model: str | Path) -> dict:
-    path = Path(model) / "generation_config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}

@@ -42,6 +42,12 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return read_json(file)
 
 
+def read_generation_config(path: str | Path) -> dict[str, Any]:
+    """generation_config.json of a checkpoint directory as a dict, {} when it has none."""
+    file = Path(path) / "generation_config.json"
+    return read_json(file) if file.is_file() else {}
+
+
 def _open(file: Path) -> Any:
     """`safe_open(file)`; CheckpointFileError when it is truncated or not a safetensors file."""
     try:

@@ -128,3 +128,13 @@ def test_bad_tokenizer_file_is_a_model_load_error(tiny):
     (tiny / "tokenizer.json").write_text("{")
     with pytest.raises(ModelLoadError, match="tokenizer"):
         load_tokenizer(tiny)
+
+
+def test_a_bad_generation_config_is_a_checkpoint_file_error(tmp_path):
+    from hybridcache import LLM
+    from hybridcache.models.errors import CheckpointFileError
+
+    path, _ = save_tiny(tmp_path)
+    (path / "generation_config.json").write_text("{not json")
+    with pytest.raises(CheckpointFileError, match="generation_config.json"):
+        LLM(path)

@@ -1,0 +1,20 @@
+"""`LLM.stats`: the engine's counters (the cache's own are copied in when read)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Stats:
+    num_suspensions: int = 0
+    num_resumes: int = 0
+    num_reprefills: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    bytes_to_host: int = 0
+    bytes_to_device: int = 0
+    num_rebalances: int = 0
+    num_aborted_rows: int = 0  # rows of failed steps, restarted from their tokens
+    num_steps: int = 0
+    num_generated_tokens: int = 0
+    step_seconds: float = 0.0  # wall time of committed steps (schedule, forward, sample, commit)
