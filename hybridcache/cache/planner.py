@@ -21,14 +21,13 @@ from .errors import (
     OutOfDeviceMemoryError,
     UnknownRequestError,
 )
+from .counts import MAX_TOKENS, int_array, token_counts
 from .id_pool import IdPool
 from .integrity import check_integrity
 from .layout import Layout
 from .plans import AcceptPlan, MovePlan, RecarvePlan, StepPlan, frozen
 
-MAX_TOKENS = 2**31 - 1  # token counts travel to kernels as int32
 FREED_REMEMBERED = 4096  # freed ids kept to tell a double free from an unknown id
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class Planner:
@@ -143,7 +142,7 @@ class Planner:
         key = tuple(req_ids)
         layout = self._layout
         if layout is not None and layout.key == key:  # the last step's rows again: on the device or dummies
-            n = self._counts(num_new, len(key))
+            n = token_counts(num_new, len(key))
             grow = self._growth(layout.held, self._tokens.counts[layout.handles], n, layout.dummy)
             if int(grow.sum()) > self.page_pool.num_free:
                 return False
@@ -151,7 +150,7 @@ class Planner:
             layout.grew(grow)
             return True
         entries = self._distinct(key)
-        n = self._counts(num_new, len(entries))
+        n = token_counts(num_new, len(entries))
         for e in entries:
             if e.status == Status.SUSPENDED:
                 raise InvalidTransitionError(f"request {e.req_id!r} is suspended; resume it first")
@@ -182,7 +181,7 @@ class Planner:
                     raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}: allocate it first")
             self._version += 1
             layout = Layout(key, entries, self._version)
-        n = self._counts(num_new, len(key))
+        n = token_counts(num_new, len(key))
         cached = self._tokens.counts[layout.handles]
         if (cached + n > MAX_TOKENS).any():
             raise InvalidCountError(f"a row would pass {MAX_TOKENS} tokens")
@@ -209,7 +208,7 @@ class Planner:
         if num_valid is None:
             valid = n
         else:
-            valid = _int_array(num_valid, "accept counts")
+            valid = int_array(num_valid, "accept counts")
             if valid.shape != n.shape:
                 raise InvalidCountError(f"{n.size} rows but {valid.size} accept counts")
             bad = plan.generation & ((valid < 1) | (valid > n))
@@ -371,15 +370,9 @@ class Planner:
             raise OutOfDeviceMemoryError(
                 f"{len(live)} live requests holding {sum(held)} pages do not fit {num_slots} slots and {num_pages} pages"
             )
-        committed = [self.live_pages(e) for e in live]
-        starts = np.cumsum([0] + held[:-1]).tolist()  # the new pool hands each request a run from row 0 on
-        d = self.num_dummies
-        plan = RecarvePlan(
-            old_slots=self.slot_pool.total, old_pages=self.page_pool.total, new_slots=num_slots + d,
-            new_pages=num_pages, num_dummies=d, slots_from=tuple(e.slot for e in live),
-            slots_to=tuple(range(d, d + len(live))),
-            pages_from=tuple(p for e, k in zip(live, committed) for p in e.pages[:k]),
-            pages_to=tuple(s + j for s, k in zip(starts, committed) for j in range(k)),
+        plan = RecarvePlan.compacting(
+            (self.slot_pool.total, self.page_pool.total), num_slots, num_pages, self.num_dummies,
+            [e.slot for e in live], [e.pages for e in live], [self.live_pages(e) for e in live],
         )
         self._moving = plan
         return plan
@@ -438,14 +431,6 @@ class Planner:
             raise ValueError("a request is listed twice")
         return [self.entry(r) for r in req_ids]
 
-    def _counts(self, num_new: Sequence[int] | int, rows: int) -> np.ndarray:
-        n = _int_array(num_new, "token counts", rows)
-        if n.shape != (rows,):
-            raise InvalidCountError(f"{rows} rows but {n.size} token counts")
-        if n.size and (n.min() < 1 or n.max() > MAX_TOKENS):
-            raise InvalidCountError(f"token counts must be in [1, {MAX_TOKENS}], got {n.tolist()[:8]}")
-        return n
-
     def _growth(self, held: np.ndarray, cached: np.ndarray, n: np.ndarray, dummy: np.ndarray) -> np.ndarray:
         """[B] int64: pages each row must take for `n` more tokens, holding `held` pages for `cached` tokens."""
         if not self.has_pages:
@@ -475,27 +460,6 @@ class Planner:
         self.host_page_pool.release(e.host_pages)
         e.slot, e.pages, e.host_slot, e.host_pages, e.fresh = -1, [], -1, [], False
         self._layout = None
-
-
-def _int_array(values, what: str, rows: int | None = None) -> np.ndarray:
-    """`values` as int64 (an int broadcast to `rows`); floats, bools and overflowing ints are refused."""
-    if isinstance(values, (int, np.integer)) and not isinstance(values, bool) and rows is not None:
-        if _INT64_MIN <= values <= _INT64_MAX:
-            return np.full(rows, values, dtype=np.int64)
-        values = [int(values)] * rows
-    if hasattr(values, "detach"):  # a tensor: read it on the host
-        values = values.detach().cpu().numpy()
-    if isinstance(values, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in values):
-        raise InvalidCountError(f"{what} must be integers, got a bool among {list(values)[:8]}")
-    try:
-        a = np.asarray(values)
-    except (OverflowError, ValueError) as err:
-        raise InvalidCountError(f"{what}: {err}") from None
-    if a.dtype == object or not (np.issubdtype(a.dtype, np.integer) or a.size == 0) or a.dtype == np.bool_:
-        raise InvalidCountError(f"{what} must be integers, got {a.dtype}")
-    if a.dtype == np.uint64 and a.size and a.max() > np.iinfo(np.int64).max:
-        raise InvalidCountError(f"{what} overflow int64")
-    return a.astype(np.int64).reshape(-1) if a.ndim else a.astype(np.int64).reshape(1)
 
 
 def _split(flat: tuple[int, ...], counts: tuple[int, ...]) -> list[list[int]]:

@@ -6,6 +6,7 @@ executes the same plans in the same order holds the same bytes in the same rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Hashable
 
 import numpy as np
@@ -92,3 +93,19 @@ class RecarvePlan:
     slots_to: tuple[int, ...]
     pages_from: tuple[int, ...]
     pages_to: tuple[int, ...]
+
+    @classmethod
+    def compacting(cls, old: tuple[int, int], num_slots: int, num_pages: int, num_dummies: int,
+                   slots: list[int], pages: list[list[int]], committed: list[int]) -> "RecarvePlan":
+        """Live requests (their slot, the pages they hold, how many of those hold committed tokens) packed
+        from row 0 of a carving of `num_slots` request slots and `num_pages` pages. Each request keeps as
+        many pages as it holds, as one run: a fresh pool hands them out in this order."""
+        held = [len(p) for p in pages]
+        starts = [0, *accumulate(held)][:-1]
+        return cls(
+            old_slots=old[0], old_pages=old[1], new_slots=num_slots + num_dummies, new_pages=num_pages,
+            num_dummies=num_dummies, slots_from=tuple(slots),
+            slots_to=tuple(range(num_dummies, num_dummies + len(slots))),
+            pages_from=tuple(p for ps, k in zip(pages, committed) for p in ps[:k]),
+            pages_to=tuple(s + j for s, k in zip(starts, committed) for j in range(k)),
+        )

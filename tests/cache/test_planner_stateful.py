@@ -39,7 +39,7 @@ from hybridcache.cache import (
     StepPlan,
     UnknownRequestError,
 )
-from hybridcache.cache.planner import MAX_TOKENS
+from hybridcache.cache.counts import MAX_TOKENS
 
 WAITING, CONTEXT, GENERATION, SUSPENDED, DUMMY = (
     Status.WAITING, Status.CONTEXT, Status.GENERATION, Status.SUSPENDED, Status.DUMMY)
