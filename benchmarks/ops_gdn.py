@@ -22,24 +22,33 @@ from benchmarks.record import Record, add_json_arg
 from benchmarks.timing import REPEATS, graphed
 from hybridcache.ops.gdn import gdn_accept, gdn_decode, gdn_verify
 from hybridcache.ops.gdn.block import per_value_head, prepare_qk
+from hybridcache.ops.triton_support import runs_triton
 
 
 def intermediate_verify(q, k, v, g, beta, ssm, inter, slots, num_valid) -> torch.Tensor:
-    """Per-token recurrence writing every intermediate state, then the accepted state copied back."""
+    """Per-token states: the T tokens one at a time, the state after each written to a per-slot buffer
+    [S, T, HV, K, V], then the accepted one copied back into ssm. On CUDA the tokens run in our fused decode
+    kernel (`intermediate=`), so both approaches are measured at the same kernel quality."""
     B, T, hv = q.shape[0], q.shape[1], v.shape[2]
-    qn, kn = (per_value_head(x, hv).view(B, hv, T, -1) for x in prepare_qk(q, k, None, True))  # [B, HV, T, K]
-    vt, gt, bt = (x.float().transpose(1, 2) for x in (v, g, beta))
-    h = ssm.index_select(0, slots)
-    outs = []
-    for t in range(T):
-        h = h * gt[..., t, None, None].exp()
-        kt = kn[..., t, :].unsqueeze(-2)  # [B, HV, 1, K]
-        u = bt[..., t, None, None] * (vt[..., t, :].unsqueeze(-2) - kt @ h)
-        h = torch.baddbmm(h.flatten(0, 1), kt.transpose(-1, -2).flatten(0, 1), u.flatten(0, 1)).view_as(h)
-        outs.append(qn[..., t, :].unsqueeze(-2) @ h)
-        inter.select(1, t).index_copy_(0, slots, h)
+    if runs_triton(q):
+        from hybridcache.ops.delta_rule_triton import delta_rule_decode_triton
+
+        o = delta_rule_decode_triton(q, k, v, g, beta, ssm, slots, use_qk_l2norm_in_kernel=True, intermediate=inter)
+    else:
+        qn, kn = (per_value_head(x, hv).view(B, hv, T, -1) for x in prepare_qk(q, k, None, True))  # [B, HV, T, K]
+        vt, gt, bt = (x.float().transpose(1, 2) for x in (v, g, beta))
+        h = ssm.index_select(0, slots)
+        outs = []
+        for t in range(T):
+            h = h * gt[..., t, None, None].exp()
+            kt = kn[..., t, :].unsqueeze(-2)  # [B, HV, 1, K]
+            u = bt[..., t, None, None] * (vt[..., t, :].unsqueeze(-2) - kt @ h)
+            h = torch.baddbmm(h.flatten(0, 1), kt.transpose(-1, -2).flatten(0, 1), u.flatten(0, 1)).view_as(h)
+            outs.append(qn[..., t, :].unsqueeze(-2) @ h)
+            inter.select(1, t).index_copy_(0, slots, h)
+        o = torch.cat(outs, dim=-2).transpose(1, 2).to(v.dtype)
     ssm.index_copy_(0, slots, inter.flatten(0, 1).index_select(0, slots * T + num_valid - 1))
-    return torch.cat(outs, dim=-2).transpose(1, 2).to(v.dtype)
+    return o
 
 
 def copy_bandwidth(device: str, nbytes: int) -> float:

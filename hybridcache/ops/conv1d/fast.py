@@ -1,4 +1,5 @@
-"""Vectorized causal depthwise conv1d over slot windows (CPU and CUDA, no per-row Python loops).
+"""Causal depthwise conv1d over slot windows: the Triton kernels on CUDA (`triton_conv.py`), else
+vectorized torch (no per-row Python loops).
 
 Same contracts as `naive.py`. Prefill gathers, for each token, its K inputs from one table that
 stacks the flat tokens, every row's initial window and a zero row; the update unfolds
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hybridcache.ops.slot_io import put_rows, take_rows
+from hybridcache.ops.triton_support import runs_triton
 
 
 def _activate(out: Tensor, activation: str | None) -> Tensor:
@@ -34,6 +36,24 @@ def causal_conv1d_prefill(
     activation: str | None = None,
 ) -> Tensor:
     """See `causal_conv1d_prefill_ref`. x: [N, C]; conv: [S, C, W + k]. Returns [N, C]."""
+    if runs_triton(x):
+        from hybridcache.ops.conv1d.triton_conv import causal_conv1d_prefill_triton
+
+        return causal_conv1d_prefill_triton(x, weight, bias, conv, slots, has_initial, cu_seqlens, activation)
+    return causal_conv1d_prefill_torch(x, weight, bias, conv, slots, has_initial, cu_seqlens, activation)
+
+
+def causal_conv1d_prefill_torch(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    conv: Tensor,
+    slots: Tensor,
+    has_initial: Tensor,
+    cu_seqlens: Tensor,
+    activation: str | None = None,
+) -> Tensor:
+    """`causal_conv1d_prefill` in torch ops on any device (one gather from a table, see the module docstring)."""
     num_tokens, channels = x.shape
     width = weight.shape[1]
     w = width - 1
@@ -78,6 +98,22 @@ def causal_conv1d_update(
     activation: str | None = None,
 ) -> Tensor:
     """See `causal_conv1d_update_ref`. x: [B, T, C]; conv: [S, C, W + k]. Returns [B, T, C]."""
+    if runs_triton(x):
+        from hybridcache.ops.conv1d.triton_conv import causal_conv1d_update_triton
+
+        return causal_conv1d_update_triton(x, weight, bias, conv, slots, activation)
+    return causal_conv1d_update_torch(x, weight, bias, conv, slots, activation)
+
+
+def causal_conv1d_update_torch(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    conv: Tensor,
+    slots: Tensor,
+    activation: str | None = None,
+) -> Tensor:
+    """`causal_conv1d_update` in torch ops on any device (unfold cat(window, x) per row)."""
     width = weight.shape[1]
     w = width - 1
     steps = x.shape[1]

@@ -1,7 +1,13 @@
-"""Chunked gated delta rule for prefill: variable-length flat batches, initial and final state."""
+"""Chunked gated delta rule for prefill: variable-length flat batches, initial and final state.
+
+`chunk_gated_delta_rule` is our torch path (fla's contract, any device). The slot-facing `gdn_prefill`
+runs fla's Triton chunk kernel where `fla_usable` says so (CUDA; see ops/fla_kernels.py) and the torch
+path elsewhere; either way the slots are read and written the same way (`prefill_slots`).
+"""
 import torch
 
 from ..delta_rule_common import chunked, prefill_slots
+from ..fla_kernels import MAX_KEY_DIM, fla_chunk_gated_delta_rule, fla_usable
 from .block import block, prepare_qk
 
 
@@ -46,7 +52,36 @@ def gdn_prefill(
 
     q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; cu_seqlens [B+1]; ssm [S, HV, K, V] fp32 (one layer);
     slots [B] int64 (negative = padding); has_initial [B] bool (false = start from zeros).
-    Writes each live row's final state to ssm[slot]; returns o [N, HV, V].
+    Writes each live row's final state to ssm[slot]; returns o [N, HV, V] in v's dtype.
+    On CUDA (`fla_usable`) fla's kernel runs (`gdn_prefill_fla`); `chunk_size` tiles the torch path only.
     """
+    if fla_usable(q) and q.shape[-1] <= MAX_KEY_DIM:
+        return gdn_prefill_fla(q, k, v, g, beta, cu_seqlens, ssm, slots, has_initial, scale,
+                               use_qk_l2norm_in_kernel)
     return prefill_slots(chunk_gated_delta_rule, q, k, v, g, beta, cu_seqlens, ssm, slots, has_initial, scale,
+                         use_qk_l2norm_in_kernel, chunk_size)
+
+
+def gdn_prefill_fla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    ssm: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial: torch.Tensor,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """`gdn_prefill` on fla's `chunk_gated_delta_rule` (varlen, fp32 states from and to the slots).
+
+    Initial states are gathered from ssm[slot] in fp32 (zeros, by a fill, where has_initial is false or
+    the row is padding, so NaN in unused slots never reaches the kernel); the final states are written
+    back to the live rows' slots. q, k, v of one dtype (bf16, fp16 or fp32). No host sync here beyond
+    fla's own reads of cu_seqlens (ops/fla_kernels.py).
+    """
+    return prefill_slots(fla_chunk_gated_delta_rule, q, k, v, g, beta, cu_seqlens, ssm, slots, has_initial, scale,
                          use_qk_l2norm_in_kernel, chunk_size)

@@ -1,7 +1,12 @@
-"""Decode: T tokens per row (plain decode T = 1, or a verify step without replay) updating the state."""
+"""Decode: T tokens per row (plain decode T = 1, or a verify step without replay) updating the state.
+
+On CUDA (triton importable) one fused kernel does it, slots read and written in place
+(`delta_rule_triton.py`); elsewhere the torch path through `block`.
+"""
 import torch
 
 from ..delta_rule_common import decode_slots
+from ..triton_support import runs_triton
 from .block import block, prepare_qk
 
 
@@ -22,4 +27,8 @@ def gdn_decode(
     Runs the T tokens from ssm[slot] (zeros where has_initial is false), writes the state after the last
     token back, returns o [B, T, HV, V] in v's dtype.
     """
+    if runs_triton(q):
+        from ..delta_rule_triton import delta_rule_decode_triton  # triton is imported only where it runs
+
+        return delta_rule_decode_triton(q, k, v, g, beta, ssm, slots, has_initial, scale, use_qk_l2norm_in_kernel)
     return decode_slots(block, prepare_qk, q, k, v, g, beta, ssm, slots, has_initial, scale, use_qk_l2norm_in_kernel)

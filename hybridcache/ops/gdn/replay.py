@@ -11,6 +11,7 @@ import torch
 
 from ..delta_rule_common import head_major
 from ..slot_io import RowScatter, put_rows, read_rows
+from ..triton_support import runs_triton
 from .block import block_from_reads, prepare_qk, read_state
 from .history import fold, read_history
 
@@ -57,7 +58,13 @@ def gdn_verify(
 
     With p = pnat[slot], b = buf_idx[slot]: if p + T > HIST the p history tokens are folded into ssm and the
     new tokens go to [0, T) of buffer 1 - b, else to [p, p + T) of buffer b. Returns o [B, T, HV, V].
+    On CUDA with triton this is one fused kernel (`delta_rule_verify_triton.gdn_verify_triton`).
     """
+    if runs_triton(q):
+        from ..delta_rule_verify_triton import gdn_verify_triton
+
+        return gdn_verify_triton(q, k, v, g, beta, ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx,
+                                 slots, scale, use_qk_l2norm_in_kernel)
     T, hist_len = q.shape[1], replay_u.shape[2]
     assert T <= hist_len, f"a verify step of {T} tokens needs HIST >= {T}, have {hist_len}"
     valid = slots >= 0

@@ -6,6 +6,7 @@ import torch
 
 from ..delta_rule_common import head_major
 from ..slot_io import RowScatter, put_rows, read_rows
+from ..triton_support import runs_triton
 from .block import block, prepare_qk
 from .pending import read_pending
 
@@ -49,7 +50,13 @@ def kda_verify(
     (normalised keys; fp32 log-decay); pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only).
     Replays pend_*[:pend_n] into the state, runs the T tokens, writes ssm = state after new token 0 and
     pend_*[:T-1] = tokens 1..T-1. Returns o [B, T, H, V] in v's dtype.
+    On CUDA with triton this is fused Triton kernels (`delta_rule_verify_triton.kda_verify_triton`).
     """
+    if runs_triton(q):
+        from ..delta_rule_verify_triton import kda_verify_triton
+
+        return kda_verify_triton(q, k, v, g, beta, ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots, scale,
+                                 use_qk_l2norm_in_kernel)
     P, T = pend_k.shape[1], q.shape[1]
     assert T - 1 <= P, f"a verify step of {T} tokens needs pending caches for {T - 1} drafts, have {P}"
     qn, kn = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)

@@ -5,6 +5,15 @@ Each sequence is cut into chunks of its own (so a chunk never spans two sequence
 chunk the scan is a masked "attention" (C_l . B_s) exp(c_l - c_s) dt_s x_s; across chunks one einsum
 over the chunk-level segment sums carries the states. Heads are kept as [G, R] (R = H // G) so B and C
 are never expanded to heads. Reading cu_seqlens on the host (for Cmax) is the one sync of this path.
+
+On CUDA (`fla_usable`, see ops/fla_kernels.py) `mamba2_prefill` runs the scan on fla's scalar-gate chunk
+kernel instead (`mamba2_prefill_fla`): per head, SSD is simple gated linear attention with
+  q = C_t, k = B_t, v = dt_t·x_t, g = dt_t·A (log-gate), scale 1:
+  h_t = exp(dt_t·A)·h_{t-1} + (dt_t·x_t)·B_tᵀ  [P, N]   <->   S_t = exp(g_t)·S_{t-1} + v_t·k_tᵀ  [V, K]
+  y_t = h_t·C_t + D·x_t                           <->   o_t = S_t·q_t (then + D·x_t here)
+so our [P, N] state is fla's V-first state ([V, K], `state_v_first=True`) with no transpose. B and C are
+expanded from groups to heads (head h reads group h // (H / G)); dt is processed here (softplus, bias,
+limits) before the kernel sees it.
 """
 
 from __future__ import annotations
@@ -13,8 +22,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hybridcache.ops.slot_io import put_rows, take_rows
-from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, add_skip, causal_decay, check_dims, process_dt
+from hybridcache.ops.fla_kernels import fla_chunk_simple_gla_v_first, fla_usable
+from hybridcache.ops.slot_io import put_rows, read_rows, take_rows
+from hybridcache.ops.mamba2.common import (
+    NO_LIMIT,
+    DtLimit,
+    add_skip,
+    causal_decay,
+    check_dims,
+    heads_of_groups,
+    process_dt,
+)
 
 
 def _grid(cu_seqlens: Tensor, num_tokens: int, chunk: int) -> tuple[Tensor, Tensor, int]:
@@ -118,10 +136,49 @@ def mamba2_prefill(
     chunk_size: int = 64,
 ) -> Tensor:
     """Prefill through slots; see `mamba2_prefill_ref`. x: [N, H, P]; ssm: [S, H, P, N] fp32 (written).
-    Returns y: [N, H, P]."""
+    Returns y: [N, H, P]. On CUDA (`fla_usable`) fla's kernel runs (`mamba2_prefill_fla`); `chunk_size`
+    tiles the torch path only."""
+    if fla_usable(x):
+        return mamba2_prefill_fla(x, dt, A, B, C, ssm, slots, has_initial, cu_seqlens, D, dt_bias, dt_limit)
     check_dims(x, B, ssm)
     valid = slots >= 0
     init = take_rows(ssm, slots, valid & has_initial.to(valid.device))
     y, final = mamba2_chunk_scan_varlen(x, dt, A, B, C, cu_seqlens, init, D, dt_bias, dt_limit, chunk_size)
     put_rows(ssm, (slots,), final, valid)
     return y
+
+
+def mamba2_prefill_fla(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    ssm: Tensor,
+    slots: Tensor,
+    has_initial: Tensor,
+    cu_seqlens: Tensor,
+    D: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    dt_limit: DtLimit = NO_LIMIT,
+    chunk_size: int = 64,
+) -> Tensor:
+    """`mamba2_prefill` on fla's `chunk_simple_gla` (the mapping is in the module docstring).
+
+    x: [N, H, P]; dt: [N, H] raw; A: [H]; B, C: [N, G, N_state] of x's dtype; ssm: [S, H, P, N_state]
+    fp32 (written). Initial states are gathered from ssm[slot] (zeros, by a fill, where has_initial is
+    false or the row is padding, so NaN in unused slots never reaches the kernel); final states go back
+    to the live rows' slots. v = dt·x is formed in fp32 and handed to the kernel in x's dtype (with q, k);
+    g = dt·A stays fp32. Returns y: [N, H, P] in x's dtype. `chunk_size` is unused (fla tiles by 64, the
+    same math). No host sync here beyond fla's own reads of cu_seqlens (ops/fla_kernels.py).
+    """
+    heads = check_dims(x, B, ssm).heads
+    init = read_rows(ssm, slots, has_initial)  # [B, H, P, N] = fla's V-first [N, H, V, K]
+    dtp = process_dt(dt, dt_bias, dt_limit)  # [N, H] fp32
+    q = heads_of_groups(C, heads).to(x.dtype)  # [N, H, N_state]
+    k = heads_of_groups(B, heads).to(x.dtype)
+    v = (x.float() * dtp[..., None]).to(x.dtype)  # [N, H, P]
+    g = dtp * A.float()  # [N, H]
+    o, final = fla_chunk_simple_gla_v_first(q[None], k[None], v[None], g[None], 1.0, init, cu_seqlens)
+    put_rows(ssm, (slots,), final, slots >= 0)
+    return add_skip(o[0].float(), x, D).to(x.dtype)

@@ -9,6 +9,7 @@ causal sequence, p_eff = 0 for folding rows:
     y_t = exp(c_t) C_t . h + sum_{s valid, s <= t} (C_t . B_s) exp(c_t - c_s) dt_s x_s + D x_t
 
 with c the running sum of dt * A from the checkpoint (replay_dA_cumsum for history tokens).
+On CUDA with triton, `mamba2_verify` is one fused kernel instead (`triton_verify.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, add_skip, check_dims, check_steps, process_dt
 from hybridcache.ops.slot_io import put_rows, take_rows
+from hybridcache.ops.triton_support import runs_triton
 
 
 class _History:
@@ -100,6 +102,11 @@ def mamba2_verify(
 ) -> Tensor:
     """Replay verify; see `mamba2_verify_ref`. x: [B, T, H, P]; dt: [B, T, H]; B, C: [B, T, G, N].
     Returns y: [B, T, H, P] in x's dtype."""
+    if runs_triton(x):
+        from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton
+
+        return mamba2_verify_triton(x, dt, A, B, C, ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat,
+                                    buf_idx, slots, D, dt_bias, dt_limit)
     batch, steps = x.shape[:2]
     size = replay_x.shape[2]
     check_steps(steps, size)

@@ -1,0 +1,174 @@
+"""The gated delta rule's decode as one Triton kernel, for Gated DeltaNet and KDA, reading and writing the
+state pool's slots in place (no gather, no scatter, no host sync).
+
+Same contract as `gdn_decode` / `kda_decode`. Per value head, state h [K, V] fp32, per token:
+  h = exp(g)·h          (g one scalar per value head for GDN, one per key row for KDA)
+  u = β·(v − hᵀk);  h = h + k·uᵀ;  o = hᵀ(q·scale)
+
+Work split. One program takes one (value block, batch row, value head) and holds the [BK, BV] fp32 tile
+of ssm[slot, hv, :, block] in registers: loaded once (or zeros where the row starts fresh), run through the
+row's T tokens, stored once. Value columns of one head are independent in the recurrence (each column
+needs hᵀk over its own column only), so value blocks need no communication. Padding rows (slot < 0) load
+nothing, store nothing and output zeros; every load of a state is masked, never multiplied by zero, so a
+NaN left in an unused or fresh slot cannot leak.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+MAX_TILE = 4096  # fp32 state elements per program: 32 registers a thread at 4 warps
+
+
+@triton.jit
+def _delta_rule_decode_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slot_ptr, init_ptr, o_ptr, inter_ptr,
+    scale, HV,
+    stride_qb, stride_qt, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_gb, stride_gt, stride_gh,
+    stride_bb, stride_bt, stride_bh,
+    stride_ss, stride_sh, stride_sk, stride_sv,
+    stride_ob, stride_ot, stride_oh,
+    stride_is, stride_it,
+    T: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
+    PER_KEY_GATE: tl.constexpr, HAS_INITIAL: tl.constexpr, L2NORM: tl.constexpr, INTERMEDIATE: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    b = (i_bh // HV).to(tl.int64)
+    hv = i_bh % HV
+    hk = hv // GROUP  # the key head this value head reads
+
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    live = slot >= 0
+    read = live
+    if HAS_INITIAL:
+        read = read & (tl.load(init_ptr + b) != 0)
+
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    state = ssm_ptr + tl.maximum(slot, 0) * stride_ss + hv * stride_sh
+    tile = state + rk[:, None] * stride_sk + rv[None, :] * stride_sv
+    h = tl.load(tile, mask=read & mk[:, None] & mv[None, :], other=0.0).to(tl.float32)
+
+    q_row = q_ptr + b * stride_qb + hk * stride_qh
+    k_row = k_ptr + b * stride_kb + hk * stride_kh
+    v_row = v_ptr + b * stride_vb + hv * stride_vh
+    beta_row = beta_ptr + b * stride_bb + hv * stride_bh
+    o_row = o_ptr + b * stride_ob + hv * stride_oh
+    if PER_KEY_GATE:
+        g_row = g_ptr + b * stride_gb + hk * stride_gh
+    else:
+        g_row = g_ptr + b * stride_gb + hv * stride_gh
+    for t in range(T):
+        q = tl.load(q_row + t * stride_qt + rk, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(k_row + t * stride_kt + rk, mask=mk, other=0.0).to(tl.float32)
+        if L2NORM:
+            q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6)
+            k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+        q = q * scale
+        v = tl.load(v_row + t * stride_vt + rv, mask=mv, other=0.0).to(tl.float32)
+        beta = tl.load(beta_row + t * stride_bt).to(tl.float32)
+        if PER_KEY_GATE:
+            g = tl.load(g_row + t * stride_gt + rk, mask=mk, other=0.0).to(tl.float32)
+            h = h * tl.exp(g)[:, None]
+        else:
+            h = h * tl.exp(tl.load(g_row + t * stride_gt).to(tl.float32))
+        u = beta * (v - tl.sum(h * k[:, None], 0))
+        h = h + k[:, None] * u[None, :]
+        o = tl.where(live, tl.sum(h * q[:, None], 0), 0.0)  # a padding row's inputs may be anything
+        tl.store(o_row + t * stride_ot + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
+        if INTERMEDIATE:
+            inter = inter_ptr + tl.maximum(slot, 0) * stride_is + t * stride_it + hv * stride_sh
+            tl.store(inter + rk[:, None] * stride_sk + rv[None, :] * stride_sv, h, mask=live & mk[:, None] & mv[None, :])
+
+    if not INTERMEDIATE:
+        tl.store(tile, h.to(ssm_ptr.dtype.element_ty), mask=live & mk[:, None] & mv[None, :])
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: small blocks, so that several value blocks get exercised
+
+
+def default_block_v(rows: int, K: int, V: int, device: torch.device) -> int:
+    """Value columns per program: as many as fit a MAX_TILE tile (at most 64), halved down to 16 while the
+    grid (rows·⌈V/BV⌉ programs, rows = B·HV) gives under 4 programs per SM. At B = 64, HV = 32,
+    K = V = 128 that is BV = 32 and 8192 programs."""
+    bk = triton.next_power_of_2(K)
+    bv = min(triton.next_power_of_2(V), 64, max(16, MAX_TILE // bk))
+    while bv > 16 and rows * triton.cdiv(V, bv) < 4 * _num_sms(device):
+        bv //= 2
+    return bv
+
+
+def _unit_last(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def delta_rule_decode_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    ssm: Tensor,
+    slots: Tensor,
+    has_initial: Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    block_v: int | None = None,
+    intermediate: Tensor | None = None,
+) -> Tensor:
+    """q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV] (GDN) or [B, T, H, K] (KDA, H = HV);
+    beta [B, T, HV]; ssm [S, HV, K, V] fp32 (any strides, written in place); slots [B] int (negative:
+    padding); has_initial [B] bool or None (false: start from zeros, ssm[slot] is not read).
+
+    Runs each row's T tokens from its slot's state and writes the state after the last one back.
+    Returns o [B, T, HV, V] in v's dtype (zeros for padding rows). `block_v` (value columns per program,
+    a power of two) defaults to `default_block_v`; it does not change the result. T is a compile-time
+    constant: one compile per token count (1 for decode, the draft length + 1 for verify).
+
+    `intermediate` [S, T, HV, K, V] fp32 (contiguous past dim 1): the per-token-states alternative to replay
+    (what vLLM and SGLang do for speculation, kept for the benchmarks' side-by-side): the state after each
+    token t goes to intermediate[slot, t] and ssm is not written.
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    assert HV % H == 0 and k.shape == q.shape and ssm.shape[1:] == (HV, K, V), "shapes disagree"
+    per_key = g.ndim == 4
+    assert g.shape == ((B, T, H, K) if per_key else (B, T, HV)), f"g {tuple(g.shape)} fits neither gate"
+    assert not per_key or H == HV, "KDA has one value head per key head"
+    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
+    if B == 0 or T == 0:
+        return o.zero_()
+    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    if per_key:
+        g = _unit_last(g)
+        g_strides = (g.stride(0), g.stride(1), g.stride(2))
+    else:
+        g_strides = g.stride()
+    init = slots if has_initial is None else has_initial.to(slots.device)  # unread without has_initial
+    bv = block_v or default_block_v(B * HV, K, V, q.device)
+    bk = triton.next_power_of_2(K)
+    _delta_rule_decode_kernel[(triton.cdiv(V, bv), B * HV)](
+        q, k, v, g, beta, ssm, slots, init, o, ssm if intermediate is None else intermediate,
+        K ** -0.5 if scale is None else scale, HV,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        *g_strides,
+        beta.stride(0), beta.stride(1), beta.stride(2),
+        *ssm.stride(),
+        o.stride(0), o.stride(1), o.stride(2),
+        *((intermediate.stride(0), intermediate.stride(1)) if intermediate is not None else (0, 0)),
+        T=T, K=K, V=V, BK=bk, BV=bv, GROUP=HV // H,
+        PER_KEY_GATE=per_key, HAS_INITIAL=has_initial is not None, L2NORM=use_qk_l2norm_in_kernel,
+        INTERMEDIATE=intermediate is not None, num_warps=4 if bk * bv >= MAX_TILE else 2,
+    )
+    return o

@@ -1,0 +1,318 @@
+"""Speculative verify of the gated delta rule as fused Triton kernels, reading and writing the pool's slots in
+place (no gather, no scatter, no host sync, shapes known on the host: graph-capturable).
+
+Same contracts as `gdn.replay.gdn_verify` (Gated DeltaNet, replay history) and `kda.verify.kda_verify` (KDA,
+pending drafts); docs/layouts.md has the roles. Per value head, state h [K, V] fp32, one new token:
+  h = exp(g)·h          (g one scalar per value head for GDN, one per key row for KDA)
+  u = β·(v − hᵀk);  h = h + k·uᵀ;  o = hᵀ(q·scale)
+which is the closed (WY) form of `gdn/block.py`: there u_t = β_t·(v_t − (exp(g_t)·h_{t−1})ᵀ·k_t), the same u.
+
+Work split. One program takes one (batch row, value head, value block) and holds the [BK, BV] fp32 tile of
+its state in registers; value columns are independent in the recurrence, so blocks never talk.
+- GDN: tile = exp(G_last)·ssm[slot] + Σ_{j<p} k_j·(exp(G_last − G_j)·u_j)ᵀ, read from buffer b of the
+  history BH entries at a time (one [BK, BH] x [BH, BV] dot each, entries at or past p masked out on load);
+  stored back to ssm only when the row folds (p + T > HIST). Then the T new tokens; each writes its u slice;
+  the V-block-0 program writes G (running from G_last, or from 0 after a fold) and β of its value head, and
+  the V-block-0 program of the first value head of a key group writes the normalised key.
+  No program reads what another writes: reads are [0, p) of buffer b, writes [p, p + T) of buffer b or
+  [0, T) of buffer 1 − b.
+- KDA: tile = ssm[slot], then the pend_n accepted drafts one by one, then the T new tokens; stored to ssm
+  after new token 0. The new drafts (tokens 1..T−1) land where the old ones are read, [0, T − 1) against
+  [0, pend_n), and pend_k, pend_g, pend_beta are shared by all value blocks of a head: no program of this
+  launch may write them. A second, small launch (one program per row and head, after the first has read
+  everything) writes pend_*[slot, :T−1]; it needs nothing from the first (the keys are normalised again).
+Padding rows (slot < 0) load no state, store nothing and output zeros; every pool load is masked, never
+multiplied by zero, so NaNs in unused slots or past p / pend_n cannot leak.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+HIST_BLOCK = 16  # history entries per dot in the GDN fold (tl.dot needs >= 16)
+MAX_BV = 32  # value columns per program: a [128, 32] fp32 tile is 32 registers a thread at 4 warps
+
+
+@triton.jit
+def _l2norm(x, KDA_FORM: tl.constexpr):
+    """`x·rsqrt(Σx² + 1e-6)` (gdn/block.py) or `x / sqrt(Σx² + 1e-6)` (kda/block.py); padding lanes are 0."""
+    if KDA_FORM:
+        return x / tl.sqrt(tl.sum(x * x, 0) + 1e-6)
+    return x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)
+
+
+@triton.jit
+def _gdn_verify_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+    ssm_ptr, u_ptr, hk_ptr, hG_ptr, hb_ptr, pnat_ptr, buf_ptr, slot_ptr,
+    scale,
+    s_ss, s_sh, s_sk, s_sv,
+    s_us, s_ub, s_ut, s_uh, s_uv,
+    s_ks, s_kb, s_kt, s_kh, s_kk,
+    s_Gs, s_Gb, s_Gh, s_Gt,
+    s_bs, s_bb, s_bh, s_bt,
+    s_pnat, s_buf,
+    T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HIST: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr, L2NORM: tl.constexpr,
+):
+    row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    hk = hv // (HV // H)  # key head of value head hv
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    valid = slot >= 0
+    s = tl.maximum(slot, 0)
+    p = tl.where(valid, tl.load(pnat_ptr + s * s_pnat), 0)
+    p = tl.minimum(tl.maximum(p, 0), HIST)
+    b = tl.load(buf_ptr + s * s_buf).to(tl.int64)
+    fold = p + T > HIST
+
+    kk = tl.arange(0, BK)
+    k_ok = kk < K
+    vv = vb * BV + tl.arange(0, BV)
+    v_ok = vv < V
+    tile = k_ok[:, None] & v_ok[None, :]
+    ssm_tile = ssm_ptr + s * s_ss + hv * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
+    h = tl.load(ssm_tile, mask=tile & valid, other=0.0).to(tl.float32)
+
+    # effective state: checkpoint plus history [0, p) of buffer b
+    G_row = hG_ptr + s * s_Gs + b * s_Gb + hv * s_Gh
+    u_row = u_ptr + s * s_us + b * s_ub + hv * s_uh
+    k_row = hk_ptr + s * s_ks + b * s_kb + hk * s_kh
+    G_last = tl.load(G_row + (p - 1) * s_Gt, mask=p > 0, other=0.0).to(tl.float32)
+    h = h * tl.exp(G_last)
+    jj = tl.arange(0, BH)
+    for j0 in range(0, p, BH):
+        j = j0 + jj
+        live = j < p
+        G_j = tl.load(G_row + j * s_Gt, mask=live, other=0.0).to(tl.float32)
+        w = tl.where(live, tl.exp(G_last - G_j), 0.0)
+        u_j = tl.load(u_row + j[:, None] * s_ut + vv[None, :] * s_uv, mask=live[:, None] & v_ok[None, :],
+                      other=0.0).to(tl.float32)
+        k_j = tl.load(k_row + j[:, None] * s_kt + kk[None, :] * s_kk, mask=live[:, None] & k_ok[None, :],
+                      other=0.0).to(tl.float32)
+        h += tl.dot(tl.trans(k_j), u_j * w[:, None], input_precision="ieee")
+    tl.store(ssm_tile, h, mask=tile & valid & fold)
+
+    # the new tokens: [p, p + T) of buffer b, or [0, T) of buffer 1 - b after a fold
+    nb = tl.where(fold, 1 - b, b)
+    pos0 = tl.where(fold, 0, p)
+    G = tl.where(fold, 0.0, G_last)
+    writes_shared = valid & (vb == 0)
+    writes_key = writes_shared & (hv % (HV // H) == 0)
+    for t in tl.static_range(T):
+        tok = row * T + t
+        q_t = tl.load(q_ptr + (tok * H + hk) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+        k_t = tl.load(k_ptr + (tok * H + hk) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if L2NORM:
+            q_t = _l2norm(q_t, False)
+            k_t = _l2norm(k_t, False)
+        q_t = q_t * scale
+        v_t = tl.load(v_ptr + (tok * HV + hv) * V + vv, mask=v_ok, other=0.0).to(tl.float32)
+        g_t = tl.load(g_ptr + tok * HV + hv).to(tl.float32)
+        b_t = tl.load(beta_ptr + tok * HV + hv).to(tl.float32)
+        h = h * tl.exp(g_t)
+        u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
+        h += k_t[:, None] * u_t[None, :]
+        o_t = tl.where(valid, tl.sum(h * q_t[:, None], 0), 0.0)
+        tl.store(o_ptr + (tok * HV + hv) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
+        G += g_t
+        pos = pos0 + t
+        tl.store(u_ptr + s * s_us + nb * s_ub + pos * s_ut + hv * s_uh + vv * s_uv,
+                 u_t.to(u_ptr.dtype.element_ty), mask=v_ok & valid)
+        tl.store(hk_ptr + s * s_ks + nb * s_kb + pos * s_kt + hk * s_kh + kk * s_kk,
+                 k_t.to(hk_ptr.dtype.element_ty), mask=k_ok & writes_key)
+        tl.store(hG_ptr + s * s_Gs + nb * s_Gb + hv * s_Gh + pos * s_Gt, G.to(hG_ptr.dtype.element_ty),
+                 mask=writes_shared)
+        tl.store(hb_ptr + s * s_bs + nb * s_bb + hv * s_bh + pos * s_bt, b_t.to(hb_ptr.dtype.element_ty),
+                 mask=writes_shared)
+
+
+@triton.jit
+def _kda_verify_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+    ssm_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, n_ptr, slot_ptr,
+    scale,
+    s_ss, s_sh, s_sk, s_sv,
+    s_ks, s_kp, s_kh, s_kk,
+    s_gs, s_gp, s_gh, s_gk,
+    s_vs, s_vp, s_vh, s_vv,
+    s_bs, s_bp, s_bh,
+    s_n,
+    T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+):
+    row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    valid = slot >= 0
+    s = tl.maximum(slot, 0)
+    n = tl.where(valid, tl.load(n_ptr + s * s_n), 0)
+    n = tl.minimum(tl.maximum(n, 0), P)
+
+    kk = tl.arange(0, BK)
+    k_ok = kk < K
+    vv = vb * BV + tl.arange(0, BV)
+    v_ok = vv < V
+    tile = k_ok[:, None] & v_ok[None, :]
+    ssm_tile = ssm_ptr + s * s_ss + hd * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
+    h = tl.load(ssm_tile, mask=tile & valid, other=0.0).to(tl.float32)
+
+    # the accepted pending drafts [0, pend_n)
+    for j in range(0, n):
+        k_j = tl.load(pk_ptr + s * s_ks + j * s_kp + hd * s_kh + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
+        g_j = tl.load(pg_ptr + s * s_gs + j * s_gp + hd * s_gh + kk * s_gk, mask=k_ok, other=0.0).to(tl.float32)
+        v_j = tl.load(pv_ptr + s * s_vs + j * s_vp + hd * s_vh + vv * s_vv, mask=v_ok, other=0.0).to(tl.float32)
+        b_j = tl.load(pb_ptr + s * s_bs + j * s_bp + hd * s_bh).to(tl.float32)
+        h = h * tl.exp(g_j)[:, None]
+        u_j = b_j * (v_j - tl.sum(h * k_j[:, None], 0))
+        h += k_j[:, None] * u_j[None, :]
+
+    for t in tl.static_range(T):
+        tok = row * T + t
+        q_t = tl.load(q_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+        k_t = tl.load(k_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if L2NORM:
+            q_t = _l2norm(q_t, True)
+            k_t = _l2norm(k_t, True)
+        q_t = q_t * scale
+        g_t = tl.load(g_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+        v_t = tl.load(v_ptr + (tok * H + hd) * V + vv, mask=v_ok, other=0.0).to(tl.float32)
+        b_t = tl.load(beta_ptr + tok * H + hd).to(tl.float32)
+        h = h * tl.exp(g_t)[:, None]
+        u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
+        h += k_t[:, None] * u_t[None, :]
+        o_t = tl.where(valid, tl.sum(h * q_t[:, None], 0), 0.0)
+        tl.store(o_ptr + (tok * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
+        if t == 0:
+            tl.store(ssm_tile, h, mask=tile & valid)
+
+
+@triton.jit
+def _kda_pending_kernel(
+    k_ptr, g_ptr, v_ptr, beta_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, slot_ptr,
+    s_ks, s_kp, s_kh, s_kk,
+    s_gs, s_gp, s_gh, s_gk,
+    s_vs, s_vp, s_vh, s_vv,
+    s_bs, s_bp, s_bh,
+    T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
+    L2NORM: tl.constexpr,
+):
+    """pend_*[slot, :T−1] <- new tokens 1..T−1 (keys normalised as in the verify kernel)."""
+    row, hd = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    valid = slot >= 0
+    s = tl.maximum(slot, 0)
+    kk = tl.arange(0, BK)
+    k_ok = kk < K
+    vv = tl.arange(0, BVF)
+    v_ok = vv < V
+    for t in tl.static_range(1, T):
+        tok = row * T + t
+        k_t = tl.load(k_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if L2NORM:
+            k_t = _l2norm(k_t, True)
+        g_t = tl.load(g_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0)
+        v_t = tl.load(v_ptr + (tok * H + hd) * V + vv, mask=v_ok, other=0.0)
+        b_t = tl.load(beta_ptr + tok * H + hd)
+        tl.store(pv_ptr + s * s_vs + (t - 1) * s_vp + hd * s_vh + vv * s_vv, v_t.to(pv_ptr.dtype.element_ty),
+                 mask=v_ok & valid)
+        tl.store(pk_ptr + s * s_ks + (t - 1) * s_kp + hd * s_kh + kk * s_kk, k_t.to(pk_ptr.dtype.element_ty),
+                 mask=k_ok & valid)
+        tl.store(pg_ptr + s * s_gs + (t - 1) * s_gp + hd * s_gh + kk * s_gk, g_t.to(pg_ptr.dtype.element_ty),
+                 mask=k_ok & valid)
+        tl.store(pb_ptr + s * s_bs + (t - 1) * s_bp + hd * s_bh, b_t.to(pb_ptr.dtype.element_ty), mask=valid)
+
+
+def _tile_sizes(K: int, V: int) -> tuple[int, int]:
+    """BK covers K (the norms and hᵀk need the whole key); BV >= 16 (the fold's dot), at most MAX_BV."""
+    return max(16, triton.next_power_of_2(K)), max(16, min(MAX_BV, triton.next_power_of_2(V)))
+
+
+def gdn_verify_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    ssm: Tensor,
+    replay_u: Tensor,
+    replay_k: Tensor,
+    replay_G: Tensor,
+    replay_beta: Tensor,
+    pnat: Tensor,
+    buf_idx: Tensor,
+    slots: Tensor,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> Tensor:
+    """`gdn_verify` in one launch; same arguments, writes and result.
+
+    q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; ssm [S, HV, K, V] fp32;
+    replay_u [S, 2, HIST, HV, V]; replay_k [S, 2, HIST, H, K]; replay_G, replay_beta [S, 2, HV, HIST];
+    pnat, buf_idx [S] int32 (read only); slots [B], negative = padding. The pool roles may be strided views.
+    Returns o [B, T, HV, V] in v's dtype (zeros for padding rows).
+    """
+    B, T, H, K = q.shape
+    HV, V, hist = v.shape[2], v.shape[3], replay_u.shape[2]
+    assert T <= hist, f"a verify step of {T} tokens needs HIST >= {T}, have {hist}"
+    assert HV % H == 0, f"value heads ({HV}) must be a multiple of key heads ({H})"
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if B == 0 or T == 0:
+        return o
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    BK, BV = _tile_sizes(K, V)
+    _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](
+        q, k, v, g, beta, o,
+        ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx, slots.contiguous(),
+        K ** -0.5 if scale is None else scale,
+        *ssm.stride(), *replay_u.stride(), *replay_k.stride(), *replay_G.stride(), *replay_beta.stride(),
+        pnat.stride(0), buf_idx.stride(0),
+        T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, BH=HIST_BLOCK, L2NORM=use_qk_l2norm_in_kernel,
+    )
+    return o
+
+
+def kda_verify_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    ssm: Tensor,
+    pend_k: Tensor,
+    pend_g: Tensor,
+    pend_v: Tensor,
+    pend_beta: Tensor,
+    pend_n: Tensor,
+    slots: Tensor,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> Tensor:
+    """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
+
+    q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; ssm [S, H, K, V] fp32; pend_k, pend_g [S, P, H, K];
+    pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
+    The pool roles may be strided views. Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
+    """
+    B, T, H, K = q.shape
+    V, P = v.shape[3], pend_k.shape[1]
+    assert T - 1 <= P, f"a verify step of {T} tokens needs pending caches for {T - 1} drafts, have {P}"
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if B == 0 or T == 0:
+        return o
+    q, k, v, g, beta, slots = (x.contiguous() for x in (q, k, v, g, beta, slots))
+    BK, BV = _tile_sizes(K, V)
+    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](
+        q, k, v, g, beta, o,
+        ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots,
+        K ** -0.5 if scale is None else scale,
+        *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
+        T=T, H=H, K=K, V=V, P=P, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel,
+    )
+    if T > 1:  # after the first launch has read the old entries
+        _kda_pending_kernel[(B, H)](
+            k, g, v, beta, pend_k, pend_g, pend_v, pend_beta, slots,
+            *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(),
+            T=T, H=H, K=K, V=V, BK=BK, BVF=triton.next_power_of_2(V), L2NORM=use_qk_l2norm_in_kernel,
+        )
+    return o

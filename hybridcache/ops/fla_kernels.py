@@ -1,0 +1,152 @@
+"""flash-linear-attention's chunk kernels for prefill: the one module that imports `fla`, lazily.
+
+fla-core 0.6.0 (MIT), facts relied on (read from its source):
+
+- `fla.ops.gated_delta_rule.chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+  output_final_state=False, use_qk_l2norm_in_kernel=False, ..., cu_seqlens=None, cu_seqlens_cpu=None, ...)`:
+  q, k [B, T, H, K]; v [B, T, HV, V] (HV a multiple of H, value head hv reads key head hv // (HV / H));
+  g [B, T, HV] log-decay (the gate is applied in-kernel only with `use_gate_in_kernel=True`, not used here);
+  beta [B, T, HV] after the sigmoid; `use_qk_l2norm_in_kernel` normalises q and k as x·rsqrt(Σx² + 1e-6).
+  Note the positional order: `use_qk_l2norm_in_kernel` comes before `cu_seqlens` (ours is the other way
+  round), so everything past `beta` is passed by keyword. `chunk_size` (a kwarg) must be 16, 32 or 64.
+- `fla.ops.kda.chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+  use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, ..., cu_seqlens=None, ...)`: g [B, T, HV, K] is
+  the per-channel log-decay when `use_gate_in_kernel=False` (our `kda_gate` output); `initial_state`
+  must be fp32 (asserted); K <= 256; `chunk_size` 32 or 64.
+- `fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
+  output_final_state=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None)`: one log-gate per
+  head g [B, T, H]; q, k, v share H; `o_t = scale·S_tᵀ q_t` with `S_t = exp(g_t)·S_{t-1} + k_t v_tᵀ`
+  (inclusive of token t); with `state_v_first=True` states are [N, H, V, K].
+- All three: with `cu_seqlens [N+1]` the batch must be flat (B = 1, else ValueError) and states are
+  [N, HV, K, V]; final states come back fp32 whatever the inputs; outputs come back in q's dtype; a
+  zero-length sequence returns its initial state. Inputs are made contiguous inside (`input_guard`).
+  Intermediate per-chunk states and the WY terms are kept in the input dtype (bf16 inputs: bf16), and
+  on sm80+ Triton runs fp32 `tl.dot` in TF32 (fla sets no input precision).
+- cu_seqlens may be int32 or int64 (the kernels load it and cast). fla reads it on the host while
+  preparing chunk indices (`prepare_chunk_indices` -> `repeat_interleave` over device counts, and
+  `split_offsets[-1].item()` in simple GLA's state pass): these host syncs are fla's, one or two per call.
+  Those helpers are memoised by the *identity* of the cu_seqlens tensor (`tensor_cache`), so a buffer
+  rewritten in place would be served stale indices: every call here hands fla a fresh view.
+- The ops go through fla's backend dispatch, which prefers the optional `flash_qla` / `flash_kda`
+  packages when installed; with neither installed (our images) fla's Triton kernels run.
+- `import fla.ops...` works without a GPU (fla warns and falls back to a 'cpu' platform), and the three
+  kernels run on CPU tensors in triton 3.6's interpreter given two test-only shims (autotuner
+  benchmarker, loop indices) in fp32; the interpreter's bf16 `tl.dot` is wrong (tests/ops/test_prefill_fla.py).
+"""
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from collections.abc import Callable
+from functools import cache
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .triton_support import HAS_TRITON, triton_testable
+
+MAX_KEY_DIM = 256  # fla's delta-rule kernels assert K <= 256
+
+
+class FlaOps(NamedTuple):
+    """fla's chunk functions (tests swap in stand-ins with the same keywords)."""
+
+    chunk_gated_delta_rule: Callable[..., tuple[Tensor, Tensor | None]]
+    chunk_kda: Callable[..., tuple[Tensor, Tensor | None]]
+    chunk_simple_gla: Callable[..., tuple[Tensor, Tensor | None]]
+
+
+@cache
+def fla_ops() -> FlaOps | None:
+    """fla's three chunk kernels, imported on first use; None where triton or fla-core is missing, or
+    fla's kernels do not import (a warning says why: prefill then runs the torch paths)."""
+    if not HAS_TRITON or importlib.util.find_spec("fla") is None:
+        return None
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.kda import chunk_kda
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError as e:  # e.g. a fla-core built for another torch
+        warnings.warn(f"fla-core is installed but its kernels do not import ({e}); prefill runs the torch paths",
+                      stacklevel=2)
+        return None
+    return FlaOps(chunk_gated_delta_rule, chunk_kda, chunk_simple_gla)
+
+
+def fla_usable(t: Tensor) -> bool:
+    """Whether prefill of inputs like `t` runs on fla's kernels: a CUDA tensor, fla importable, and, for
+    fp32 inputs, TF32 allowed (`torch.get_float32_matmul_precision() != "highest"`): fla's fp32 dots run
+    in TF32 on sm80+, which torch's own fp32 matmuls do only under that setting, so an fp32 model that
+    asks for full precision keeps the torch path."""
+    if not t.is_cuda:
+        return False
+    if t.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
+        return False
+    return fla_ops() is not None
+
+
+def fla_testable(t: Tensor) -> bool:
+    """Whether a test may call the fla entry points on `t` directly: fla importable, and `t` on CUDA or
+    on the CPU under Triton's interpreter (fp32 only there: see tests/ops/test_prefill_fla.py)."""
+    return triton_testable(t) and fla_ops() is not None
+
+
+def _ops() -> FlaOps:
+    ops = fla_ops()
+    if ops is None:
+        raise RuntimeError("fla-core's kernels are not importable here")
+    return ops
+
+
+def _fresh(cu_seqlens: Tensor, like: Tensor) -> Tensor:
+    """cu_seqlens on `like`'s device as a new tensor object (a view, no copy when already there), so fla's
+    identity-keyed index cache never serves a stale entry."""
+    return cu_seqlens.to(like.device).view(-1)
+
+
+def fla_chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float | None,
+                               initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor,
+                               use_qk_l2norm_in_kernel: bool, chunk_size: int = 64) -> tuple[Tensor, Tensor | None]:
+    """Our `chunk_gated_delta_rule` contract (see gdn/chunk.py) on fla's kernel, flat varlen batches only.
+
+    q, k [1, T, H, K]; v [1, T, HV, V]; g, beta [1, T, HV]; initial_state [N, HV, K, V] fp32. `chunk_size`
+    is our torch path's tiling knob; fla tiles by its own 64 (same math). Returns o [1, T, HV, V] in v's
+    dtype and the fp32 final state [N, HV, K, V] if asked.
+    """
+    o, ht = _ops().chunk_gated_delta_rule(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=_fresh(cu_seqlens, q),
+    )
+    return o.to(v.dtype), ht
+
+
+def fla_chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float | None,
+                  initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor,
+                  use_qk_l2norm_in_kernel: bool, chunk_size: int = 64) -> tuple[Tensor, Tensor | None]:
+    """Our `chunk_kda` contract (see kda/chunk.py) on fla's kernel, flat varlen batches only.
+
+    q, k, g [1, T, H, K] (g the per-channel log-decay, gate not applied in-kernel); v [1, T, H, V];
+    beta [1, T, H]; initial_state [N, H, K, V] fp32. Returns o [1, T, H, V] in v's dtype and the fp32
+    final state if asked. `chunk_size` as in `fla_chunk_gated_delta_rule`.
+    """
+    o, ht = _ops().chunk_kda(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=False, cu_seqlens=_fresh(cu_seqlens, q),
+    )
+    return o.to(v.dtype), ht
+
+
+def fla_chunk_simple_gla_v_first(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float,
+                                 initial_state: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
+    """Scalar-gated linear attention over a flat varlen batch, states kept V-first.
+
+    q, k [1, T, H, K]; v [1, T, H, V]; g [1, T, H] log-gate; initial_state [N, H, V, K] fp32.
+    Per head `S_t = exp(g_t)·S_{t-1} + v_t k_tᵀ` ([V, K]), `o_t = scale·S_t q_t`.
+    Returns o [1, T, H, V] in q's dtype and the final states [N, H, V, K] fp32.
+    """
+    o, ht = _ops().chunk_simple_gla(
+        q, k, v, g=g, scale=scale, initial_state=initial_state, output_final_state=True, state_v_first=True,
+        cu_seqlens=_fresh(cu_seqlens, q),
+    )
+    return o, ht

@@ -1,0 +1,194 @@
+"""Mamba2 replay verify as one Triton kernel: slots, checkpoint and history read and written in place.
+
+Same contract as `replay.mamba2_verify` (see `naive.mamba2_verify_ref`): per row with p = pnat[slot] and
+b = buf_idx[slot], fold = p + T > HIST; the p history tokens of buffer b are folded into the checkpoint,
+
+    h_eff = exp(c_last) h + sum_{j < p} exp(c_last - c_j) dt_j x_j B_j^T,   c = replay_dA_cumsum, c_last = c_{p-1}
+
+which only folding rows write back; the T new tokens then run recurrently from h_eff,
+h <- exp(dt_t A) h + dt_t x_t B_t^T, y_t = C_t h + D x_t, and are appended at [p, p + T) of buffer b
+(cumsum continuing from c_last) or, after a fold, at [0, T) of buffer 1 - b (cumsum from 0). pnat and
+buf_idx are read only. A padding row (slot < 0) reads no slot, runs its tokens from a zero state with
+no history (as the torch path and the reference do) and writes nothing but its outputs.
+
+Work split. One program takes one (row, head, P-block) and holds the [BLOCK_P, N] fp32 tile of
+ssm[slot, head, block] in registers: loaded once, folded, stored once and only when the row folds, so a
+row that appends leaves its checkpoint bit for bit. The fold reads only the p valid history tokens,
+BLOCK_H at a time (a trip count read on the device, no host sync), each chunk one fp32 product
+[BLOCK_P, BLOCK_H] x [BLOCK_H, N]; every history load is masked, never multiplied by zero, so stale
+NaNs at or past p cannot leak. dt is processed (softplus, clamp) in the kernel. Writers: each program
+stores its x block; the P-block 0 program of a head stores that head's dt and cumsum; the P-block 0
+program of a group's first head alone stores the group's B (one writer: the other heads of the group
+hold the same values, and skipping their stores costs nothing). Programs of a row read buffer b at
+[0, p) and write [p, p + T) of b or [0, T) of 1 - b, never what another reads, so they need no order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_dims, check_steps
+
+MAX_TILE = 4096  # fp32 state elements a program holds: 32 registers a thread at 4 warps
+BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
+
+
+@triton.jit
+def _softplus(v):
+    """log(1 + exp(v)) as torch's softplus (v past 20 returned as is), with an accurate log1p."""
+    u = tl.exp(-tl.abs(v))
+    w = 1.0 + u
+    log1p = tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0)))
+    return tl.where(v > 20.0, v, tl.maximum(v, 0.0) + log1p)
+
+
+@triton.jit
+def _verify_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr,
+    ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, y_ptr,
+    dt_lo, dt_hi, hist,
+    sx_b, sx_t, sx_h, sx_p,
+    sd_b, sd_t, sd_h,
+    sB_b, sB_t, sB_g, sB_n,
+    sC_b, sC_t, sC_g, sC_n,
+    ss_s, ss_h, ss_p, ss_n,
+    rx_s, rx_b, rx_t, rx_h, rx_p,
+    rb_s, rb_b, rb_t, rb_g, rb_n,
+    rd_s, rd_b, rd_h, rd_t,
+    rc_s, rc_b, rc_h, rc_t,
+    s_pnat, s_buf, s_slot,
+    sy_b, sy_t, sy_h,
+    STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    row, head, pblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    group = head // REPS
+    slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
+    valid = slot >= 0
+    sc = tl.maximum(slot, 0)
+    p = tl.load(pnat_ptr + sc * s_pnat, mask=valid, other=0).to(tl.int32)
+    buf = tl.load(buf_ptr + sc * s_buf, mask=valid, other=0).to(tl.int64)
+    fold = valid & (p + STEPS > hist)
+    count = tl.minimum(p, hist)  # history tokens read (p <= HIST by contract; the min keeps loads in bounds)
+
+    pp = pblk * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_ok = pp < HEAD_DIM
+    nn = tl.arange(0, BLOCK_N)
+    n_ok = nn < DSTATE
+    tile_ok = p_ok[:, None] & n_ok[None, :]
+    ssm_tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
+    h = tl.load(ssm_tile, mask=tile_ok & valid, other=0.0)
+
+    # Fold the history [0, count) of buffer `buf`: h_eff = exp(c_last) h + X W B.
+    rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
+    rb_row = rb_ptr + sc * rb_s + buf * rb_b + group * rb_g
+    rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
+    rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
+    c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    for j0 in range(0, count, BLOCK_H):
+        j = j0 + tl.arange(0, BLOCK_H)
+        j_ok = j < count
+        c = tl.load(rc_row + j * rc_t, mask=j_ok, other=0.0).to(tl.float32)
+        d = tl.load(rd_row + j * rd_t, mask=j_ok, other=0.0).to(tl.float32)
+        w = tl.where(j_ok, tl.exp(c_last - c) * d, 0.0)
+        xs = tl.load(rx_row + j[None, :] * rx_t + pp[:, None] * rx_p, mask=p_ok[:, None] & j_ok[None, :], other=0.0)
+        bs = tl.load(rb_row + j[:, None] * rb_t + nn[None, :] * rb_n, mask=j_ok[:, None] & n_ok[None, :], other=0.0)
+        acc += tl.dot(xs.to(tl.float32) * w[None, :], bs.to(tl.float32), input_precision="ieee")
+    h = h * tl.exp(c_last) + acc
+    tl.store(ssm_tile, h, mask=tile_ok & fold)
+
+    # The new tokens, one after another; appended at [start, start + T) of buffer `target`.
+    target = tl.where(fold, 1 - buf, buf)
+    start = tl.where(fold, 0, p).to(tl.int64)
+    cum = tl.where(fold, 0.0, c_last)
+    a = tl.load(A_ptr + head).to(tl.float32)
+    head_writer = valid & (pblk == 0)
+    group_writer = head_writer & (head % REPS == 0)
+    wx_row = rx_ptr + sc * rx_s + target * rx_b + head * rx_h
+    wb_row = rb_ptr + sc * rb_s + target * rb_b + group * rb_g
+    wd_row = rdt_ptr + sc * rd_s + target * rd_b + head * rd_h
+    wc_row = rcum_ptr + sc * rc_s + target * rc_b + head * rc_h
+    for t in tl.static_range(STEPS):
+        x_in = tl.load(x_ptr + row * sx_b + t * sx_t + head * sx_h + pp * sx_p, mask=p_ok, other=0.0)
+        b_in = tl.load(B_ptr + row * sB_b + t * sB_t + group * sB_g + nn * sB_n, mask=n_ok, other=0.0)
+        c_in = tl.load(C_ptr + row * sC_b + t * sC_t + group * sC_g + nn * sC_n, mask=n_ok, other=0.0)
+        raw = tl.load(dt_ptr + row * sd_b + t * sd_t + head * sd_h).to(tl.float32)
+        if HAS_BIAS:
+            raw += tl.load(bias_ptr + head).to(tl.float32)
+        dtp = tl.minimum(tl.maximum(_softplus(raw), dt_lo), dt_hi)
+        dA = dtp * a
+        cum += dA
+        xf = x_in.to(tl.float32)
+        h = h * tl.exp(dA) + (dtp * xf)[:, None] * b_in.to(tl.float32)[None, :]
+        y = tl.sum(h * c_in.to(tl.float32)[None, :], 1)
+        if HAS_D:
+            y += tl.load(D_ptr + head).to(tl.float32) * xf
+        tl.store(y_ptr + row * sy_b + t * sy_t + head * sy_h + pp, y.to(y_ptr.dtype.element_ty), mask=p_ok)
+        pos = start + t
+        tl.store(wx_row + pos * rx_t + pp * rx_p, x_in.to(rx_ptr.dtype.element_ty), mask=p_ok & valid)
+        tl.store(wb_row + pos * rb_t + nn * rb_n, b_in.to(rb_ptr.dtype.element_ty), mask=n_ok & group_writer)
+        tl.store(wd_row + pos * rd_t, dtp.to(rdt_ptr.dtype.element_ty), mask=head_writer)
+        tl.store(wc_row + pos * rc_t, cum.to(rcum_ptr.dtype.element_ty), mask=head_writer)
+
+
+def mamba2_verify_triton(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    ssm: Tensor,
+    replay_x: Tensor,
+    replay_B: Tensor,
+    replay_dt: Tensor,
+    replay_dA_cumsum: Tensor,
+    pnat: Tensor,
+    buf_idx: Tensor,
+    slots: Tensor,
+    D: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    dt_limit: DtLimit = NO_LIMIT,
+    block_p: int | None = None,
+) -> Tensor:
+    """Replay verify in one launch; same arguments, writes and result as `replay.mamba2_verify`.
+
+    x: [B, T, H, P]; dt: [B, T, H] raw; B, C: [B, T, G, N]; ssm: [S, H, P, N] fp32; replay_x
+    [S, 2, HIST, H, P]; replay_B [S, 2, HIST, G, N]; replay_dt, replay_dA_cumsum [S, 2, H, HIST];
+    pnat, buf_idx [S] (read only); slots [B]. Any strides (pool views are read and written in place).
+    Returns y: [B, T, H, P] in x's dtype. `block_p` (head channels per program, a power of two >= 16)
+    defaults to a choice from the shapes and does not change the result.
+    """
+    batch, steps = x.shape[:2]
+    hist = replay_x.shape[2]
+    check_steps(steps, hist)
+    heads, head_dim, groups, dstate, reps = check_dims(x, B, ssm)
+    if heads % groups:
+        raise ValueError(f"num_heads {heads} is not a multiple of ngroups {groups}")
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if batch == 0 or steps == 0:
+        return y
+    block_n = max(16, triton.next_power_of_2(dstate))
+    if block_p is None:
+        block_p = max(16, min(triton.next_power_of_2(head_dim), MAX_TILE // block_n))
+    A = A.contiguous()
+    D_arg = A if D is None else D.contiguous()
+    bias_arg = A if dt_bias is None else dt_bias.contiguous()
+    grid = (batch, heads, triton.cdiv(head_dim, block_p))
+    _verify_kernel[grid](
+        x, dt, A, B, C, D_arg, bias_arg,
+        ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, y,
+        float(dt_limit[0]), float(dt_limit[1]), hist,
+        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *ssm.stride(),
+        *replay_x.stride(), *replay_B.stride(), *replay_dt.stride(), *replay_dA_cumsum.stride(),
+        pnat.stride(0), buf_idx.stride(0), slots.stride(0),
+        *y.stride()[:3],
+        STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps,
+        BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_H=BLOCK_H,
+        HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
+    )
+    return y

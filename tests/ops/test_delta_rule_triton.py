@@ -1,0 +1,199 @@
+"""The fused Triton decode of the gated delta rule (GDN and KDA) against the naive references.
+
+Runs on CUDA, or on CPU tensors in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 where
+there is no CUDA device); skipped otherwise. Pools are NaN except the states live rows start from, and a
+padding row's inputs are NaN, so any read of a slot a row must not read, or any leak from a padding row,
+shows. Every slot no live row owns (and the pool's other layer) must stay bit for bit as it was.
+Tolerances: fp32 inputs 1e-5 abs / 1e-5 rel on outputs and states (the same fp32 arithmetic summed in
+another order); bf16 q, k, v: states 1e-5 (fp32 math on the same bf16 values, stored in fp32), outputs
+1e-2 / 1e-2 (o is rounded to bf16, whose step is 2^-8 relative, so a last-bit difference rounds apart).
+"""
+import pytest
+import torch
+
+from hybridcache.ops.triton_support import triton_testable
+from tests.ops.delta_rule_cases import delta_inputs
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if not triton_testable(torch.empty(0, device=DEVICE)):
+    pytest.skip("needs triton with CUDA, or TRITON_INTERPRET=1 (Triton's CPU interpreter)", allow_module_level=True)
+
+from hybridcache.ops.delta_rule_triton import delta_rule_decode_triton  # noqa: E402
+from hybridcache.ops.gdn import gdn_decode  # noqa: E402
+from hybridcache.ops.gdn.naive import naive_gdn_decode  # noqa: E402
+from hybridcache.ops.kda import kda_decode  # noqa: E402
+from hybridcache.ops.kda.naive import naive_kda_decode  # noqa: E402
+
+NAN = float("nan")
+# Out of order; slots 1, 2, 4 and 6 belong to no row. Row 1 starts fresh on a NaN slot. The padding row
+# runs after the owner of slot 0, so a stray write of it (to slot 0, where its -1 is clamped) would stick.
+SLOTS = [5, 0, -1, 3]
+HAS_INITIAL = [True, False, True, True]
+NUM_SLOTS = 7
+NAIVE = {"gdn": naive_gdn_decode, "kda": naive_kda_decode}
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
+STATE_TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def inputs(family: str, slots: list[int], T: int, H: int, HV: int, K: int, V: int, dtype: torch.dtype,
+           seed: int = 0) -> list[torch.Tensor]:
+    """One row per slot (B = len(slots)): q, k [B, T, H, K] and v [B, T, HV, V] in dtype; g (GDN [B, T, HV],
+    KDA [B, T, H, K]) and beta [B, T, HV] fp32. Padding rows are NaN throughout."""
+    g_tail = (HV,) if family == "gdn" else (H, K)
+    x = delta_inputs(len(slots), T, H, HV, K, V, g_tail, dtype, seed)
+    pad = torch.tensor(slots) < 0
+    for t in x:
+        t[pad] = NAN
+    return x
+
+
+def layered_pool(HV: int, K: int, V: int, slots: list[int], starts: list[bool], layer_major: bool) -> torch.Tensor:
+    """A two-layer pool, [2, S, HV, K, V] (layer_major) or [S, 2, HV, K, V], NaN except layer 1's states
+    of the rows in `slots` that start from them (see `layer`)."""
+    pool = torch.full((2, NUM_SLOTS, HV, K, V) if layer_major else (NUM_SLOTS, 2, HV, K, V), NAN)
+    ssm = layer(pool, layer_major)
+    for slot, start in zip(slots, starts):
+        if slot >= 0 and start:
+            ssm[slot] = torch.randn(HV, K, V)
+    return pool
+
+
+def layer(pool: torch.Tensor, layer_major: bool) -> torch.Tensor:
+    """Layer 1 of a pool as ssm [S, HV, K, V]: `pool[1]` (offset, contiguous) or `pool[:, 1]` (strided)."""
+    return pool[1] if layer_major else pool[:, 1]
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def run_case(family: str, T: int, H: int, HV: int, K: int, V: int, dtype: torch.dtype = torch.float32,
+             slots: list[int] = SLOTS, starts: list[bool] | None = HAS_INITIAL, layer_major: bool = False,
+             x: list[torch.Tensor] | None = None, block_v: int | None = None, **kw) -> None:
+    """The kernel on DEVICE against the naive reference on the CPU: outputs (zeros on padding rows), live
+    slots' states, and every other element of the pool bit for bit."""
+    B = len(slots)
+    x = inputs(family, slots, T, H, HV, K, V, dtype) if x is None else x
+    pool = layered_pool(HV, K, V, slots, starts or [True] * B, layer_major)
+    slot_t = torch.tensor(slots)
+    init = None if starts is None else torch.tensor(starts)
+    ref = pool.clone()
+    o_ref = NAIVE[family](*x, layer(ref, layer_major), slot_t, init, use_qk_l2norm_in_kernel=True, **kw)
+    fast = pool.to(DEVICE)
+    o = delta_rule_decode_triton(*(t.to(DEVICE) for t in x), layer(fast, layer_major), slot_t.to(DEVICE),
+                                 None if init is None else init.to(DEVICE), use_qk_l2norm_in_kernel=True,
+                                 block_v=block_v, **kw)
+    assert o.dtype == dtype and o.shape == (B, T, HV, V)
+    o, fast = o.cpu(), fast.cpu()
+    live = slot_t >= 0
+    torch.testing.assert_close(o[live], o_ref[live], **TOL[dtype])
+    assert torch.equal(o[~live], torch.zeros_like(o[~live]))
+    owned = slot_t[live]
+    torch.testing.assert_close(layer(fast, layer_major)[owned], layer(ref, layer_major)[owned], **STATE_TOL)
+    untouched = torch.ones(pool.shape, dtype=torch.bool)
+    layer(untouched, layer_major)[owned] = False
+    assert same_bits(fast[untouched], pool[untouched])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("family,H,HV", [("gdn", 2, 2), ("gdn", 2, 4), ("gdn", 1, 3), ("kda", 2, 2)],
+                         ids=["gdn", "gdn-grouped2", "gdn-grouped3", "kda"])
+def test_matches_naive(family: str, H: int, HV: int, T: int, dtype: torch.dtype) -> None:
+    """K != V; mixed fresh and continued rows; slots out of order with a padding row; a strided pool view."""
+    run_case(family, T, H, HV, 16, 32, dtype)
+
+
+@pytest.mark.parametrize("family,H,HV", [("gdn", 1, 2), ("kda", 2, 2)], ids=["gdn", "kda"])
+@pytest.mark.parametrize("K,V", [(24, 24), (16, 24), (24, 8)])
+def test_dims_that_are_not_powers_of_two(family: str, H: int, HV: int, K: int, V: int) -> None:
+    """K pads to a masked 32-row tile; V = 24 with 16 columns a program leaves the second block half empty."""
+    run_case(family, 3, H, HV, K, V, block_v=16)
+
+
+@pytest.mark.parametrize("block_v", [8, 64])
+def test_block_v_does_not_change_the_result(block_v: int) -> None:
+    """Four value blocks of a head, or one block wider than V (half its columns masked)."""
+    run_case("gdn", 2, 2, 4, 16, 32, block_v=block_v)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_layer_major_pool_no_has_initial_and_explicit_scale(family: str) -> None:
+    """ssm = pool[layer] of [L, S, HV, K, V]; has_initial None (every live row reads its slot); scale given."""
+    run_case(family, 2, 2, 2, 16, 16, starts=None, layer_major=True, scale=0.3)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_strided_inputs(family: str) -> None:
+    """q, k and KDA's g as slices of wider tensors (unit last stride, read in place), v transposed (copied),
+    beta and GDN's g with no unit stride at all: the same result as contiguous inputs."""
+    T, H, K, V = 2, 2, 16, 16
+    q, k, v, g, beta = inputs(family, SLOTS, T, H, H, K, V, torch.float32, seed=1)
+    qk = torch.cat([q, k], dim=-1)  # [B, T, H, 2K]
+    vt = v.transpose(-1, -2).contiguous().transpose(-1, -2)  # last stride H
+    bg = torch.stack([beta, torch.zeros_like(beta)], dim=-1)[..., 0]  # last stride 2
+    if family == "gdn":
+        gs = torch.stack([g, torch.zeros_like(g)], dim=-1)[..., 0]
+    else:
+        gs = torch.cat([g, torch.zeros_like(g)], dim=-1)[..., :K]
+    strided = [qk[..., :K], qk[..., K:], vt, gs, bg]
+    assert not any(t.is_contiguous() for t in strided)
+    run_case(family, T, H, H, K, V, x=strided)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_all_padding_rows_write_nothing(family: str) -> None:
+    run_case(family, 2, 2, 2, 16, 16, slots=[-1, -1], starts=[True, False])
+
+
+def test_empty_batch() -> None:
+    x = [t.to(DEVICE) for t in inputs("gdn", [0, 1], 1, 2, 2, 16, 16, torch.float32)]
+    ssm = torch.zeros(3, 2, 16, 16, device=DEVICE)
+    o = delta_rule_decode_triton(*(t[:0] for t in x), ssm, torch.zeros(0, dtype=torch.long, device=DEVICE))
+    assert o.shape == (0, 1, 2, 16)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the dispatch and sync checks need CUDA")
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_decode_dispatches_to_the_kernel_without_host_sync(family: str) -> None:
+    decode = gdn_decode if family == "gdn" else kda_decode
+    x = [t.cuda() for t in inputs(family, SLOTS, 2, 2, 4 if family == "gdn" else 2, 32, 32, torch.bfloat16)]
+    ssm = torch.randn(NUM_SLOTS, x[2].shape[2], 32, 32, device="cuda")
+    slots, init = torch.tensor(SLOTS, device="cuda"), torch.tensor(HAS_INITIAL, device="cuda")
+    want_ssm = ssm.clone()
+    want = delta_rule_decode_triton(*x, want_ssm, slots, init)  # also compiles outside the sync check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = decode(*x, ssm, slots, init)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(got, want) and torch.equal(ssm, want_ssm)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_intermediate_states_are_the_states_after_each_token(family):
+    """`intermediate=` (the per-token-states alternative to replay, benchmarks only): the same outputs as a
+    plain decode, the state after token t in inter[slot, t] (the naive decode of tokens [0, t]), ssm unread
+    past the start and unwritten."""
+    T, H, HV, K, V = 3, 2, 2 if family == "kda" else 4, 16, 16
+    slots = [5, 0, -1, 3]
+    x = inputs(family, slots, T, H, HV, K, V, torch.float32)
+    pool = layered_pool(HV, K, V, slots, [True] * 4, layer_major=True)
+    before = pool.clone()
+    inter = torch.full((NUM_SLOTS, T, HV, K, V), NAN)
+    slot_t = torch.tensor(slots)
+    dev = [t.to(DEVICE) for t in x]
+    pool_d, inter_d = pool.to(DEVICE, copy=True), inter.to(DEVICE, copy=True)
+    o = delta_rule_decode_triton(*dev, layer(pool_d, True), slot_t.to(DEVICE), use_qk_l2norm_in_kernel=True,
+                                 intermediate=inter_d)
+    assert same_bits(pool_d.cpu(), before), "ssm must not be written"
+    for t in range(T):
+        ref_pool = before.clone()
+        o_ref = NAIVE[family](*(y[:, : t + 1] for y in x), layer(ref_pool, True), slot_t,
+                              use_qk_l2norm_in_kernel=True)
+        torch.testing.assert_close(o.cpu()[[0, 1, 3], t], o_ref[[0, 1, 3], t], **TOL[torch.float32])
+        for row in (0, 1, 3):
+            torch.testing.assert_close(inter_d.cpu()[slots[row], t], layer(ref_pool, True)[slots[row]], **STATE_TOL)
+    untouched = [s for s in range(NUM_SLOTS) if s not in slots]
+    assert torch.isnan(inter_d.cpu()[untouched]).all()
