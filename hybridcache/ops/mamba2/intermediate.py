@@ -12,6 +12,7 @@ from torch import Tensor
 
 from hybridcache.ops.slot_io import put_rows, take_rows
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, add_skip, causal_decay, check_dims, process_dt
+from hybridcache.ops.triton_support import runs_triton
 
 
 def mamba2_verify_intermediate(
@@ -29,7 +30,28 @@ def mamba2_verify_intermediate(
 ) -> Tensor:
     """x: [B, T, H, P]; dt: [B, T, H]; B, C: [B, T, G, N]; ssm: [S, H, P, N] (read);
     inter: [S, T_max, H, P, N] fp32 (states after each new token written at [0, T)).
-    Returns y: [B, T, H, P] in x's dtype."""
+    Returns y: [B, T, H, P] in x's dtype. Padding rows (slot < 0) run from a zero state and write nothing."""
+    if runs_triton(x):
+        from hybridcache.ops.mamba2.triton_decode import mamba2_verify_intermediate_triton
+
+        return mamba2_verify_intermediate_triton(x, dt, A, B, C, ssm, inter, slots, D, dt_bias, dt_limit)
+    return mamba2_verify_intermediate_torch(x, dt, A, B, C, ssm, inter, slots, D, dt_bias, dt_limit)
+
+
+def mamba2_verify_intermediate_torch(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    ssm: Tensor,
+    inter: Tensor,
+    slots: Tensor,
+    D: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    dt_limit: DtLimit = NO_LIMIT,
+) -> Tensor:
+    """`mamba2_verify_intermediate` in torch ops on any device: all T states at once in closed form."""
     batch, steps = x.shape[:2]
     heads, head_dim, groups, dstate, reps = check_dims(x, B, ssm)
     valid = slots >= 0
