@@ -203,6 +203,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     ap.add_argument("--iters", type=int, default=50, help="graph replays per timed run")
     ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true")
     add_json_arg(ap)
     args = ap.parse_args()
     fla, mamba = fla_ops(), mamba_ssm_ops()
@@ -214,7 +215,7 @@ def main() -> None:
     cases = (("gdn", lambda b: gdn_decode_case(b, fla, args.iters)), ("kda", lambda b: kda_decode_case(b, fla, args.iters)),
              ("mamba2", lambda b: mamba2_decode_case(b, mamba, args.iters)),
              ("conv1d", lambda b: conv_update_case(b, args.iters)))
-    for op, case in cases:
+    for op, case in cases if not args.skip_decode else ():
         for batch in args.batches:
             row = case(batch)
             gbs = row["state_bytes"] / row["ours_us"] / 1e3
@@ -226,6 +227,7 @@ def main() -> None:
         for lengths in ([8192], [1024] * 8):
             for op, case in (("gdn", lambda ls: gdn_prefill_case(ls, fla)), ("kda", lambda ls: kda_prefill_case(ls, fla)),
                              ("mamba2", lambda ls: mamba2_prefill_case(ls, mamba))):
+                print(f"prefill {op} {len(lengths)} x {lengths[0]} ...", flush=True)
                 row = case(lengths)
                 rec.add(kind="prefill", op=op, rows=len(lengths), tokens=sum(lengths), **row)
                 print(f"prefill {op:6} {len(lengths)} x {lengths[0]:<5} " + "  ".join(

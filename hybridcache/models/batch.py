@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Mapping
 
 import torch
@@ -51,3 +52,11 @@ class ForwardBatch:
     @property
     def num_generation_rows(self) -> int:
         return self.num_rows - self.num_context_rows
+
+    @cached_property
+    def context_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """slots, has_initial [Bc] and cu_seqlens [Bc+1] of the context rows: the same tensor objects for
+        every layer of the batch, so a kernel library that caches by tensor identity (fla's chunk indices)
+        prepares them once per step."""
+        bc = self.num_context_rows
+        return self.slots[:bc], self.has_initial[:bc], self.cu_seqlens[: bc + 1]

@@ -124,6 +124,7 @@ def delta_rule_decode_triton(
     use_qk_l2norm_in_kernel: bool = False,
     block_v: int | None = None,
     intermediate: Tensor | None = None,
+    num_warps: int | None = None,
 ) -> Tensor:
     """q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV] (GDN) or [B, T, H, K] (KDA, H = HV);
     beta [B, T, HV]; ssm [S, HV, K, V] fp32 (any strides, written in place); slots [B] int (negative:
@@ -169,6 +170,6 @@ def delta_rule_decode_triton(
         *((intermediate.stride(0), intermediate.stride(1)) if intermediate is not None else (0, 0)),
         T=T, K=K, V=V, BK=bk, BV=bv, GROUP=HV // H,
         PER_KEY_GATE=per_key, HAS_INITIAL=has_initial is not None, L2NORM=use_qk_l2norm_in_kernel,
-        INTERMEDIATE=intermediate is not None, num_warps=4 if bk * bv >= MAX_TILE else 2,
+        INTERMEDIATE=intermediate is not None, num_warps=num_warps or (4 if bk * bv >= MAX_TILE else 2),
     )
     return o

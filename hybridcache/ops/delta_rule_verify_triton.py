@@ -10,7 +10,7 @@ which is the closed (WY) form of `gdn/block.py`: there u_t = β_t·(v_t − (exp
 Work split. One program takes one (batch row, value head, value block) and holds the [BK, BV] fp32 tile of
 its state in registers; value columns are independent in the recurrence, so blocks never talk.
 - GDN: tile = exp(G_last)·ssm[slot] + Σ_{j<p} k_j·(exp(G_last − G_j)·u_j)ᵀ, read from buffer b of the
-  history BH entries at a time (one [BK, BH] x [BH, BV] dot each, entries at or past p masked out on load);
+  history one entry at a time (rank-1 updates over j < p, so nothing at or past p is read);
   stored back to ssm only when the row folds (p + T > HIST). Then the T new tokens; each writes its u slice;
   the V-block-0 program writes G (running from G_last, or from 0 after a fold) and β of its value head, and
   the V-block-0 program of the first value head of a key group writes the normalised key.
@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-HIST_BLOCK = 16  # history entries per dot in the GDN fold (tl.dot needs >= 16)
-MAX_BV = 32  # value columns per program: a [128, 32] fp32 tile is 32 registers a thread at 4 warps
+BLOCK_V = 32  # value columns per program (default): a [128, 32] fp32 tile is 32 registers a thread at 4 warps
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -55,7 +55,7 @@ def _gdn_verify_kernel(
     s_bs, s_bb, s_bh, s_bt,
     s_pnat, s_buf,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HIST: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr, L2NORM: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
 ):
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
@@ -81,17 +81,11 @@ def _gdn_verify_kernel(
     k_row = hk_ptr + s * s_ks + b * s_kb + hk * s_kh
     G_last = tl.load(G_row + (p - 1) * s_Gt, mask=p > 0, other=0.0).to(tl.float32)
     h = h * tl.exp(G_last)
-    jj = tl.arange(0, BH)
-    for j0 in range(0, p, BH):
-        j = j0 + jj
-        live = j < p
-        G_j = tl.load(G_row + j * s_Gt, mask=live, other=0.0).to(tl.float32)
-        w = tl.where(live, tl.exp(G_last - G_j), 0.0)
-        u_j = tl.load(u_row + j[:, None] * s_ut + vv[None, :] * s_uv, mask=live[:, None] & v_ok[None, :],
-                      other=0.0).to(tl.float32)
-        k_j = tl.load(k_row + j[:, None] * s_kt + kk[None, :] * s_kk, mask=live[:, None] & k_ok[None, :],
-                      other=0.0).to(tl.float32)
-        h += tl.dot(tl.trans(k_j), u_j * w[:, None], input_precision="ieee")
+    for j in range(0, p):  # rank-1 updates: p <= HIST is small, and no dot layouts to convert between
+        w = tl.exp(G_last - tl.load(G_row + j * s_Gt).to(tl.float32))
+        u_j = tl.load(u_row + j * s_ut + vv * s_uv, mask=v_ok, other=0.0).to(tl.float32)
+        k_j = tl.load(k_row + j * s_kt + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
+        h += k_j[:, None] * (w * u_j)[None, :]
     tl.store(ssm_tile, h, mask=tile & valid & fold)
 
     # the new tokens: [p, p + T) of buffer b, or [0, T) of buffer 1 - b after a fold
@@ -223,9 +217,9 @@ def _kda_pending_kernel(
         tl.store(pb_ptr + s * s_bs + (t - 1) * s_bp + hd * s_bh, b_t.to(pb_ptr.dtype.element_ty), mask=valid)
 
 
-def _tile_sizes(K: int, V: int) -> tuple[int, int]:
-    """BK covers K (the norms and hᵀk need the whole key); BV >= 16 (the fold's dot), at most MAX_BV."""
-    return max(16, triton.next_power_of_2(K)), max(16, min(MAX_BV, triton.next_power_of_2(V)))
+def _tile_sizes(K: int, V: int, block_v: int) -> tuple[int, int]:
+    """BK covers K (the norms and hᵀk need the whole key); BV = block_v, at most V rounded up."""
+    return max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
 
 
 def gdn_verify_triton(
@@ -244,8 +238,11 @@ def gdn_verify_triton(
     slots: Tensor,
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    block_v: int = BLOCK_V,
+    num_warps: int = NUM_WARPS,
 ) -> Tensor:
-    """`gdn_verify` in one launch; same arguments, writes and result.
+    """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
+    which does not change the result).
 
     q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; ssm [S, HV, K, V] fp32;
     replay_u [S, 2, HIST, HV, V]; replay_k [S, 2, HIST, H, K]; replay_G, replay_beta [S, 2, HV, HIST];
@@ -260,14 +257,14 @@ def gdn_verify_triton(
     if B == 0 or T == 0:
         return o
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    BK, BV = _tile_sizes(K, V)
+    BK, BV = _tile_sizes(K, V, block_v)
     _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](
         q, k, v, g, beta, o,
         ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx, slots.contiguous(),
         K ** -0.5 if scale is None else scale,
         *ssm.stride(), *replay_u.stride(), *replay_k.stride(), *replay_G.stride(), *replay_beta.stride(),
         pnat.stride(0), buf_idx.stride(0),
-        T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, BH=HIST_BLOCK, L2NORM=use_qk_l2norm_in_kernel,
+        T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel, num_warps=num_warps,
     )
     return o
 
@@ -287,6 +284,8 @@ def kda_verify_triton(
     slots: Tensor,
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    block_v: int = BLOCK_V,
+    num_warps: int = NUM_WARPS,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -301,13 +300,13 @@ def kda_verify_triton(
     if B == 0 or T == 0:
         return o
     q, k, v, g, beta, slots = (x.contiguous() for x in (q, k, v, g, beta, slots))
-    BK, BV = _tile_sizes(K, V)
+    BK, BV = _tile_sizes(K, V, block_v)
     _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](
         q, k, v, g, beta, o,
         ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots,
         K ** -0.5 if scale is None else scale,
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
-        T=T, H=H, K=K, V=V, P=P, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel,
+        T=T, H=H, K=K, V=V, P=P, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel, num_warps=num_warps,
     )
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](

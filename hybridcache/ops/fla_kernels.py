@@ -25,8 +25,10 @@ fla-core 0.6.0 (MIT), facts relied on (read from its source):
 - cu_seqlens may be int32 or int64 (the kernels load it and cast). fla reads it on the host while
   preparing chunk indices (`prepare_chunk_indices` -> `repeat_interleave` over device counts, and
   `split_offsets[-1].item()` in simple GLA's state pass): these host syncs are fla's, one or two per call.
-  Those helpers are memoised by the *identity* of the cu_seqlens tensor (`tensor_cache`), so a buffer
-  rewritten in place would be served stale indices: every call here hands fla a fresh view.
+  Those helpers are memoised by the *identity* of the cu_seqlens tensor (`tensor_cache`, which holds a
+  reference, so an id is never reused): the layers of one step share one tensor and so one host read.
+  The contract this puts on callers: a cu_seqlens tensor is never rewritten in place (the engine uploads
+  a new one each step).
 - The ops go through fla's backend dispatch, which prefers the optional `flash_qla` / `flash_kda`
   packages when installed; with neither installed (our images) fla's Triton kernels run.
 - `import fla.ops...` works without a GPU (fla warns and falls back to a 'cpu' platform), and the three
@@ -99,10 +101,10 @@ def _ops() -> FlaOps:
     return ops
 
 
-def _fresh(cu_seqlens: Tensor, like: Tensor) -> Tensor:
-    """cu_seqlens on `like`'s device as a new tensor object (a view, no copy when already there), so fla's
-    identity-keyed index cache never serves a stale entry."""
-    return cu_seqlens.to(like.device).view(-1)
+def _on_device(cu_seqlens: Tensor, like: Tensor) -> Tensor:
+    """cu_seqlens on `like`'s device: the same object when already there, so fla's identity-keyed index
+    cache serves every layer of a step after the first."""
+    return cu_seqlens.to(like.device)
 
 
 def fla_chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float | None,
@@ -116,7 +118,7 @@ def fla_chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta:
     """
     o, ht = _ops().chunk_gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=_fresh(cu_seqlens, q),
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=_on_device(cu_seqlens, q),
     )
     return o.to(v.dtype), ht
 
@@ -132,7 +134,7 @@ def fla_chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
     """
     o, ht = _ops().chunk_kda(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=False, cu_seqlens=_fresh(cu_seqlens, q),
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=False, cu_seqlens=_on_device(cu_seqlens, q),
     )
     return o.to(v.dtype), ht
 
@@ -147,6 +149,6 @@ def fla_chunk_simple_gla_v_first(q: Tensor, k: Tensor, v: Tensor, g: Tensor, sca
     """
     o, ht = _ops().chunk_simple_gla(
         q, k, v, g=g, scale=scale, initial_state=initial_state, output_final_state=True, state_v_first=True,
-        cu_seqlens=_fresh(cu_seqlens, q),
+        cu_seqlens=_on_device(cu_seqlens, q),
     )
     return o, ht

@@ -6,6 +6,7 @@ This is the one home of the PNAT / buffer-flip rule: the ops export it as `mamba
 import torch
 
 from .slot_io import RowScatter
+from .triton_support import runs_triton
 
 
 def replay_accept(
@@ -18,6 +19,10 @@ def replay_accept(
 
     Per row with p = pnat[slot]: if p + T > HIST (the step folded) flip buf_idx and set pnat = v, else
     pnat = p + v."""
+    if runs_triton(pnat) and pnat.is_contiguous() and buf_idx.is_contiguous():
+        from .replay_accept_triton import replay_accept_triton
+
+        return replay_accept_triton(pnat, buf_idx, slots, num_tokens, num_valid, hist)
     sc = slots.clamp_min(0)
     p, b = pnat[sc], buf_idx[sc]
     folded = p + num_tokens > hist

@@ -61,7 +61,9 @@ def check_pool_prefill_and_decode(prefill, naive_prefill, decode, naive_decode,
                 has_initial.to(device), use_qk_l2norm_in_kernel=True, chunk_size=4)
     live = torch.cat([torch.arange(cu[i], cu[i + 1]) for i in range(len(lens)) if slots[i] >= 0])
     tol = dtype_tol(dtype)
-    close(o.cpu()[live], o_ref[live], tol), close(fast.cpu(), ref)
+    # on CUDA a bf16 prefill runs fla's chunk kernels, which keep per-chunk states in bf16
+    state_tol = tol if str(device).startswith("cuda") and dtype == torch.bfloat16 else 2e-4
+    close(o.cpu()[live], o_ref[live], tol), close(fast.cpu(), ref, state_tol)
     assert torch.equal(fast.cpu()[[1, 4]], ssm[[1, 4]])  # slots no live row owns are untouched
 
     for T in (1, 3, 8):
@@ -69,7 +71,7 @@ def check_pool_prefill_and_decode(prefill, naive_prefill, decode, naive_decode,
         o_ref = naive_decode(q, k, v, g, beta, ref, slots, has_initial, use_qk_l2norm_in_kernel=True)
         o = decode(*(x.to(device) for x in (q, k, v, g, beta)), fast, slots.to(device),
                    has_initial.to(device), use_qk_l2norm_in_kernel=True)
-        close(o.cpu()[slots >= 0], o_ref[slots >= 0], tol), close(fast.cpu(), ref)
+        close(o.cpu()[slots >= 0], o_ref[slots >= 0], tol), close(fast.cpu(), ref, state_tol)
     assert torch.equal(fast.cpu()[[1, 4]], ssm[[1, 4]])
 
 

@@ -61,7 +61,9 @@ def test_prefill_fast_matches_naive(dtype, shape, chunk, device):
                                dt_bias=kw["dt_bias"], dt_limit=kw["dt_limit"])
     assert y.dtype == dtype
     torch.testing.assert_close(y, y_ref, **TOL[dtype])
-    torch.testing.assert_close(ssm, ssm_ref, **STATE_TOL)
+    # on CUDA a bf16 prefill runs fla's simple-GLA chunk kernel, which keeps per-chunk states in bf16
+    fla_bf16 = device == "cuda" and dtype == torch.bfloat16
+    torch.testing.assert_close(ssm, ssm_ref, **(TOL[dtype] if fla_bf16 else STATE_TOL))
     assert torch.equal(ssm[[1, 4]], ssm_ref[[1, 4]])  # untouched slots stay bit for bit
 
 

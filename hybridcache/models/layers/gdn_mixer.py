@@ -79,7 +79,7 @@ class GatedDeltaNetMixer(nn.Module):
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
         outs = []
         if bc:
-            slots, has_initial, cu = batch.slots[:bc], batch.has_initial[:bc], batch.cu_seqlens[: bc + 1]
+            slots, has_initial, cu = batch.context_rows
             q, k, v = self._split_qkv(causal_conv1d_prefill(qkv[:nc], weight, None, conv, slots, has_initial, cu, "silu"))
             outs.append(gdn_prefill(q, k, v, g[:nc], beta[:nc], cu, ssm, slots, has_initial,
                                     use_qk_l2norm_in_kernel=True))

@@ -64,7 +64,7 @@ class KDAMixer(nn.Module):
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
         outs = []
         if bc:
-            slots, has_initial, cu = batch.slots[:bc], batch.has_initial[:bc], batch.cu_seqlens[: bc + 1]
+            slots, has_initial, cu = batch.context_rows
             mixed = causal_conv1d_prefill(qkv[:nc], self.conv_weight, None, conv, slots, has_initial, cu, "silu")
             q, k, v = (t.view(nc, H, K) for t in mixed.split(self.width, dim=-1))
             outs.append(kda_prefill(q, k, v, g[:nc], beta[:nc], cu, ssm, slots, has_initial,

@@ -70,7 +70,7 @@ class Mamba2Mixer(nn.Module):
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
         outs = []
         if bc:
-            slots, has_initial, cu = batch.slots[:bc], batch.has_initial[:bc], batch.cu_seqlens[: bc + 1]
+            slots, has_initial, cu = batch.context_rows
             xbc_c = causal_conv1d_prefill(xbc[:nc], weight, bias, conv, slots, has_initial, cu, "silu")
             xs, B, C = self._split_xbc(xbc_c)
             outs.append(mamba2_prefill(xs, dt[:nc], A, B, C, ssm, slots, has_initial, cu,
