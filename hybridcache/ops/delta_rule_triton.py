@@ -155,7 +155,10 @@ def delta_rule_decode_triton(
     else:
         g_strides = g.stride()
     init = slots if has_initial is None else has_initial.to(slots.device)  # unread without has_initial
-    bv = block_v or default_block_v(B * HV, K, V, q.device)
+    # measured on the H200 (benchmarks/tune_delta_rule.py): one warp per program once a row runs several
+    # tokens (the per-token reductions stay inside a warp), 16 columns when every token's state is stored
+    bv = block_v or (16 if intermediate is not None else default_block_v(B * HV, K, V, q.device))
+    warps = num_warps or (1 if T > 1 else (4 if triton.next_power_of_2(K) * bv > MAX_TILE else 2))
     bk = triton.next_power_of_2(K)
     _delta_rule_decode_kernel[(triton.cdiv(V, bv), B * HV)](
         q, k, v, g, beta, ssm, slots, init, o, ssm if intermediate is None else intermediate,
@@ -170,6 +173,6 @@ def delta_rule_decode_triton(
         *((intermediate.stride(0), intermediate.stride(1)) if intermediate is not None else (0, 0)),
         T=T, K=K, V=V, BK=bk, BV=bv, GROUP=HV // H,
         PER_KEY_GATE=per_key, HAS_INITIAL=has_initial is not None, L2NORM=use_qk_l2norm_in_kernel,
-        INTERMEDIATE=intermediate is not None, num_warps=num_warps or (4 if bk * bv >= MAX_TILE else 2),
+        INTERMEDIATE=intermediate is not None, num_warps=warps,
     )
     return o

@@ -31,8 +31,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-BLOCK_V = 32  # value columns per program (default): a [128, 32] fp32 tile is 32 registers a thread at 4 warps
-NUM_WARPS = 4
+# Tiling measured on the H200 (benchmarks/tune_delta_rule.py, K = V = 128, T = 4): one warp per program, 32
+# value columns, halved (not below 8) while the grid has under 4 programs per SM (batch 1: 8 columns).
+BLOCK_V = 32
+NUM_WARPS = 1
+MIN_PROGRAMS_PER_SM = 4
 
 
 @triton.jit
@@ -217,9 +220,15 @@ def _kda_pending_kernel(
         tl.store(pb_ptr + s * s_bs + (t - 1) * s_bp + hd * s_bh, b_t.to(pb_ptr.dtype.element_ty), mask=valid)
 
 
-def _tile_sizes(K: int, V: int, block_v: int) -> tuple[int, int]:
-    """BK covers K (the norms and hᵀk need the whole key); BV = block_v, at most V rounded up."""
-    return max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
+def _tile_sizes(K: int, V: int, block_v: int | None, rows: int, device: torch.device) -> tuple[int, int]:
+    """BK covers K (the norms and hᵀk need the whole key); BV = block_v, or BLOCK_V halved down to 8 while
+    `rows` (batch x value heads) x ⌈V / BV⌉ programs give under MIN_PROGRAMS_PER_SM per SM."""
+    bv = min(block_v or BLOCK_V, max(8, triton.next_power_of_2(V)))
+    if block_v is None and device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        while bv > 8 and rows * triton.cdiv(V, bv) < MIN_PROGRAMS_PER_SM * sms:
+            bv //= 2
+    return max(16, triton.next_power_of_2(K)), bv
 
 
 def gdn_verify_triton(
@@ -238,7 +247,7 @@ def gdn_verify_triton(
     slots: Tensor,
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
-    block_v: int = BLOCK_V,
+    block_v: int | None = None,
     num_warps: int = NUM_WARPS,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
@@ -257,7 +266,7 @@ def gdn_verify_triton(
     if B == 0 or T == 0:
         return o
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    BK, BV = _tile_sizes(K, V, block_v)
+    BK, BV = _tile_sizes(K, V, block_v, B * HV, q.device)
     _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](
         q, k, v, g, beta, o,
         ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx, slots.contiguous(),
@@ -284,7 +293,7 @@ def kda_verify_triton(
     slots: Tensor,
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
-    block_v: int = BLOCK_V,
+    block_v: int | None = None,
     num_warps: int = NUM_WARPS,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
@@ -300,7 +309,7 @@ def kda_verify_triton(
     if B == 0 or T == 0:
         return o
     q, k, v, g, beta, slots = (x.contiguous() for x in (q, k, v, g, beta, slots))
-    BK, BV = _tile_sizes(K, V, block_v)
+    BK, BV = _tile_sizes(K, V, block_v, B * H, q.device)
     _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](
         q, k, v, g, beta, o,
         ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots,
