@@ -207,7 +207,7 @@ def main() -> None:
     add_json_arg(ap)
     args = ap.parse_args()
     fla, mamba = fla_ops(), mamba_ssm_ops()
-    rec = Record(args.json, "ops_kernels", DEV, dict(batches=args.batches, gdn=GDN, kda=KDA, mamba2=MAMBA2,
+    rec = Record(args.json, "ops_kernels", DEV, dict(device=DEV, batches=args.batches, gdn=GDN, kda=KDA, mamba2=MAMBA2,
                                                      dtype=str(ACT), iters=args.iters))
     bw = copy_bandwidth(DEV)
     rec.extra("copy_gbs", bw)

@@ -204,7 +204,7 @@ def test_verify_dispatches_to_the_kernel(monkeypatch) -> None:
     heads, head_dim, groups, dstate, hist, steps = 4, 4, 2, 4, 4, 2
     g = torch.Generator().manual_seed(3)
     kw = {k: v.to(DEVICE) for k, v in _params(heads).items()}
-    roles = {k: v.to(DEVICE) for k, v in _roles(2, heads, head_dim, groups, dstate, hist, torch.float32, kw["A"], g,
+    roles = {k: v.to(DEVICE) for k, v in _roles(2, heads, head_dim, groups, dstate, hist, torch.float32, kw["A"].cpu(), g,
                                                   [1, 3], [0, 1]).items()}
     direct = _clone(roles)
     inputs = [t.to(DEVICE) for t in _inputs(2, steps, heads, head_dim, groups, dstate, torch.float32, g)]
@@ -221,7 +221,7 @@ def test_empty_batch() -> None:
     heads, head_dim, groups, dstate, hist = 4, 4, 2, 4, 4
     g = torch.Generator().manual_seed(0)
     kw = {k: v.to(DEVICE) for k, v in _params(heads).items()}
-    roles = {k: v.to(DEVICE) for k, v in _roles(2, heads, head_dim, groups, dstate, hist, torch.float32, kw["A"],
+    roles = {k: v.to(DEVICE) for k, v in _roles(2, heads, head_dim, groups, dstate, hist, torch.float32, kw["A"].cpu(),
                                                   g).items()}
     inputs = [t.to(DEVICE) for t in _inputs(0, 2, heads, head_dim, groups, dstate, torch.float32, g)]
     y = _verify(triton_verify.mamba2_verify_triton, inputs, roles, torch.zeros(0, dtype=torch.long, device=DEVICE), kw)
