@@ -2,6 +2,11 @@
 kernel launches and host syncs per step, with CUDA graphs and eagerly, measured in one run.
 
     python benchmarks/step_profile.py --family nemotron_h --size 1b --device cuda --dtype bfloat16
+    python benchmarks/step_profile.py ... --by-module     # also: kernels and their time per layer kind
+
+`--by-module` profiles one eager step (the graph replays the same kernels) with a profiler range around
+every leaf-most module's forward, and charges each kernel to the innermost module that launched it
+(`engine` outside the model: sampling, uploads). On a CPU the counts are of aten ops, not kernels.
 """
 from __future__ import annotations
 
@@ -32,12 +37,72 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def by_module(llm, device: str, steps: int) -> None:
+    """Kernels per step and their time, by the innermost module kind that launched them."""
+    model = llm.runner.model
+    ranges: list = []
+    hooks = []
+    for name, module in model.named_modules():
+        if module is model:
+            continue
+        kind = type(module).__name__
+
+        def enter(mod, args, kind=kind):
+            ranges.append(torch.profiler.record_function(f"module::{kind}"))
+            ranges[-1].__enter__()
+
+        def leave(mod, args, out):
+            ranges.pop().__exit__(None, None, None)
+
+        hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    cuda = device.startswith("cuda")
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(steps):
+            llm.step()
+        sync(device)
+    for hook in hooks:
+        hook.remove()
+    spans = sorted(((e.time_range.start, e.time_range.end, e.name[len("module::"):]) for e in prof.events()
+                    if e.name.startswith("module::")), key=lambda s: (s[0], -s[1]))
+    counts: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.name.startswith("module::"):
+            continue
+        if cuda and e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if not cuda and e.cpu_parent is not None and not e.cpu_parent.name.startswith("module::"):
+            continue  # on a CPU: the outermost aten ops only (an op's own sub-ops are not counted again)
+        at = (e.linked_correlation_id and _launch_time(prof, e)) if cuda else e.time_range.start
+        owner = "engine"
+        for start, end, kind in spans:  # innermost: the last span (by start) that holds the launch
+            if start <= at <= end:
+                owner = kind
+        entry = counts.setdefault(owner, [0, 0.0])
+        entry[0] += 1
+        entry[1] += (e.device_time if cuda else e.cpu_time) / 1e3
+    total = sum(c for c, _ in counts.values())
+    print(f"  per step, by module kind ({'kernels' if cuda else 'aten ops'}, {'GPU' if cuda else 'CPU'} ms):")
+    for kind, (count, ms) in sorted(counts.items(), key=lambda kv: -kv[1][0]):
+        print(f"    {kind:28} {count / steps:7.0f} {ms / steps:8.3f}   {count / total:5.1%}")
+
+
+def _launch_time(prof, kernel) -> float:
+    """The host time of the runtime call that launched `kernel` (matched by correlation id)."""
+    cache = getattr(prof, "_launch_times", None)
+    if cache is None:
+        cache = {e.correlation_id: e.time_range.start for e in prof.events()
+                 if e.device_type != torch.autograd.DeviceType.CUDA and getattr(e, "correlation_id", 0)}
+        prof._launch_times = cache
+    return cache.get(kernel.linked_correlation_id, -1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--by-module", action="store_true", help="eager steps: kernels and time per layer kind")
     args = ap.parse_args()
     from hybridcache import LLM
 
@@ -64,6 +129,8 @@ def main() -> None:
             gpu = sum(e.device_time for e in kernels) / 1e3 / args.steps  # us -> ms
             print(f"{b:>5} {'eager' if eager else 'graph':>6} {wall * 1e3:>8.2f} {gpu:>7.2f} {gpu / (wall * 1e3):>5.0%} "
                   f"{len(kernels) / args.steps:>9.0f} {b / wall:>8.0f}")
+            if eager and args.by_module:
+                by_module(llm, args.device, min(args.steps, 5))
             del llm
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()

@@ -1,7 +1,9 @@
 """RMSNorm (plain `w` or zero-centred `1 + w`) and the gated RMSNorms of the recurrent mixers.
 
 All normalise in fp32; they differ in where the weight and the gate apply and in which dtype, as the
-checkpoints' reference implementations do, so each gated norm keeps its own `forward`.
+checkpoints' reference implementations do, so each gated norm keeps its own `forward`. On CUDA each runs as
+one fused Triton kernel (`ops/rms_norm_triton.py`, same rounding points); the torch code below is the
+reference and the CPU path.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops.triton_support import runs_triton
 from .params import param
 
 
@@ -37,6 +40,9 @@ class RMSNorm(WeightedNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., D] -> [..., D]."""
+        if runs_triton(x):
+            from ...ops.rms_norm_triton import rms_norm_triton  # triton is imported only where it runs
+            return rms_norm_triton(x, self.weight, self.eps, self.zero_centred)
         scale = self.weight.float()
         if self.zero_centred:
             scale = 1.0 + scale
@@ -52,6 +58,9 @@ class GatedGroupRMSNorm(WeightedNorm):
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y, z: [N, I] -> [N, I] in y's dtype (the weight multiplies after the cast, as transformers does)."""
+        if runs_triton(y):
+            from ...ops.rms_norm_triton import gated_group_rms_norm_triton
+            return gated_group_rms_norm_triton(y, z, self.weight, self.groups, self.eps)
         h = y.float() * F.silu(z.float())
         g = rms_normalise(h.view(*h.shape[:-1], self.groups, -1), self.eps)
         return self.weight * g.view(h.shape).to(y.dtype)
@@ -62,6 +71,9 @@ class GatedRMSNorm(WeightedNorm):
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y, z: [..., V] -> [..., V] in y's dtype."""
+        if runs_triton(y):
+            from ...ops.rms_norm_triton import gated_rms_norm_triton
+            return gated_rms_norm_triton(y, z, self.weight, self.eps)
         h = self.weight * rms_normalise(y.float(), self.eps).to(y.dtype)
         return (h * F.silu(z.float())).to(y.dtype)
 
@@ -71,4 +83,7 @@ class SigmoidGatedRMSNorm(WeightedNorm):
 
     def forward(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """o, gate: [..., D] -> [..., D]."""
+        if runs_triton(o):
+            from ...ops.rms_norm_triton import sigmoid_gated_rms_norm_triton
+            return sigmoid_gated_rms_norm_triton(o, gate, self.weight, self.eps)
         return (self.weight.float() * rms_normalise(o.float(), self.eps) * torch.sigmoid(gate.float())).to(o.dtype)
