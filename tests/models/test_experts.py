@@ -39,3 +39,20 @@ def test_unaligned_widths_fall_back_to_the_loop():
     assert not ex.grouped_supported(x, 10, 30)
     index, weight = _route(5, 2, 4, seed=1)
     assert layer(x, index, weight).shape == (5, 30)
+
+
+@pytest.mark.parametrize("kind", [Experts, GatedExperts])
+@pytest.mark.parametrize("k", [2, 3])
+def test_dense_dispatch_equals_the_per_expert_loop(kind, k):
+    """The small-batch path for CUDA without grouped GEMMs (fp32): every expert on every row, no host read."""
+    torch.manual_seed(1)
+    layer = kind(6, 32, 16, "silu" if kind is GatedExperts else "relu2", "cpu", torch.float32)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    x = torch.randn(5, 32)
+    index, weight = _route(5, k, 6, seed=k)
+    dtype = torch.float32
+    with no_host_sync():
+        dense = ex.dense(x, index, weight, 6, layer._expert, dtype)
+    loop = ex.dispatch(x, index, weight, 6, layer._expert, dtype)
+    torch.testing.assert_close(dense, loop, atol=1e-6, rtol=1e-5)

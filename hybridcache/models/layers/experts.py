@@ -36,6 +36,25 @@ def linear_grouped(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) ->
     return torch._grouped_mm(x, weight.transpose(1, 2), offs=ends)
 
 
+DENSE_LIMIT = 4096  # token rows x experts up to which a device without grouped GEMMs runs every expert on every row
+
+
+def dense(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_experts: int,
+          expert: Callable[[int, torch.Tensor], torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """`dispatch` without sorting and without reading anything on the host: every expert runs on every row
+    (num_experts / k times the routed work), then each row keeps its k experts' outputs. For small batches
+    on a device with no grouped GEMM for x's dtype (fp32 on CUDA), so that decode steps stay capturable in
+    CUDA graphs. x: [N, Din]; index, weight: [N, k] -> [N, Dout] in `dtype`."""
+    n = x.shape[0]
+    every = torch.stack([expert(e, x).to(dtype) for e in range(num_experts)])  # [E, N, Dout]
+    chosen = every[index, torch.arange(n, device=x.device)[:, None]]  # [N, k, Dout]
+    out = chosen * weight[..., None]
+    total = torch.zeros(n, every.shape[-1], device=x.device, dtype=dtype)
+    for j in range(index.shape[1]):  # in k order, each product rounded to dtype first, as dispatch's sum
+        total = total + out[:, j].to(dtype)
+    return total
+
+
 def dispatch(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_experts: int,
              expert: Callable[[int, torch.Tensor], torch.Tensor], dtype: torch.dtype,
              grouped: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
@@ -43,10 +62,12 @@ def dispatch(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_exp
 
     Token copies are sorted by expert. With `grouped(xs, ends)` every expert runs in one grouped GEMM per
     weight and nothing is read on the host; otherwise each expert runs once over its contiguous run (the
-    run lengths are read on the host: one sync per layer). Expert outputs are stored in `dtype`,
+    run lengths are read on the host: one sync per layer), except small batches on CUDA, which run `dense`. Expert outputs are stored in `dtype`,
     multiplied by the router weights in the promoted dtype of the two, and summed in `dtype`.
     """
     n, k = index.shape
+    if grouped is None and x.device.type == "cuda" and n * num_experts <= DENSE_LIMIT:
+        return dense(x, index, weight, num_experts, expert, dtype)
     order, token, ends = _sorted(index, num_experts)
     xs = x[token]
     if grouped is not None:
