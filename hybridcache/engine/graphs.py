@@ -9,7 +9,8 @@ Capture runs once eagerly first (kernels compile and allocate outside the graph)
 set to -1, so no recurrent state is read or written; attention writes the rows' keys and values at
 positions past their committed tokens, which the real step overwrites. The graph's attention knows no row
 lengths on the host (`HostRows.uniform_new`: its work is sized from the page table's width). A forward
-that cannot be captured (a host sync inside, e.g. fp32 MoE on CUDA past `experts.DENSE_LIMIT` rows x experts) is remembered and runs eagerly.
+that cannot be captured (a host sync inside, e.g. fp32 MoE on CUDA past `experts.DENSE_LIMIT` rows x
+experts) is remembered and runs eagerly.
 A rebalance re-carves the arena: graphs of an older carving are dropped.
 """
 from __future__ import annotations
