@@ -21,6 +21,10 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torc
     or not JSON), MissingTensorError, TensorShapeError, TensorDtypeError (e.g. int32 weights),
     NonFiniteTensorError (NaN or inf, stored or from the cast to `dtype`); all ModelLoadError. Tensors the
     model does not use (e.g. multi-token-prediction heads) are ignored.
+
+    Once every tensor is filled (name for name, in the checkpoint's layout), each module that has a
+    `finish_load()` method gets it called once, to put its weights into a layout of its own (e.g.
+    `GatedDeltaNetMixer` permutes its projections' rows so that its kernels read column slices).
     """
     config = read_config(path)
     cls = model_class(config.get("model_type"))
@@ -39,6 +43,10 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torc
             with torch.no_grad():
                 target.copy_(source)
             _check_finite(found, source, target)
+    for module in model.modules():
+        finish = getattr(module, "finish_load", None)
+        if finish is not None:
+            finish()
     return model.eval()
 
 

@@ -11,20 +11,49 @@ row's T tokens, stored once. Value columns of one head are independent in the re
 needs hᵀk over its own column only), so value blocks need no communication. Padding rows (slot < 0) load
 nothing, store nothing and output zeros; every load of a state is masked, never multiplied by zero, so a
 NaN left in an unused or fresh slot cannot leak.
+
+Raw gate (GDN, `gate=RawGate(a, b, A_log, dt_bias)`): the kernel reads the projection's a, b in place of g,
+beta and computes `gdn_gate` per token (`gdn_raw_gate`, shared with the verify kernel): g =
+−exp(A_log)·softplus(a + dt_bias) in fp32, beta = sigmoid(b) rounded to b's dtype, as the torch rule returns
+it, so the recurrence sees the same values as with g, beta precomputed (up to Triton's exp and log, an ulp
+or two).
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from .rms_norm_triton import _round, _sigmoid
+
+if TYPE_CHECKING:
+    from .gdn.decode import RawGate
+
 MAX_TILE = 4096  # fp32 state elements per program: 32 registers a thread at 4 warps
 
 
 @triton.jit
+def gdn_raw_gate(a, b, neg_A, dt_bias, B_DTYPE: tl.constexpr):
+    """`gdn.decode.gdn_gate` for one token of one value head: a, b fp32 (b read in B_DTYPE, its dtype), neg_A =
+    −exp(A_log), dt_bias fp32 -> (g, beta) fp32, beta rounded to B_DTYPE as torch's sigmoid(b) returns it.
+
+    softplus as torch's (threshold 20): x > 20 ? x : log1p(exp(x)), log1p(e) = log(u)·e/(u − 1) with
+    u = 1 + e (a few ulps; e itself where u rounds to 1; libdevice's log1p is not in Triton's interpreter).
+    """
+    x = a + dt_bias
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    at_one = u == 1.0
+    log1p = tl.where(at_one, e, tl.log(u) * (e / tl.where(at_one, 1.0, u - 1.0)))
+    return neg_A * tl.where(x > 20.0, x, log1p), _round(_sigmoid(b), B_DTYPE)
+
+
+@triton.jit
 def _delta_rule_decode_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slot_ptr, init_ptr, o_ptr, inter_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, ssm_ptr, slot_ptr, init_ptr, o_ptr, inter_ptr,
     scale, HV,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -36,7 +65,9 @@ def _delta_rule_decode_kernel(
     stride_is, stride_it,
     T: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PER_KEY_GATE: tl.constexpr, HAS_INITIAL: tl.constexpr, L2NORM: tl.constexpr, INTERMEDIATE: tl.constexpr,
+    RAW_GATE: tl.constexpr,
 ):
+    """RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b [B, T, HV]; alog_ptr, dtb_ptr A_log, dt_bias [HV]."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     b = (i_bh // HV).to(tl.int64)
     hv = i_bh % HV
@@ -64,6 +95,10 @@ def _delta_rule_decode_kernel(
         g_row = g_ptr + b * stride_gb + hk * stride_gh
     else:
         g_row = g_ptr + b * stride_gb + hv * stride_gh
+    B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
+    if RAW_GATE:
+        neg_A = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
+        dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     for t in range(T):
         q = tl.load(q_row + t * stride_qt + rk, mask=mk, other=0.0).to(tl.float32)
         k = tl.load(k_row + t * stride_kt + rk, mask=mk, other=0.0).to(tl.float32)
@@ -76,6 +111,9 @@ def _delta_rule_decode_kernel(
         if PER_KEY_GATE:
             g = tl.load(g_row + t * stride_gt + rk, mask=mk, other=0.0).to(tl.float32)
             h = h * tl.exp(g)[:, None]
+        elif RAW_GATE:
+            g, beta = gdn_raw_gate(tl.load(g_row + t * stride_gt).to(tl.float32), beta, neg_A, dt_bias, B_DTYPE)
+            h = h * tl.exp(g)
         else:
             h = h * tl.exp(tl.load(g_row + t * stride_gt).to(tl.float32))
         u = beta * (v - tl.sum(h * k[:, None], 0))
@@ -107,7 +145,8 @@ def default_block_v(rows: int, K: int, V: int, device: torch.device) -> int:
     return bv
 
 
-def _unit_last(x: Tensor) -> Tensor:
+def unit_last(x: Tensor) -> Tensor:
+    """x itself when its last stride is 1 (a column slice of a wider tensor is read in place), else a copy."""
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
@@ -115,8 +154,8 @@ def delta_rule_decode_triton(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    g: Tensor,
-    beta: Tensor,
+    g: Tensor | None,
+    beta: Tensor | None,
     ssm: Tensor,
     slots: Tensor,
     has_initial: Tensor | None = None,
@@ -125,6 +164,8 @@ def delta_rule_decode_triton(
     block_v: int | None = None,
     intermediate: Tensor | None = None,
     num_warps: int | None = None,
+    *,
+    gate: RawGate | None = None,
 ) -> Tensor:
     """q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV] (GDN) or [B, T, H, K] (KDA, H = HV);
     beta [B, T, HV]; ssm [S, HV, K, V] fp32 (any strides, written in place); slots [B] int (negative:
@@ -138,19 +179,30 @@ def delta_rule_decode_triton(
     `intermediate` [S, T, HV, K, V] fp32 (contiguous past dim 1): the per-token-states alternative to replay
     (what vLLM and SGLang do for speculation, kept for the benchmarks' side-by-side): the state after each
     token t goes to intermediate[slot, t] and ssm is not written.
+
+    `gate` (GDN; g and beta None): a, b [B, T, HV] (any strides) and A_log, dt_bias [HV]; the kernel computes
+    g and beta per token (`gdn_raw_gate`), the same values as `gate.values()`.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     assert HV % H == 0 and k.shape == q.shape and ssm.shape[1:] == (HV, K, V), "shapes disagree"
+    if gate is not None:
+        assert g is None and beta is None, "pass g and beta, or gate=, not both"
+        assert gate.a.shape == gate.b.shape == (B, T, HV) and gate.A_log.shape == gate.dt_bias.shape == (HV,), \
+            "a raw gate is GDN's: a, b [B, T, HV], A_log, dt_bias [HV]"
+        g, beta = gate.a, gate.b  # read by the kernel where g, beta would be
+        A_log, dt_bias = gate.A_log.contiguous(), gate.dt_bias.contiguous()
+    else:
+        A_log = dt_bias = slots  # unused
     per_key = g.ndim == 4
     assert g.shape == ((B, T, H, K) if per_key else (B, T, HV)), f"g {tuple(g.shape)} fits neither gate"
     assert not per_key or H == HV, "KDA has one value head per key head"
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device)
     if B == 0 or T == 0:
         return o.zero_()
-    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    q, k, v = unit_last(q), unit_last(k), unit_last(v)
     if per_key:
-        g = _unit_last(g)
+        g = unit_last(g)
         g_strides = (g.stride(0), g.stride(1), g.stride(2))
     else:
         g_strides = g.stride()
@@ -161,7 +213,7 @@ def delta_rule_decode_triton(
     warps = num_warps or (1 if T > 1 else (4 if triton.next_power_of_2(K) * bv > MAX_TILE else 2))
     bk = triton.next_power_of_2(K)
     _delta_rule_decode_kernel[(triton.cdiv(V, bv), B * HV)](
-        q, k, v, g, beta, ssm, slots, init, o, ssm if intermediate is None else intermediate,
+        q, k, v, g, beta, A_log, dt_bias, ssm, slots, init, o, ssm if intermediate is None else intermediate,
         K ** -0.5 if scale is None else scale, HV,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -173,6 +225,6 @@ def delta_rule_decode_triton(
         *((intermediate.stride(0), intermediate.stride(1)) if intermediate is not None else (0, 0)),
         T=T, K=K, V=V, BK=bk, BV=bv, GROUP=HV // H,
         PER_KEY_GATE=per_key, HAS_INITIAL=has_initial is not None, L2NORM=use_qk_l2norm_in_kernel,
-        INTERMEDIATE=intermediate is not None, num_warps=warps,
+        INTERMEDIATE=intermediate is not None, RAW_GATE=gate is not None, num_warps=warps,
     )
     return o

@@ -23,13 +23,24 @@ its state in registers; value columns are independent in the recurrence, so bloc
   everything) writes pend_*[slot, :T−1]; it needs nothing from the first (the keys are normalised again).
 Padding rows (slot < 0) load no state, store nothing and output zeros; every pool load is masked, never
 multiplied by zero, so NaNs in unused slots or past p / pend_n cannot leak.
+GDN's inputs are read through their strides (q, k, v with a unit last stride: column slices of the conv
+output are read in place); with a raw gate (`gate=RawGate(a, b, A_log, dt_bias)`) the kernel reads a, b
+where g, beta would be and computes them per token (`delta_rule_triton.gdn_raw_gate`), writing the same G and
+β history.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from .delta_rule_triton import gdn_raw_gate, unit_last
+
+if TYPE_CHECKING:
+    from .gdn.decode import RawGate
 
 # Tiling measured on the H200 (benchmarks/tune_delta_rule.py, K = V = 128, T = 4): one warp per program, 32
 # value columns, halved (not below 8) while the grid has under 4 programs per SM (batch 1: 8 columns).
@@ -48,9 +59,10 @@ def _l2norm(x, KDA_FORM: tl.constexpr):
 
 @triton.jit
 def _gdn_verify_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
     ssm_ptr, u_ptr, hk_ptr, hG_ptr, hb_ptr, pnat_ptr, buf_ptr, slot_ptr,
     scale,
+    s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bib, s_bit, s_bih,
     s_ss, s_sh, s_sk, s_sv,
     s_us, s_ub, s_ut, s_uh, s_uv,
     s_ks, s_kb, s_kt, s_kh, s_kk,
@@ -58,8 +70,10 @@ def _gdn_verify_kernel(
     s_bs, s_bb, s_bh, s_bt,
     s_pnat, s_buf,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HIST: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
 ):
+    """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
+    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]."""
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
     slot = tl.load(slot_ptr + row).to(tl.int64)
@@ -97,17 +111,28 @@ def _gdn_verify_kernel(
     G = tl.where(fold, 0.0, G_last)
     writes_shared = valid & (vb == 0)
     writes_key = writes_shared & (hv % (HV // H) == 0)
+    q_row = q_ptr + row * s_qb + hk * s_qh
+    k_in = k_ptr + row * s_kib + hk * s_kih
+    v_row = v_ptr + row * s_vb + hv * s_vh
+    g_in = g_ptr + row * s_gb + hv * s_gh
+    b_in = beta_ptr + row * s_bib + hv * s_bih
+    B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
+    if RAW_GATE:
+        neg_A = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
+        dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     for t in tl.static_range(T):
         tok = row * T + t
-        q_t = tl.load(q_ptr + (tok * H + hk) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
-        k_t = tl.load(k_ptr + (tok * H + hk) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+        q_t = tl.load(q_row + t * s_qt + kk, mask=k_ok, other=0.0).to(tl.float32)
+        k_t = tl.load(k_in + t * s_kit + kk, mask=k_ok, other=0.0).to(tl.float32)
         if L2NORM:
             q_t = _l2norm(q_t, False)
             k_t = _l2norm(k_t, False)
         q_t = q_t * scale
-        v_t = tl.load(v_ptr + (tok * HV + hv) * V + vv, mask=v_ok, other=0.0).to(tl.float32)
-        g_t = tl.load(g_ptr + tok * HV + hv).to(tl.float32)
-        b_t = tl.load(beta_ptr + tok * HV + hv).to(tl.float32)
+        v_t = tl.load(v_row + t * s_vt + vv, mask=v_ok, other=0.0).to(tl.float32)
+        g_t = tl.load(g_in + t * s_gt).to(tl.float32)
+        b_t = tl.load(b_in + t * s_bit).to(tl.float32)
+        if RAW_GATE:
+            g_t, b_t = gdn_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
         h = h * tl.exp(g_t)
         u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
         h += k_t[:, None] * u_t[None, :]
@@ -249,31 +274,46 @@ def gdn_verify_triton(
     use_qk_l2norm_in_kernel: bool = False,
     block_v: int | None = None,
     num_warps: int = NUM_WARPS,
+    *,
+    gate: RawGate | None = None,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result).
 
     q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; ssm [S, HV, K, V] fp32;
     replay_u [S, 2, HIST, HV, V]; replay_k [S, 2, HIST, H, K]; replay_G, replay_beta [S, 2, HV, HIST];
-    pnat, buf_idx [S] int32 (read only); slots [B], negative = padding. The pool roles may be strided views.
+    pnat, buf_idx [S] int32 (read only); slots [B], negative = padding. The pool roles may be strided views;
+    so may q, k, v (copied only without a unit last stride), g and beta (any strides).
+    `gate` (g and beta None): a, b [B, T, HV] (any strides), A_log, dt_bias [HV]; g and beta are computed
+    in the kernel, the same values as `gate.values()`.
     Returns o [B, T, HV, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
     HV, V, hist = v.shape[2], v.shape[3], replay_u.shape[2]
     assert T <= hist, f"a verify step of {T} tokens needs HIST >= {T}, have {hist}"
     assert HV % H == 0, f"value heads ({HV}) must be a multiple of key heads ({H})"
+    if gate is not None:
+        assert g is None and beta is None, "pass g and beta, or gate=, not both"
+        g, beta = gate.a, gate.b  # read by the kernel where g, beta would be
+        A_log, dt_bias = gate.A_log.contiguous(), gate.dt_bias.contiguous()
+        assert A_log.shape == dt_bias.shape == (HV,), "A_log, dt_bias [HV]"
+    else:
+        A_log = dt_bias = slots  # unused
+    assert g.shape == beta.shape == (B, T, HV), f"g, beta {tuple(g.shape)}, {tuple(beta.shape)}: [B, T, HV]"
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if B == 0 or T == 0:
         return o
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    q, k, v = unit_last(q), unit_last(k), unit_last(v)
     BK, BV = _tile_sizes(K, V, block_v, B * HV, q.device)
     _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](
-        q, k, v, g, beta, o,
+        q, k, v, g, beta, A_log, dt_bias, o,
         ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx, slots.contiguous(),
         K ** -0.5 if scale is None else scale,
+        *(x.stride(i) for x in (q, k, v) for i in range(3)), *g.stride(), *beta.stride(),
         *ssm.stride(), *replay_u.stride(), *replay_k.stride(), *replay_G.stride(), *replay_beta.stride(),
         pnat.stride(0), buf_idx.stride(0),
-        T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel, num_warps=num_warps,
+        T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel,
+        RAW_GATE=gate is not None, num_warps=num_warps,
     )
     return o
 

@@ -19,7 +19,7 @@ if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs triton with CUDA, or TRITON_INTERPRET=1 (Triton's CPU interpreter)", allow_module_level=True)
 
 from hybridcache.ops.delta_rule_triton import delta_rule_decode_triton  # noqa: E402
-from hybridcache.ops.gdn import gdn_decode  # noqa: E402
+from hybridcache.ops.gdn import RawGate, gdn_decode  # noqa: E402
 from hybridcache.ops.gdn.naive import naive_gdn_decode  # noqa: E402
 from hybridcache.ops.kda import kda_decode  # noqa: E402
 from hybridcache.ops.kda.naive import naive_kda_decode  # noqa: E402
@@ -197,3 +197,87 @@ def test_intermediate_states_are_the_states_after_each_token(family):
             torch.testing.assert_close(inter_d.cpu()[slots[row], t], layer(ref_pool, True)[slots[row]], **STATE_TOL)
     untouched = [s for s in range(NUM_SLOTS) if s not in slots]
     assert torch.isnan(inter_d.cpu()[untouched]).all()
+
+
+# Raw gate (GDN): the kernel computes g = -exp(A_log)·softplus(a + dt_bias) and beta = sigmoid(b) itself
+
+def raw_gate(slots: list[int], T: int, HV: int, dtype: torch.dtype, seed: int = 0) -> RawGate:
+    """a, b [B, T, HV] as column slices of one [B, T, 2HV] projection output (b first, as the mixer's), in
+    dtype, NaN on padding rows; A_log, dt_bias [HV] in dtype. a + dt_bias spans softplus's branches: over its
+    threshold 20 (token 0 of head 0) and so negative that 1 + exp(x) rounds to 1 (the last token's last head)."""
+    gen = torch.Generator().manual_seed(seed)
+    ba = torch.randn(len(slots), T, 2 * HV, generator=gen) * 3
+    ba[:, 0, HV] = 25.0
+    ba[:, -1, -1] = -40.0
+    ba[torch.tensor(slots) < 0] = NAN
+    ba = ba.to(dtype)
+    A_log, dt_bias = (torch.randn(HV, generator=gen).to(dtype) for _ in range(2))
+    return RawGate(ba[..., HV:], ba[..., :HV], A_log, dt_bias)
+
+
+def on(gate: RawGate, device: str) -> RawGate:
+    """The gate on `device`, a and b still column slices of one tensor."""
+    ba = torch.cat([gate.b, gate.a], dim=-1).to(device)
+    return RawGate(ba[..., gate.a.shape[-1]:], ba[..., :gate.a.shape[-1]], gate.A_log.to(device),
+                   gate.dt_bias.to(device))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("H,HV", [(2, 2), (2, 4), (1, 3)], ids=["gdn", "gdn-grouped2", "gdn-grouped3"])
+def test_raw_gate_matches_precomputed_gate(H: int, HV: int, T: int, dtype: torch.dtype) -> None:
+    """`gate=RawGate(...)` against g, beta = `gdn_gate` passed in: the same kernel's outputs and states within
+    the tolerances above, padding rows (NaN a, b) zeros, every other element of the pool as it was; and against
+    the naive reference (run_case)."""
+    K, V = 16, 32
+    q, k, v, _, _ = inputs("gdn", SLOTS, T, H, HV, K, V, dtype)
+    gate = raw_gate(SLOTS, T, HV, dtype)
+    assert not gate.a.is_contiguous() and gate.a.stride(-1) == 1  # read in place
+    g, beta = gate.values()
+    assert g.dtype == torch.float32 and beta.dtype == dtype
+    assert (g[:, 0, 0][torch.tensor(SLOTS) >= 0] < -10).all()  # the threshold branch was taken
+    run_case("gdn", T, H, HV, K, V, dtype, x=[q, k, v, g, beta])  # precomputed vs naive
+
+    pool = layered_pool(HV, K, V, SLOTS, HAS_INITIAL, layer_major=False)
+    slot_t, init = torch.tensor(SLOTS, device=DEVICE), torch.tensor(HAS_INITIAL, device=DEVICE)
+    dev = [t.to(DEVICE) for t in (q, k, v)]
+    pre, raw = pool.to(DEVICE, copy=True), pool.to(DEVICE, copy=True)
+    o_pre = delta_rule_decode_triton(*dev, g.to(DEVICE), beta.to(DEVICE), layer(pre, False), slot_t, init,
+                                     use_qk_l2norm_in_kernel=True)
+    o_raw = delta_rule_decode_triton(*dev, None, None, layer(raw, False), slot_t, init, use_qk_l2norm_in_kernel=True,
+                                     gate=on(gate, DEVICE))
+    live = torch.tensor(SLOTS) >= 0
+    o_pre, o_raw, pre, raw = o_pre.cpu(), o_raw.cpu(), pre.cpu(), raw.cpu()
+    torch.testing.assert_close(o_raw[live], o_pre[live], **TOL[dtype])
+    assert torch.equal(o_raw[~live], torch.zeros_like(o_raw[~live]))
+    owned = torch.tensor(SLOTS)[live]
+    torch.testing.assert_close(layer(raw, False)[owned], layer(pre, False)[owned], **STATE_TOL)
+    untouched = torch.ones(pool.shape, dtype=torch.bool)
+    layer(untouched, False)[owned] = False
+    assert same_bits(raw[untouched], pool[untouched])
+
+
+def test_gdn_decode_takes_a_raw_gate_on_every_path() -> None:
+    """The op: `gate=` equals g, beta = gate.values() bit for bit on the torch path (CPU) and, where the kernel
+    runs, within the tolerances; g, beta and gate together are refused."""
+    T, H, HV, K, V = 2, 2, 4, 16, 16
+    q, k, v, _, _ = inputs("gdn", SLOTS, T, H, HV, K, V, torch.float32, seed=2)
+    gate = raw_gate(SLOTS, T, HV, torch.float32, seed=2)
+    g, beta = gate.values()
+    slots, init = torch.tensor(SLOTS), torch.tensor(HAS_INITIAL)
+    pool = torch.randn(NUM_SLOTS, HV, K, V)
+    a, b = pool.clone(), pool.clone()
+    want = gdn_decode(q, k, v, g, beta, a, slots, init, use_qk_l2norm_in_kernel=True)
+    got = gdn_decode(q, k, v, None, None, b, slots, init, use_qk_l2norm_in_kernel=True, gate=gate)
+    exact = dict(rtol=0, atol=0, equal_nan=True)  # padding rows: NaN in, NaN out on the torch path
+    torch.testing.assert_close(got, want, **exact)
+    torch.testing.assert_close(b, a, **exact)
+    with pytest.raises(AssertionError, match="not both"):
+        gdn_decode(q, k, v, g, beta, b, slots, init, gate=gate)
+    if DEVICE == "cuda":
+        c = pool.cuda()
+        o = gdn_decode(q.cuda(), k.cuda(), v.cuda(), None, None, c, slots.cuda(), init.cuda(),
+                       use_qk_l2norm_in_kernel=True, gate=on(gate, "cuda"))
+        live = slots >= 0
+        torch.testing.assert_close(o.cpu()[live], want[live], **TOL[torch.float32])
+        torch.testing.assert_close(c.cpu(), a, **STATE_TOL)

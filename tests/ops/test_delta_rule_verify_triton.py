@@ -13,7 +13,7 @@ fp32 roles (ssm, G, g, beta: fp32 arithmetic on the same bf16-rounded inputs).
 import pytest
 import torch
 
-from hybridcache.ops.gdn import gdn_accept, gdn_verify
+from hybridcache.ops.gdn import RawGate, gdn_accept, gdn_verify
 from hybridcache.ops.gdn.naive import naive_gdn_verify
 from hybridcache.ops.kda import kda_accept, kda_verify
 from hybridcache.ops.kda.naive import naive_kda_verify
@@ -304,3 +304,87 @@ def test_ops_dispatch_to_triton_on_cuda():
     x = [t.cuda() for t in delta_inputs(len(SLOTS), T, H, H, K, V, (H, K))]
     a, b = copies(q, "cuda"), copies(q, "cuda")
     assert torch.equal(kda_run(kda_verify, x, a, slots), kda_run(kda_verify_triton, x, b, slots))
+
+
+# GDN with a raw gate (the kernel computes g and beta from the projection's a, b) and strided inputs
+
+def raw_gate(B: int, T: int, dtype, seed: int) -> RawGate:
+    """a, b [B, T, HV] as column slices of one [B, T, 2HV] tensor (b first, as the mixer's projection), in dtype,
+    NaN on padding rows; A_log, dt_bias [HV] in dtype. Token 0 of head 0 takes softplus's threshold branch."""
+    gen = torch.Generator().manual_seed(seed)
+    ba = torch.randn(B, T, 2 * HV, generator=gen) * 3
+    ba[:, 0, HV] = 25.0
+    ba[~LIVE] = NAN
+    ba = ba.to(dtype)
+    return RawGate(ba[..., HV:], ba[..., :HV], *(torch.randn(HV, generator=gen).to(dtype) for _ in range(2)))
+
+
+def gate_on(gate: RawGate, device: str) -> RawGate:
+    ba = torch.cat([gate.b, gate.a], dim=-1).to(device)
+    return RawGate(ba[..., HV:], ba[..., :HV], gate.A_log.to(device), gate.dt_bias.to(device))
+
+
+@pytest.mark.parametrize("T,hist,K,V,dtype", [(1, 8, 16, 8, torch.float32), (4, 20, 32, 40, torch.float32),
+                                              (2, 5, 16, 8, torch.bfloat16), (4, 8, 16, 8, torch.bfloat16)])
+def test_gdn_verify_raw_gate_matches_precomputed(T, hist, K, V, dtype):
+    """`gate=RawGate(...)` against g, beta = gate.values() passed in, on rows that fold and rows that append:
+    outputs, ssm and every history role (the G and β entries included) as the kernel with the precomputed
+    gate and the naive reference write them, within the tolerances above; nothing else written."""
+    before = gdn_pools(T, hist, K, V, dtype)
+    ref, pre, raw = copies(before), copies(before, DEVICE), copies(before, DEVICE)
+    q, k, v, _, _ = qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=T, norm_in_kernel=True)
+    gate = raw_gate(len(SLOTS), T, dtype, seed=T)
+    g, beta = gate.values()
+    assert g.dtype == torch.float32 and beta.dtype == dtype
+    slots = torch.tensor(SLOTS)
+    kw = dict(use_qk_l2norm_in_kernel=True)
+    o_ref = gdn_run(naive_gdn_verify, [q, k, v, g, beta], ref, slots, **kw)
+    dev = [t.to(DEVICE) for t in (q, k, v)]
+    o_pre = gdn_run(gdn_verify_triton, [*dev, g.to(DEVICE), beta.to(DEVICE)], pre, slots.to(DEVICE), **kw)
+    o_raw = gdn_run(gdn_verify_triton, [*dev, None, None], raw, slots.to(DEVICE), gate=gate_on(gate, DEVICE), **kw)
+    check_outputs(o_raw, o_ref, o_pre, dtype_tol(dtype))
+    written = gdn_written(before, T, hist)
+    assert written["ssm"].any() and not written["ssm"].all()  # both folding and appending rows
+    role_tol = lambda r: dtype_tol(dtype if r in ("replay_u", "replay_k") else torch.float32)  # noqa: E731
+    check_roles(raw, ref, before, written, role_tol)
+    check_roles(raw, {r: t.cpu() for r, t in pre.items()}, before, written, role_tol)
+    for r in ("pnat", "buf_idx"):  # read only
+        assert torch.equal(raw[r].cpu(), before[r])
+
+
+def test_gdn_verify_reads_strided_inputs_in_place():
+    """q, k, v as column slices of one conv output [B, T, 2HK + HV·V] and g, beta as slices of a wider tensor:
+    the same writes and outputs, bit for bit, as contiguous copies."""
+    T, hist, K, V = 3, 8, 16, 8
+    before = gdn_pools(T, hist, K, V, torch.float32)
+    x = qk_inputs(len(SLOTS), T, HV, K, V, (HV,), torch.float32, seed=4, norm_in_kernel=True)
+    q, k, v, g, beta = x
+    qkv = torch.cat([t.flatten(2) for t in (q, k, v)], dim=-1)  # [B, T, C]
+    gb = torch.cat([g, beta], dim=-1)
+    hk = H * K
+    views = [qkv[..., :hk].unflatten(-1, (H, K)), qkv[..., hk:2 * hk].unflatten(-1, (H, K)),
+             qkv[..., 2 * hk:].unflatten(-1, (HV, V)), gb[..., :HV], gb[..., HV:]]
+    assert not any(t.is_contiguous() for t in views)
+    a, b = copies(before, DEVICE), copies(before, DEVICE)
+    slots = torch.tensor(SLOTS, device=DEVICE)
+    o_a = gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in x], a, slots, use_qk_l2norm_in_kernel=True)
+    o_b = gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in views], b, slots, use_qk_l2norm_in_kernel=True)
+    assert torch.equal(o_a, o_b)
+    for r in a:
+        torch.testing.assert_close(b[r], a[r], rtol=0, atol=0, equal_nan=True, msg=lambda s: f"{r}: {s}")
+
+
+def test_gdn_verify_takes_a_raw_gate_on_the_torch_path():
+    """The op on CPU tensors (the torch path): `gate=` equals g, beta = gate.values() bit for bit."""
+    T, hist, K, V = 2, 8, 16, 8
+    before = gdn_pools(T, hist, K, V, torch.float32)
+    q, k, v, _, _ = qk_inputs(len(SLOTS), T, HV, K, V, (HV,), torch.float32, seed=5, norm_in_kernel=True)
+    gate = raw_gate(len(SLOTS), T, torch.float32, seed=5)
+    a, b = copies(before), copies(before)
+    slots = torch.tensor(SLOTS)
+    o_a = gdn_run(gdn_verify, [q, k, v, *gate.values()], a, slots, use_qk_l2norm_in_kernel=True)
+    o_b = gdn_run(gdn_verify, [q, k, v, None, None], b, slots, use_qk_l2norm_in_kernel=True, gate=gate)
+    exact = dict(rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(o_b[LIVE], o_a[LIVE], **exact)
+    for r in a:
+        torch.testing.assert_close(b[r], a[r], **exact)

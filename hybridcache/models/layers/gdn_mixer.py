@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
-from ...ops.gdn import gdn_decode, gdn_prefill, gdn_verify
+from ...ops.gdn import RawGate, gdn_decode, gdn_gate, gdn_prefill, gdn_verify
+from ...ops.triton_support import runs_triton
 from ..batch import ForwardBatch
 from .mlp import Linear
 from .params import param
@@ -24,18 +24,35 @@ class DepthwiseConvWeight(nn.Module):
         self.weight = param(channels, 1, kernel, device=device, dtype=dtype)
 
 
-class GatedDeltaNetMixer(nn.Module):
-    """H key heads of width K, HV = H*r value heads of width V.
+def regroup_rows(w: torch.Tensor, groups: int, parts: list[int]) -> torch.Tensor:
+    """w `[groups * sum(parts), D]`, rows grouped as each group's parts in turn -> part 0 of every group, then
+    part 1 of every group, ... (a copy, same shape): `w.view(groups, sum(parts), D)` split into `parts`."""
+    return torch.cat([p.reshape(-1, w.shape[-1]) for p in w.view(groups, -1, w.shape[-1]).split(parts, dim=1)])
 
-    in_proj_qkvz `[H*(2K + 2rV), D]`: per key head its q `[K]`, k `[K]`, v `[r*V]`, z `[r*V]` (value head
-    h*r + j belongs to key head h); in_proj_ba `[2*HV, D]`: per key head b `[r]`, a `[r]`.
-    Causal conv + silu over cat(q, k, v) `[C = 2HK + HV*V]`; beta = sigmoid(b),
-    g = -exp(A_log) * softplus(a + dt_bias); gated delta rule with q/k l2-normalised in the kernel;
-    per-head gated RMSNorm with z; out_proj `[D, HV*V]`.
+
+class GatedDeltaNetMixer(nn.Module):
+    """H key heads of width K, HV = H*r value heads of width V (value head h*r + j belongs to key head h).
+
+    Projections. Checkpoints group the rows per key head: in_proj_qkvz `[H*(2K + 2rV), D]` holds per key head
+    its q `[K]`, k `[K]`, v `[r*V]`, z `[r*V]`; in_proj_ba `[2*HV, D]` per key head b `[r]`, a `[r]`.
+    `finish_load` (called once by the loader, after the weights are filled) permutes the rows into
+
+        in_proj_qkvz  [ q: H*K | k: H*K | v: HV*V | z: HV*V ]     (q, k, v = the conv input, C = 2HK + HV*V)
+        in_proj_ba    [ b: HV | a: HV ]
+
+    (heads in order within each part), so that qkv `[N, C]`, z, b and a are column slices of the two
+    outputs: views, no copies. A row permutation of a linear permutes its output columns and leaves each
+    column's arithmetic as it was. The parameters keep the checkpoint's names and shapes (loading stays name
+    for name); only their row order differs once loaded.
+
+    Causal conv + silu over qkv; beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (`gdn_gate`);
+    gated delta rule with q/k l2-normalised in the kernel; per-head gated RMSNorm with z; out_proj
+    `[D, HV*V]`.
 
     `index` is this layer's position among the model's GDN layers (its layer in every `gdn` role).
     Context rows run the chunked prefill; generation rows `[Bg, T]` run plain decode (T = 1) or the replay
-    verify (`batch.speculative`).
+    verify (`batch.speculative`). On CUDA the generation rows' kernels compute their gate from the raw a, b
+    (`RawGate`); g and beta are computed here for the context rows only.
     """
 
     def __init__(self, index: int, hidden: int, num_key_heads: int, num_value_heads: int, key_dim: int,
@@ -51,14 +68,29 @@ class GatedDeltaNetMixer(nn.Module):
         self.A_log = param(num_value_heads, device=device, dtype=dtype)
         self.norm = GatedRMSNorm(value_dim, eps, device, dtype)
         self.out_proj = Linear(num_value_heads * value_dim, hidden, False, device, dtype)
+        self.kernel_layout = False  # whether finish_load has permuted the projections' rows
+
+    def finish_load(self) -> None:
+        """Permute the projections' rows from the checkpoint's per-key-head grouping into the layout `_project`
+        reads (class docstring). Called once, after every weight is filled; a second call would scramble them."""
+        if self.kernel_layout:
+            raise RuntimeError(f"GDN layer {self.index}: the projections are already in the kernel layout")
+        K, rV, r = self.K, self.r * self.V, self.r
+        with torch.no_grad():
+            for w, parts in ((self.in_proj_qkvz.weight, [K, K, rV, rV]), (self.in_proj_ba.weight, [r, r])):
+                w.copy_(regroup_rows(w, self.H, parts))
+        self.kernel_layout = True
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [N, D] -> qkv [N, C] (conv input), z [N, HV, V], b, a [N, HV]."""
-        n, H, K, rV = x.shape[0], self.H, self.K, self.r * self.V
-        q, k, v, z = self.in_proj_qkvz(x).view(n, H, 2 * K + 2 * rV).split([K, K, rV, rV], dim=-1)
-        b, a = self.in_proj_ba(x).view(n, H, 2 * self.r).split([self.r, self.r], dim=-1)
-        qkv = torch.cat([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], dim=-1)
-        return qkv, z.reshape(n, self.HV, self.V), b.reshape(n, self.HV), a.reshape(n, self.HV)
+        """x: [N, D] -> qkv [N, C] (conv input), z [N, HV, V], b, a [N, HV]: column slices (views, unit last
+        stride) of the two projections' outputs."""
+        if not self.kernel_layout:  # checkpoint row order read as the kernel layout would be silently wrong
+            raise RuntimeError(f"GDN layer {self.index}: weights not in the kernel layout; load the model with "
+                               "hybridcache.models.loader.load_model (or call finish_load once after filling them)")
+        HV = self.HV
+        qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, HV * self.V], dim=-1)
+        b, a = self.in_proj_ba(x).split([HV, HV], dim=-1)
+        return qkv, z.view(x.shape[0], HV, self.V), b, a
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[..., C] -> q, k [..., H, K], v [..., HV, V]."""
@@ -73,10 +105,11 @@ class GatedDeltaNetMixer(nn.Module):
         i = self.index
         conv, ssm = roles["conv"][i], roles["ssm"][i]
         qkv, z, b, a = self._project(hidden)
-        beta = torch.sigmoid(b)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         weight = self.conv1d.weight[:, 0]
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
+        fused = runs_triton(hidden)  # the generation rows' kernels then compute their own gate (RawGate)
+        rows = nc if fused else hidden.shape[0]  # the rows whose g, beta are computed here
+        g, beta = gdn_gate(a[:rows], b[:rows], self.A_log, self.dt_bias) if rows else (None, None)
         outs = []
         if bc:
             slots, has_initial, cu = batch.context_rows
@@ -84,16 +117,21 @@ class GatedDeltaNetMixer(nn.Module):
             outs.append(gdn_prefill(q, k, v, g[:nc], beta[:nc], cu, ssm, slots, has_initial,
                                     use_qk_l2norm_in_kernel=True))
         if bg:
-            steps, slots = batch.generation_tokens, batch.slots[bc:]
-            qkv_g = causal_conv1d_update(qkv[nc:].reshape(bg, steps, self.conv_dim), weight, None, conv, slots, "silu")
+            steps, slots, shape = batch.generation_tokens, batch.slots[bc:], (bg, batch.generation_tokens, self.HV)
+            qkv_g = causal_conv1d_update(qkv[nc:].view(bg, steps, self.conv_dim), weight, None, conv, slots, "silu")
             q, k, v = self._split_qkv(qkv_g)
-            g_g, beta_g = g[nc:].reshape(bg, steps, self.HV), beta[nc:].reshape(bg, steps, self.HV)
+            if fused:
+                g_g = beta_g = None
+                gate = RawGate(a[nc:].view(shape), b[nc:].view(shape), self.A_log, self.dt_bias)
+            else:
+                g_g, beta_g, gate = g[nc:].reshape(shape), beta[nc:].reshape(shape), None
             if batch.speculative:
                 replay = [roles[name][i] for name in REPLAY_ROLES]
                 o = gdn_verify(q, k, v, g_g, beta_g, ssm, *replay, roles["pnat"][0], roles["buf_idx"][0], slots,
-                               use_qk_l2norm_in_kernel=True)
+                               use_qk_l2norm_in_kernel=True, gate=gate)
             else:
-                o = gdn_decode(q, k, v, g_g, beta_g, ssm, slots, batch.has_initial[bc:], use_qk_l2norm_in_kernel=True)
+                o = gdn_decode(q, k, v, g_g, beta_g, ssm, slots, batch.has_initial[bc:], use_qk_l2norm_in_kernel=True,
+                               gate=gate)
             outs.append(o.reshape(bg * steps, self.HV, self.V))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
         return self.out_proj(self.norm(o, z).reshape(hidden.shape[0], -1))

@@ -13,6 +13,7 @@ from ..delta_rule_common import head_major
 from ..slot_io import RowScatter, put_rows, read_rows
 from ..triton_support import runs_triton
 from .block import block_from_reads, prepare_qk, read_state
+from .decode import RawGate, gate_values
 from .history import fold, read_history
 
 
@@ -37,8 +38,8 @@ def gdn_verify(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
     ssm: torch.Tensor,
     replay_u: torch.Tensor,
     replay_k: torch.Tensor,
@@ -49,6 +50,8 @@ def gdn_verify(
     slots: torch.Tensor,
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    gate: RawGate | None = None,
 ) -> torch.Tensor:
     """Verify T tokens per row against checkpoint + history (docs/layouts.md, Gated DeltaNet).
 
@@ -58,13 +61,17 @@ def gdn_verify(
 
     With p = pnat[slot], b = buf_idx[slot]: if p + T > HIST the p history tokens are folded into ssm and the
     new tokens go to [0, T) of buffer 1 - b, else to [p, p + T) of buffer b. Returns o [B, T, HV, V].
-    On CUDA with triton this is one fused kernel (`delta_rule_verify_triton.gdn_verify_triton`).
+    With `gate` (g and beta None) the gate is computed from the projection's raw outputs (`gdn_gate`);
+    replay_G and replay_beta get the same values as with g, beta given.
+    On CUDA with triton this is one fused kernel (`delta_rule_verify_triton.gdn_verify_triton`), the gate
+    included.
     """
     if runs_triton(q):
         from ..delta_rule_verify_triton import gdn_verify_triton
 
         return gdn_verify_triton(q, k, v, g, beta, ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx,
-                                 slots, scale, use_qk_l2norm_in_kernel)
+                                 slots, scale, use_qk_l2norm_in_kernel, gate=gate)
+    g, beta = gate_values(g, beta, gate)
     T, hist_len = q.shape[1], replay_u.shape[2]
     assert T <= hist_len, f"a verify step of {T} tokens needs HIST >= {T}, have {hist_len}"
     valid = slots >= 0
