@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+_kernels_on_cpu = False
 
 
 def interpreting() -> bool:
@@ -19,8 +22,24 @@ def interpreting() -> bool:
 
 
 def runs_triton(t: torch.Tensor) -> bool:
-    """Whether an op on `t` dispatches to its Triton kernel (CUDA, triton importable)."""
-    return HAS_TRITON and t.is_cuda
+    """Whether an op on `t` dispatches to its Triton kernel (CUDA, triton importable; CPU tensors only
+    inside `kernels_on_cpu`)."""
+    return HAS_TRITON and (t.is_cuda or (_kernels_on_cpu and t.device.type == "cpu"))
+
+
+@contextmanager
+def kernels_on_cpu() -> Iterator[None]:
+    """Tests only: inside, CPU tensors dispatch to the Triton kernels too, run by Triton's interpreter
+    (TRITON_INTERPRET=1 must have been set before triton was imported), so a whole model can run through
+    the kernels' glue without a GPU. Raises RuntimeError outside the interpreter."""
+    global _kernels_on_cpu
+    if not (HAS_TRITON and interpreting()):
+        raise RuntimeError("kernels_on_cpu needs triton and TRITON_INTERPRET=1")
+    _kernels_on_cpu = True
+    try:
+        yield
+    finally:
+        _kernels_on_cpu = False
 
 
 def triton_testable(t: torch.Tensor) -> bool:

@@ -23,6 +23,7 @@ from hybridcache.ops.attention._batched import (
     query_positions,
 )
 from hybridcache.ops.attention._layout import HostRows, check_rows, copy_into_slots, new_token_positions, token_slots
+from hybridcache.ops.triton_support import runs_triton
 
 try:
     from hybridcache.ops.attention.triton_paged import attend_kv_pages_triton
@@ -67,8 +68,8 @@ def use_triton(q: Tensor, kv: Tensor, page_table: Tensor) -> bool:
     """
     return (
         attend_kv_pages_triton is not None
-        and q.is_cuda
-        and kv.is_cuda
+        and runs_triton(q)
+        and kv.device == q.device
         and kv.dtype in TRITON_DTYPES
         and q.shape[-1] <= 256
         and q.shape[0] <= BATCH_MAX_NEW * page_table.shape[0]

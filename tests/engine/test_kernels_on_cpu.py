@@ -1,0 +1,75 @@
+"""The whole engine through the Triton kernels' glue without a GPU: each family's tiny model generates with
+every op dispatched to its Triton kernel (run by Triton's interpreter, `kernels_on_cpu`) and gives the
+tokens of the torch paths, plain and with n-gram speculation (replay verify, accept), with the state moved
+What this checks that the kernels' own tests cannot: the mixers' views and strides
+into the kernels, the fused gate and norms, the accept rule between steps. Prefill keeps the torch paths
+(fla runs on CUDA only). fp32, greedy; the kernels sum in another order than torch, so a token could in
+principle flip on a near-tie: the tiny models' LM heads are widened (tests/models helpers) to keep margins.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridcache import LLM, SamplingParams, SpeculativeConfig
+from hybridcache.ops.triton_support import HAS_TRITON, interpreting, kernels_on_cpu
+from tests.models import helpers as nemotron
+from tests.models import test_kimi_linear as kimi
+from tests.models import test_qwen3_next as qwen
+
+pytestmark = pytest.mark.skipif(not (HAS_TRITON and interpreting()) or torch.cuda.is_available(),
+                                reason="needs triton in its CPU interpreter (TRITON_INTERPRET=1, no GPU)")
+
+SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
+PROMPTS = [[3 + (7 * i + j) % 11 for j in range(5 + 3 * i)] for i in range(3)]
+# kernels every family's steps must have launched (their Python names), beside the family's own
+COMMON = {"_update_kernel", "_prefill_kernel", "_rms_norm_kernel"}  # conv1d update and prefill, the norms
+FAMILY = {"nemotron_h": {"_decode_kernel", "_attend_kernel"}, "qwen3_next": {"_delta_rule_decode_kernel", "_attend_kernel"},
+          "kimi_linear": {"_delta_rule_decode_kernel"}}
+VERIFY = {"nemotron_h": {"_verify_kernel", "_accept_kernel"}, "qwen3_next": {"_gdn_verify_kernel", "_accept_kernel"},
+          "kimi_linear": {"_kda_verify_kernel"}}
+
+
+@pytest.fixture(scope="module", params=sorted(SAVERS))
+def checkpoint(request, tmp_path_factory):
+    path, _ = SAVERS[request.param](tmp_path_factory.mktemp(request.param))
+    return request.param, path
+
+
+@pytest.fixture
+def launched(monkeypatch) -> set[str]:
+    """The names of the Triton kernels the interpreter runs during the test."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    names: set[str] = set()
+    run = InterpretedFunction.run
+
+    def spy(self, *args, **kwargs):
+        names.add(self.fn.__name__)
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", spy)
+    return names
+
+
+def run(path, speculative: bool, kernels: bool) -> list[list[int]]:
+    llm = LLM(path, device="cpu", dtype="float32", max_num_seqs=2, page_size=4, max_model_len=64,
+              speculative=SpeculativeConfig(num_draft_tokens=3) if speculative else None)
+    params = [SamplingParams(max_tokens=10, ignore_eos=True) for _ in PROMPTS]
+    if kernels:
+        with kernels_on_cpu():
+            outs = llm.generate(PROMPTS, params)
+    else:
+        outs = llm.generate(PROMPTS, params)
+    llm.manager.check_integrity()
+    return [o.token_ids for o in outs]
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "ngram"])
+def test_kernels_give_the_torch_paths_tokens(checkpoint, speculative, launched):
+    family, path = checkpoint
+    torch_paths = run(path, speculative, kernels=False)
+    assert not launched
+    assert run(path, speculative, kernels=True) == torch_paths
+    expected = COMMON | (VERIFY[family] if speculative else FAMILY[family])
+    assert expected <= launched, f"not launched: {sorted(expected - launched)}"
