@@ -16,7 +16,8 @@ Raw gate (GDN, `gate=RawGate(a, b, A_log, dt_bias)`): the kernel reads the proje
 beta and computes `gdn_gate` per token (`gdn_raw_gate`, shared with the verify kernel): g =
 −exp(A_log)·softplus(a + dt_bias) in fp32, beta = sigmoid(b) rounded to b's dtype, as the torch rule returns
 it, so the recurrence sees the same values as with g, beta precomputed (up to Triton's exp and log, an ulp
-or two).
+or two). KDA's (`gate=KDARawGate(g_raw, b, A_log, dt_bias)`) likewise reads g_raw, b in place of g, beta and
+computes `kda_gate` and sigmoid(b) per token (`kda_raw_gate`, shared with the verify kernels).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from .rms_norm_triton import _round, _sigmoid
 
 if TYPE_CHECKING:
     from .gdn.decode import RawGate
+    from .kda.gate import KDARawGate
 
 MAX_TILE = 4096  # fp32 state elements per program: 32 registers a thread at 4 warps
 
@@ -52,6 +54,18 @@ def gdn_raw_gate(a, b, neg_A, dt_bias, B_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def kda_raw_gate(g_raw, b, neg_A, dt_bias, B_DTYPE: tl.constexpr):
+    """`kda.gate.KDARawGate.values` for one token of one head: g_raw, dt_bias [BK] fp32, b fp32 (read in
+    B_DTYPE, its dtype), neg_A = −exp(A_log) -> (g [BK], beta) fp32, beta rounded to B_DTYPE.
+
+    softplus exactly as `kda_gate` writes it: x > 20 ? x : log(1 + exp(x)) (no log1p: where 1 + exp(x)
+    rounds to 1 the torch rule gives 0, and so does this).
+    """
+    x = g_raw + dt_bias
+    return neg_A * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0)))), _round(_sigmoid(b), B_DTYPE)
+
+
+@triton.jit
 def _delta_rule_decode_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, ssm_ptr, slot_ptr, init_ptr, o_ptr, inter_ptr,
     scale, HV,
@@ -67,7 +81,8 @@ def _delta_rule_decode_kernel(
     PER_KEY_GATE: tl.constexpr, HAS_INITIAL: tl.constexpr, L2NORM: tl.constexpr, INTERMEDIATE: tl.constexpr,
     RAW_GATE: tl.constexpr,
 ):
-    """RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b [B, T, HV]; alog_ptr, dtb_ptr A_log, dt_bias [HV]."""
+    """RAW_GATE: g_ptr and beta_ptr hold the gate's raw inputs, GDN's a, b [B, T, HV] (alog_ptr, dtb_ptr:
+    A_log, dt_bias [HV]) or KDA's g_raw [B, T, H, K], b [B, T, H] (A_log [H], dt_bias [H·K])."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     b = (i_bh // HV).to(tl.int64)
     hv = i_bh % HV
@@ -98,7 +113,10 @@ def _delta_rule_decode_kernel(
     B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
     if RAW_GATE:
         neg_A = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
-        dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
+        if PER_KEY_GATE:
+            dt_bias = tl.load(dtb_ptr + hk * K + rk, mask=mk, other=0.0).to(tl.float32)
+        else:
+            dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     for t in range(T):
         q = tl.load(q_row + t * stride_qt + rk, mask=mk, other=0.0).to(tl.float32)
         k = tl.load(k_row + t * stride_kt + rk, mask=mk, other=0.0).to(tl.float32)
@@ -110,6 +128,8 @@ def _delta_rule_decode_kernel(
         beta = tl.load(beta_row + t * stride_bt).to(tl.float32)
         if PER_KEY_GATE:
             g = tl.load(g_row + t * stride_gt + rk, mask=mk, other=0.0).to(tl.float32)
+            if RAW_GATE:
+                g, beta = kda_raw_gate(g, beta, neg_A, dt_bias, B_DTYPE)
             h = h * tl.exp(g)[:, None]
         elif RAW_GATE:
             g, beta = gdn_raw_gate(tl.load(g_row + t * stride_gt).to(tl.float32), beta, neg_A, dt_bias, B_DTYPE)
@@ -165,7 +185,7 @@ def delta_rule_decode_triton(
     intermediate: Tensor | None = None,
     num_warps: int | None = None,
     *,
-    gate: RawGate | None = None,
+    gate: RawGate | KDARawGate | None = None,
 ) -> Tensor:
     """q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV] (GDN) or [B, T, H, K] (KDA, H = HV);
     beta [B, T, HV]; ssm [S, HV, K, V] fp32 (any strides, written in place); slots [B] int (negative:
@@ -180,18 +200,22 @@ def delta_rule_decode_triton(
     (what vLLM and SGLang do for speculation, kept for the benchmarks' side-by-side): the state after each
     token t goes to intermediate[slot, t] and ssm is not written.
 
-    `gate` (GDN; g and beta None): a, b [B, T, HV] (any strides) and A_log, dt_bias [HV]; the kernel computes
-    g and beta per token (`gdn_raw_gate`), the same values as `gate.values()`.
+    `gate` (g and beta None): GDN's `RawGate`, a, b [B, T, HV] (any strides) and A_log, dt_bias [HV]; or
+    KDA's `KDARawGate`, g_raw [B, T, H, K] (a unit last stride read in place), b [B, T, H] (any strides),
+    A_log (H elements), dt_bias (H·K elements). The kernel computes g and beta per token (`gdn_raw_gate`,
+    `kda_raw_gate`), the same values as `gate.values()`.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     assert HV % H == 0 and k.shape == q.shape and ssm.shape[1:] == (HV, K, V), "shapes disagree"
     if gate is not None:
         assert g is None and beta is None, "pass g and beta, or gate=, not both"
-        assert gate.a.shape == gate.b.shape == (B, T, HV) and gate.A_log.shape == gate.dt_bias.shape == (HV,), \
-            "a raw gate is GDN's: a, b [B, T, HV], A_log, dt_bias [HV]"
-        g, beta = gate.a, gate.b  # read by the kernel where g, beta would be
-        A_log, dt_bias = gate.A_log.contiguous(), gate.dt_bias.contiguous()
+        g, beta = gate[0], gate[1]  # GDN's a or KDA's g_raw, and b: read by the kernel where g, beta would be
+        A_log, dt_bias = gate.A_log.reshape(-1).contiguous(), gate.dt_bias.reshape(-1).contiguous()
+        gdn = g.shape == beta.shape == (B, T, HV) and A_log.numel() == dt_bias.numel() == HV
+        kda = g.shape == (B, T, H, K) and beta.shape == (B, T, H) and A_log.numel() == H and dt_bias.numel() == H * K
+        assert gdn or kda, "a raw gate is GDN's (a, b [B, T, HV], A_log, dt_bias [HV]) or KDA's (g_raw [B, T, H, " \
+            "K], b [B, T, H], A_log [H], dt_bias [H·K])"
     else:
         A_log = dt_bias = slots  # unused
     per_key = g.ndim == 4

@@ -26,7 +26,9 @@ multiplied by zero, so NaNs in unused slots or past p / pend_n cannot leak.
 GDN's inputs are read through their strides (q, k, v with a unit last stride: column slices of the conv
 output are read in place); with a raw gate (`gate=RawGate(a, b, A_log, dt_bias)`) the kernel reads a, b
 where g, beta would be and computes them per token (`delta_rule_triton.gdn_raw_gate`), writing the same G and
-β history.
+β history. KDA likewise with `gate=KDARawGate(g_raw, b, A_log, dt_bias)` (`delta_rule_triton.kda_raw_gate`):
+both of its launches compute g and β from g_raw and b, so pend_g and pend_beta hold the same values as with g,
+β given.
 """
 from __future__ import annotations
 
@@ -37,10 +39,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .delta_rule_triton import gdn_raw_gate, unit_last
+from .delta_rule_triton import gdn_raw_gate, kda_raw_gate, unit_last
 
 if TYPE_CHECKING:
     from .gdn.decode import RawGate
+    from .kda.gate import KDARawGate
 
 # Tiling measured on the H200 (benchmarks/tune_delta_rule.py, K = V = 128, T = 4): one warp per program, 32
 # value columns, halved (not below 8) while the grid has under 4 programs per SM (batch 1: 8 columns).
@@ -152,7 +155,7 @@ def _gdn_verify_kernel(
 
 @triton.jit
 def _kda_verify_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
     ssm_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, n_ptr, slot_ptr,
     scale,
     s_ss, s_sh, s_sk, s_sv,
@@ -162,8 +165,10 @@ def _kda_verify_kernel(
     s_bs, s_bp, s_bh,
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
 ):
+    """q, k, g, v, beta contiguous [B, T, H, ...]; RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b,
+    alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]."""
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     valid = slot >= 0
@@ -189,6 +194,10 @@ def _kda_verify_kernel(
         u_j = b_j * (v_j - tl.sum(h * k_j[:, None], 0))
         h += k_j[:, None] * u_j[None, :]
 
+    B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
+    if RAW_GATE:
+        neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
+        dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
     for t in tl.static_range(T):
         tok = row * T + t
         q_t = tl.load(q_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -200,6 +209,8 @@ def _kda_verify_kernel(
         g_t = tl.load(g_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
         v_t = tl.load(v_ptr + (tok * H + hd) * V + vv, mask=v_ok, other=0.0).to(tl.float32)
         b_t = tl.load(beta_ptr + tok * H + hd).to(tl.float32)
+        if RAW_GATE:
+            g_t, b_t = kda_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
         h = h * tl.exp(g_t)[:, None]
         u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
         h += k_t[:, None] * u_t[None, :]
@@ -211,15 +222,16 @@ def _kda_verify_kernel(
 
 @triton.jit
 def _kda_pending_kernel(
-    k_ptr, g_ptr, v_ptr, beta_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, slot_ptr,
+    k_ptr, g_ptr, v_ptr, beta_ptr, alog_ptr, dtb_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, slot_ptr,
     s_ks, s_kp, s_kh, s_kk,
     s_gs, s_gp, s_gh, s_gk,
     s_vs, s_vp, s_vh, s_vv,
     s_bs, s_bp, s_bh,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
-    L2NORM: tl.constexpr,
+    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
 ):
-    """pend_*[slot, :T−1] <- new tokens 1..T−1 (keys normalised as in the verify kernel)."""
+    """pend_*[slot, :T−1] <- new tokens 1..T−1 (keys normalised, and with RAW_GATE g and β computed, as in the
+    verify kernel)."""
     row, hd = tl.program_id(0).to(tl.int64), tl.program_id(1)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     valid = slot >= 0
@@ -228,6 +240,10 @@ def _kda_pending_kernel(
     k_ok = kk < K
     vv = tl.arange(0, BVF)
     v_ok = vv < V
+    B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty
+    if RAW_GATE:
+        neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
+        dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
     for t in tl.static_range(1, T):
         tok = row * T + t
         k_t = tl.load(k_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -236,6 +252,8 @@ def _kda_pending_kernel(
         g_t = tl.load(g_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0)
         v_t = tl.load(v_ptr + (tok * H + hd) * V + vv, mask=v_ok, other=0.0)
         b_t = tl.load(beta_ptr + tok * H + hd)
+        if RAW_GATE:
+            g_t, b_t = kda_raw_gate(g_t.to(tl.float32), b_t.to(tl.float32), neg_A, dt_bias, B_DTYPE)
         tl.store(pv_ptr + s * s_vs + (t - 1) * s_vp + hd * s_vh + vv * s_vv, v_t.to(pv_ptr.dtype.element_ty),
                  mask=v_ok & valid)
         tl.store(pk_ptr + s * s_ks + (t - 1) * s_kp + hd * s_kh + kk * s_kk, k_t.to(pk_ptr.dtype.element_ty),
@@ -322,8 +340,8 @@ def kda_verify_triton(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    g: Tensor,
-    beta: Tensor,
+    g: Tensor | None,
+    beta: Tensor | None,
     ssm: Tensor,
     pend_k: Tensor,
     pend_g: Tensor,
@@ -335,15 +353,27 @@ def kda_verify_triton(
     use_qk_l2norm_in_kernel: bool = False,
     block_v: int | None = None,
     num_warps: int = NUM_WARPS,
+    *,
+    gate: KDARawGate | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
     q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; ssm [S, H, K, V] fp32; pend_k, pend_g [S, P, H, K];
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
-    The pool roles may be strided views. Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
+    The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
+    elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
+    Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
     V, P = v.shape[3], pend_k.shape[1]
+    if gate is not None:
+        assert g is None and beta is None, "pass g and beta, or gate=, not both"
+        g, beta = gate.g_raw, gate.b  # read by the kernels where g, beta would be
+        A_log, dt_bias = gate.A_log.reshape(-1).contiguous(), gate.dt_bias.reshape(-1).contiguous()
+        assert A_log.numel() == H and dt_bias.numel() == H * K, "A_log [H], dt_bias [H·K]"
+    else:
+        A_log = dt_bias = slots  # unused
+    assert g.shape == (B, T, H, K) and beta.shape == (B, T, H), f"g {tuple(g.shape)} [B, T, H, K], beta [B, T, H]"
     assert T - 1 <= P, f"a verify step of {T} tokens needs pending caches for {T - 1} drafts, have {P}"
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if B == 0 or T == 0:
@@ -351,16 +381,18 @@ def kda_verify_triton(
     q, k, v, g, beta, slots = (x.contiguous() for x in (q, k, v, g, beta, slots))
     BK, BV = _tile_sizes(K, V, block_v, B * H, q.device)
     _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](
-        q, k, v, g, beta, o,
+        q, k, v, g, beta, A_log, dt_bias, o,
         ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots,
         K ** -0.5 if scale is None else scale,
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
-        T=T, H=H, K=K, V=V, P=P, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel, num_warps=num_warps,
+        T=T, H=H, K=K, V=V, P=P, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None,
+        num_warps=num_warps,
     )
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
-            k, g, v, beta, pend_k, pend_g, pend_v, pend_beta, slots,
+            k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
             *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(),
             T=T, H=H, K=K, V=V, BK=BK, BVF=triton.next_power_of_2(V), L2NORM=use_qk_l2norm_in_kernel,
+            RAW_GATE=gate is not None,
         )
     return o

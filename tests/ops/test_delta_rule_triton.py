@@ -21,7 +21,7 @@ if not triton_testable(torch.empty(0, device=DEVICE)):
 from hybridcache.ops.delta_rule_triton import delta_rule_decode_triton  # noqa: E402
 from hybridcache.ops.gdn import RawGate, gdn_decode  # noqa: E402
 from hybridcache.ops.gdn.naive import naive_gdn_decode  # noqa: E402
-from hybridcache.ops.kda import kda_decode  # noqa: E402
+from hybridcache.ops.kda import KDARawGate, kda_decode  # noqa: E402
 from hybridcache.ops.kda.naive import naive_kda_decode  # noqa: E402
 
 NAN = float("nan")
@@ -278,6 +278,83 @@ def test_gdn_decode_takes_a_raw_gate_on_every_path() -> None:
         c = pool.cuda()
         o = gdn_decode(q.cuda(), k.cuda(), v.cuda(), None, None, c, slots.cuda(), init.cuda(),
                        use_qk_l2norm_in_kernel=True, gate=on(gate, "cuda"))
+        live = slots >= 0
+        torch.testing.assert_close(o.cpu()[live], want[live], **TOL[torch.float32])
+        torch.testing.assert_close(c.cpu(), a, **STATE_TOL)
+
+
+# Raw gate (KDA): the kernel computes g = kda_gate(g_raw, A_log, dt_bias) and beta = sigmoid(b) itself
+
+def kda_raw_gate(slots: list[int], T: int, H: int, K: int, dtype: torch.dtype, seed: int = 0) -> KDARawGate:
+    """g_raw [B, T, H, K] (a view of one [B, T, H·K] projection output) and b [B, T, H] in dtype, NaN on padding
+    rows; A_log [1, 1, H, 1] in dtype and dt_bias [H·K] fp32, as the mixer's parameters. g_raw + dt_bias spans
+    softplus's branches: over its threshold 20 (channel 0 of token 0) and so negative that 1 + exp(x) rounds to
+    1 (the last channel of the last token)."""
+    gen = torch.Generator().manual_seed(seed)
+    g_raw = torch.randn(len(slots), T, H * K, generator=gen) * 3
+    g_raw.view(len(slots), T, H, K)[:, 0, :, 0] = 25.0
+    g_raw.view(len(slots), T, H, K)[:, -1, :, -1] = -40.0
+    b = torch.randn(len(slots), T, H, generator=gen) * 3
+    pad = torch.tensor(slots) < 0
+    g_raw[pad], b[pad] = NAN, NAN
+    return KDARawGate(g_raw.to(dtype).view(len(slots), T, H, K), b.to(dtype),
+                      torch.randn(1, 1, H, 1, generator=gen).to(dtype), torch.randn(H * K, generator=gen))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 4])
+def test_kda_raw_gate_matches_precomputed_gate(T: int, dtype: torch.dtype) -> None:
+    """`gate=KDARawGate(...)` against g, beta = `gate.values()` passed in: the same kernel's outputs and states
+    within the tolerances above, padding rows (NaN g_raw, b) zeros, every other element of the pool as it was;
+    and against the naive reference (run_case)."""
+    H, K, V = 2, 16, 32
+    q, k, v, _, _ = inputs("kda", SLOTS, T, H, H, K, V, dtype)
+    gate = kda_raw_gate(SLOTS, T, H, K, dtype)
+    g, beta = gate.values()
+    live = torch.tensor(SLOTS) >= 0
+    assert g.dtype == torch.float32 and beta.dtype == dtype
+    assert (g[live][:, -1, :, -1] == 0).all() and (g[live][:, 0, :, 0] < -1).all()  # both softplus edges
+    run_case("kda", T, H, H, K, V, dtype, x=[q, k, v, g, beta])  # precomputed vs naive
+
+    pool = layered_pool(H, K, V, SLOTS, HAS_INITIAL, layer_major=False)
+    slot_t, init = torch.tensor(SLOTS, device=DEVICE), torch.tensor(HAS_INITIAL, device=DEVICE)
+    dev = [t.to(DEVICE) for t in (q, k, v)]
+    pre, raw = pool.to(DEVICE, copy=True), pool.to(DEVICE, copy=True)
+    o_pre = delta_rule_decode_triton(*dev, g.to(DEVICE), beta.to(DEVICE), layer(pre, False), slot_t, init,
+                                     use_qk_l2norm_in_kernel=True)
+    o_raw = delta_rule_decode_triton(*dev, None, None, layer(raw, False), slot_t, init, use_qk_l2norm_in_kernel=True,
+                                     gate=KDARawGate(*(t.to(DEVICE) for t in gate)))
+    o_pre, o_raw, pre, raw = o_pre.cpu(), o_raw.cpu(), pre.cpu(), raw.cpu()
+    torch.testing.assert_close(o_raw[live], o_pre[live], **TOL[dtype])
+    assert torch.equal(o_raw[~live], torch.zeros_like(o_raw[~live]))
+    owned = torch.tensor(SLOTS)[live]
+    torch.testing.assert_close(layer(raw, False)[owned], layer(pre, False)[owned], **STATE_TOL)
+    untouched = torch.ones(pool.shape, dtype=torch.bool)
+    layer(untouched, False)[owned] = False
+    assert same_bits(raw[untouched], pool[untouched])
+
+
+def test_kda_decode_takes_a_raw_gate_on_every_path() -> None:
+    """The op: `gate=` equals g, beta = gate.values() bit for bit on the torch path (CPU) and, where the kernel
+    runs, within the tolerances; g, beta and gate together are refused."""
+    T, H, K, V = 2, 2, 16, 16
+    q, k, v, _, _ = inputs("kda", SLOTS, T, H, H, K, V, torch.float32, seed=2)
+    gate = kda_raw_gate(SLOTS, T, H, K, torch.float32, seed=2)
+    g, beta = gate.values()
+    slots, init = torch.tensor(SLOTS), torch.tensor(HAS_INITIAL)
+    pool = torch.randn(NUM_SLOTS, H, K, V)
+    a, b = pool.clone(), pool.clone()
+    want = kda_decode(q, k, v, g, beta, a, slots, init, use_qk_l2norm_in_kernel=True)
+    got = kda_decode(q, k, v, None, None, b, slots, init, use_qk_l2norm_in_kernel=True, gate=gate)
+    exact = dict(rtol=0, atol=0, equal_nan=True)  # padding rows: NaN in, NaN out on the torch path
+    torch.testing.assert_close(got, want, **exact)
+    torch.testing.assert_close(b, a, **exact)
+    with pytest.raises(AssertionError, match="not both"):
+        kda_decode(q, k, v, g, beta, b, slots, init, gate=gate)
+    if DEVICE == "cuda":
+        c = pool.cuda()
+        o = kda_decode(q.cuda(), k.cuda(), v.cuda(), None, None, c, slots.cuda(), init.cuda(),
+                       use_qk_l2norm_in_kernel=True, gate=KDARawGate(*(t.cuda() for t in gate)))
         live = slots >= 0
         torch.testing.assert_close(o.cpu()[live], want[live], **TOL[torch.float32])
         torch.testing.assert_close(c.cpu(), a, **STATE_TOL)

@@ -7,10 +7,11 @@ from .accept import kda_accept
 from .block import l2norm
 from .chunk import chunk_kda, kda_prefill
 from .decode import kda_decode
-from .gate import kda_gate
+from .gate import KDARawGate, kda_gate
 from .verify import kda_effective_state, kda_verify
 
 __all__ = [
+    "KDARawGate",
     "chunk_kda",
     "kda_accept",
     "kda_decode",

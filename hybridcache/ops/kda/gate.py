@@ -1,4 +1,7 @@
-"""KDA's per-channel log-decay from the model's raw gate projection."""
+"""KDA's per-channel log-decay from the model's raw gate projection, and the raw gate (`KDARawGate`) that
+decode and verify can fuse."""
+from typing import NamedTuple
+
 import torch
 
 
@@ -20,3 +23,29 @@ def kda_gate(
     if lower_bound is not None:
         return lower_bound * torch.sigmoid(rate * x)
     return -rate * torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(x)))
+
+
+class KDARawGate(NamedTuple):
+    """The gate's inputs, for an op to compute g and beta itself: fused into the kernel on CUDA, `values()`
+    first on the torch path. g_raw [B, T, H, K] (the f_b_proj output viewed per head), b [B, T, H] (the raw
+    beta logits; any dtype, a unit last stride is read in place); A_log (H elements); dt_bias (H·K elements).
+    No lower_bound: the mixer does not use it."""
+
+    g_raw: torch.Tensor
+    b: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+
+    def values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g fp32 [B, T, H, K], beta = sigmoid(b) in b's dtype [B, T, H]), as the mixer computes them."""
+        return kda_gate(self.g_raw, self.A_log, self.dt_bias), torch.sigmoid(self.b)
+
+
+def kda_gate_values(g: torch.Tensor | None, beta: torch.Tensor | None,
+                    gate: KDARawGate | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, beta) given directly, or computed from `gate` (exactly one of the two forms)."""
+    if gate is None:
+        assert g is not None and beta is not None, "pass g and beta, or gate="
+        return g, beta
+    assert g is None and beta is None, "pass g and beta, or gate=, not both"
+    return gate.values()

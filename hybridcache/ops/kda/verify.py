@@ -8,6 +8,7 @@ from ..delta_rule_common import head_major
 from ..slot_io import RowScatter, put_rows, read_rows
 from ..triton_support import runs_triton
 from .block import block, prepare_qk
+from .gate import KDARawGate, kda_gate_values
 from .pending import read_pending
 
 
@@ -32,8 +33,8 @@ def kda_verify(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
     ssm: torch.Tensor,
     pend_k: torch.Tensor,
     pend_g: torch.Tensor,
@@ -43,6 +44,8 @@ def kda_verify(
     slots: torch.Tensor,
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    gate: KDARawGate | None = None,
 ) -> torch.Tensor:
     """Verify T tokens per row (T - 1 <= draft capacity P).
 
@@ -50,13 +53,17 @@ def kda_verify(
     (normalised keys; fp32 log-decay); pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only).
     Replays pend_*[:pend_n] into the state, runs the T tokens, writes ssm = state after new token 0 and
     pend_*[:T-1] = tokens 1..T-1. Returns o [B, T, H, V] in v's dtype.
-    On CUDA with triton this is fused Triton kernels (`delta_rule_verify_triton.kda_verify_triton`).
+    With `gate` (g and beta None) g and beta are computed from the projections' raw outputs
+    (`KDARawGate.values`); pend_g and pend_beta get the same values as with g, beta given.
+    On CUDA with triton this is fused Triton kernels (`delta_rule_verify_triton.kda_verify_triton`), the gate
+    included.
     """
     if runs_triton(q):
         from ..delta_rule_verify_triton import kda_verify_triton
 
         return kda_verify_triton(q, k, v, g, beta, ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots, scale,
-                                 use_qk_l2norm_in_kernel)
+                                 use_qk_l2norm_in_kernel, gate=gate)
+    g, beta = kda_gate_values(g, beta, gate)
     P, T = pend_k.shape[1], q.shape[1]
     assert T - 1 <= P, f"a verify step of {T} tokens needs pending caches for {T - 1} drafts, have {P}"
     qn, kn = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)
