@@ -158,6 +158,7 @@ def _kda_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
     ssm_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, n_ptr, slot_ptr,
     scale,
+    s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
     s_ss, s_sh, s_sk, s_sv,
     s_ks, s_kp, s_kh, s_kk,
     s_gs, s_gp, s_gh, s_gk,
@@ -167,8 +168,8 @@ def _kda_verify_kernel(
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
 ):
-    """q, k, g, v, beta contiguous [B, T, H, ...]; RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b,
-    alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]."""
+    """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
+    RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]."""
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     valid = slot >= 0
@@ -200,15 +201,15 @@ def _kda_verify_kernel(
         dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
     for t in tl.static_range(T):
         tok = row * T + t
-        q_t = tl.load(q_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
-        k_t = tl.load(k_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+        q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
+        k_t = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
         if L2NORM:
             q_t = _l2norm(q_t, True)
             k_t = _l2norm(k_t, True)
         q_t = q_t * scale
-        g_t = tl.load(g_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
-        v_t = tl.load(v_ptr + (tok * H + hd) * V + vv, mask=v_ok, other=0.0).to(tl.float32)
-        b_t = tl.load(beta_ptr + tok * H + hd).to(tl.float32)
+        g_t = tl.load(g_ptr + row * s_gib + t * s_git + hd * s_gih + kk, mask=k_ok, other=0.0).to(tl.float32)
+        v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0).to(tl.float32)
+        b_t = tl.load(beta_ptr + row * s_bib + t * s_bit + hd * s_bih).to(tl.float32)
         if RAW_GATE:
             g_t, b_t = kda_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
         h = h * tl.exp(g_t)[:, None]
@@ -223,6 +224,7 @@ def _kda_verify_kernel(
 @triton.jit
 def _kda_pending_kernel(
     k_ptr, g_ptr, v_ptr, beta_ptr, alog_ptr, dtb_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, slot_ptr,
+    s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
     s_ks, s_kp, s_kh, s_kk,
     s_gs, s_gp, s_gh, s_gk,
     s_vs, s_vp, s_vh, s_vv,
@@ -245,13 +247,12 @@ def _kda_pending_kernel(
         neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
         dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
     for t in tl.static_range(1, T):
-        tok = row * T + t
-        k_t = tl.load(k_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+        k_t = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
         if L2NORM:
             k_t = _l2norm(k_t, True)
-        g_t = tl.load(g_ptr + (tok * H + hd) * K + kk, mask=k_ok, other=0.0)
-        v_t = tl.load(v_ptr + (tok * H + hd) * V + vv, mask=v_ok, other=0.0)
-        b_t = tl.load(beta_ptr + tok * H + hd)
+        g_t = tl.load(g_ptr + row * s_gib + t * s_git + hd * s_gih + kk, mask=k_ok, other=0.0)
+        v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0)
+        b_t = tl.load(beta_ptr + row * s_bib + t * s_bit + hd * s_bih)
         if RAW_GATE:
             g_t, b_t = kda_raw_gate(g_t.to(tl.float32), b_t.to(tl.float32), neg_A, dt_bias, B_DTYPE)
         tl.store(pv_ptr + s * s_vs + (t - 1) * s_vp + hd * s_vh + vv * s_vv, v_t.to(pv_ptr.dtype.element_ty),
@@ -378,12 +379,15 @@ def kda_verify_triton(
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if B == 0 or T == 0:
         return o
-    q, k, v, g, beta, slots = (x.contiguous() for x in (q, k, v, g, beta, slots))
+    q, k, v, g = unit_last(q), unit_last(k), unit_last(v), unit_last(g)
+    slots = slots.contiguous()
+    inputs = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:3], *beta.stride()[:3])
     BK, BV = _tile_sizes(K, V, block_v, B * H, q.device)
     _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](
         q, k, v, g, beta, A_log, dt_bias, o,
         ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots,
         K ** -0.5 if scale is None else scale,
+        *inputs,
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
         T=T, H=H, K=K, V=V, P=P, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None,
         num_warps=num_warps,
@@ -391,6 +395,7 @@ def kda_verify_triton(
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
             k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
+            *inputs[3:],
             *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(),
             T=T, H=H, K=K, V=V, BK=BK, BVF=triton.next_power_of_2(V), L2NORM=use_qk_l2norm_in_kernel,
             RAW_GATE=gate is not None,

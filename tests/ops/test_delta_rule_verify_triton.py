@@ -443,6 +443,28 @@ def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype):
     assert torch.equal(raw["pend_n"].cpu(), before["pend_n"])  # read only
 
 
+def test_kda_verify_reads_strided_inputs_in_place():
+    """q, k, v as column slices of one conv output [B, T, 3HK] (as the KDA mixer passes them) and g, beta
+    as slices of a wider tensor: the same writes and outputs, bit for bit, as contiguous copies."""
+    T, P, K, V = 3, 3, 16, 16
+    before = kda_pools(P, K, V, torch.float32)
+    x = qk_inputs(len(SLOTS), T, H, K, V, (H, K), torch.float32, seed=5, norm_in_kernel=True)
+    q, k, v, g, beta = x
+    qkv = torch.cat([t.flatten(2) for t in (q, k, v)], dim=-1)  # [B, T, 3HK]
+    gb = torch.cat([g.flatten(2), beta], dim=-1)
+    hk = H * K
+    views = [qkv[..., :hk].unflatten(-1, (H, K)), qkv[..., hk:2 * hk].unflatten(-1, (H, K)),
+             qkv[..., 2 * hk:].unflatten(-1, (H, V)), gb[..., :hk].unflatten(-1, (H, K)), gb[..., hk:]]
+    assert not any(t.is_contiguous() for t in views)
+    a, b = copies(before, DEVICE), copies(before, DEVICE)
+    slots = torch.tensor(SLOTS, device=DEVICE)
+    o_a = kda_run(kda_verify_triton, [t.to(DEVICE) for t in x], a, slots, use_qk_l2norm_in_kernel=True)
+    o_b = kda_run(kda_verify_triton, [t.to(DEVICE) for t in views], b, slots, use_qk_l2norm_in_kernel=True)
+    assert torch.equal(o_a, o_b)
+    for r in a:
+        torch.testing.assert_close(b[r], a[r], rtol=0, atol=0, equal_nan=True, msg=lambda s: f"{r}: {s}")
+
+
 def test_kda_verify_takes_a_raw_gate_on_the_torch_path():
     """The op on CPU tensors (the torch path): `gate=` equals g, beta = gate.values() bit for bit; g, beta and
     gate together are refused."""
