@@ -257,34 +257,6 @@ def test_raw_gate_matches_precomputed_gate(H: int, HV: int, T: int, dtype: torch
     assert same_bits(raw[untouched], pool[untouched])
 
 
-def test_gdn_decode_takes_a_raw_gate_on_every_path() -> None:
-    """The op: `gate=` equals g, beta = gate.values() bit for bit on the torch path (CPU) and, where the kernel
-    runs, within the tolerances; g, beta and gate together are refused."""
-    T, H, HV, K, V = 2, 2, 4, 16, 16
-    q, k, v, _, _ = inputs("gdn", SLOTS, T, H, HV, K, V, torch.float32, seed=2)
-    gate = raw_gate(SLOTS, T, HV, torch.float32, seed=2)
-    g, beta = gate.values()
-    slots, init = torch.tensor(SLOTS), torch.tensor(HAS_INITIAL)
-    pool = torch.randn(NUM_SLOTS, HV, K, V)
-    a, b = pool.clone(), pool.clone()
-    want = gdn_decode(q, k, v, g, beta, a, slots, init, use_qk_l2norm_in_kernel=True)
-    got = gdn_decode(q, k, v, None, None, b, slots, init, use_qk_l2norm_in_kernel=True, gate=gate)
-    exact = dict(rtol=0, atol=0, equal_nan=True)  # padding rows: NaN in, NaN out on the torch path
-    torch.testing.assert_close(got, want, **exact)
-    torch.testing.assert_close(b, a, **exact)
-    with pytest.raises(AssertionError, match="not both"):
-        gdn_decode(q, k, v, g, beta, b, slots, init, gate=gate)
-    if DEVICE == "cuda":
-        c = pool.cuda()
-        o = gdn_decode(q.cuda(), k.cuda(), v.cuda(), None, None, c, slots.cuda(), init.cuda(),
-                       use_qk_l2norm_in_kernel=True, gate=on(gate, "cuda"))
-        live = slots >= 0
-        torch.testing.assert_close(o.cpu()[live], want[live], **TOL[torch.float32])
-        torch.testing.assert_close(c.cpu(), a, **STATE_TOL)
-
-
-# Raw gate (KDA): the kernel computes g = kda_gate(g_raw, A_log, dt_bias) and beta = sigmoid(b) itself
-
 def kda_raw_gate(slots: list[int], T: int, H: int, K: int, dtype: torch.dtype, seed: int = 0) -> KDARawGate:
     """g_raw [B, T, H, K] (a view of one [B, T, H·K] projection output) and b [B, T, H] in dtype, NaN on padding
     rows; A_log [1, 1, H, 1] in dtype and dt_bias [H·K] fp32, as the mixer's parameters. g_raw + dt_bias spans
@@ -334,27 +306,31 @@ def test_kda_raw_gate_matches_precomputed_gate(T: int, dtype: torch.dtype) -> No
     assert same_bits(raw[untouched], pool[untouched])
 
 
-def test_kda_decode_takes_a_raw_gate_on_every_path() -> None:
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_decode_takes_a_raw_gate_on_every_path(family: str) -> None:
     """The op: `gate=` equals g, beta = gate.values() bit for bit on the torch path (CPU) and, where the kernel
     runs, within the tolerances; g, beta and gate together are refused."""
     T, H, K, V = 2, 2, 16, 16
-    q, k, v, _, _ = inputs("kda", SLOTS, T, H, H, K, V, torch.float32, seed=2)
-    gate = kda_raw_gate(SLOTS, T, H, K, torch.float32, seed=2)
+    HV = 4 if family == "gdn" else H
+    decode = gdn_decode if family == "gdn" else kda_decode
+    q, k, v, _, _ = inputs(family, SLOTS, T, H, HV, K, V, torch.float32, seed=2)
+    gate = (raw_gate(SLOTS, T, HV, torch.float32, seed=2) if family == "gdn"
+            else kda_raw_gate(SLOTS, T, H, K, torch.float32, seed=2))
     g, beta = gate.values()
     slots, init = torch.tensor(SLOTS), torch.tensor(HAS_INITIAL)
-    pool = torch.randn(NUM_SLOTS, H, K, V)
+    pool = torch.randn(NUM_SLOTS, HV, K, V)
     a, b = pool.clone(), pool.clone()
-    want = kda_decode(q, k, v, g, beta, a, slots, init, use_qk_l2norm_in_kernel=True)
-    got = kda_decode(q, k, v, None, None, b, slots, init, use_qk_l2norm_in_kernel=True, gate=gate)
+    want = decode(q, k, v, g, beta, a, slots, init, use_qk_l2norm_in_kernel=True)
+    got = decode(q, k, v, None, None, b, slots, init, use_qk_l2norm_in_kernel=True, gate=gate)
     exact = dict(rtol=0, atol=0, equal_nan=True)  # padding rows: NaN in, NaN out on the torch path
     torch.testing.assert_close(got, want, **exact)
     torch.testing.assert_close(b, a, **exact)
     with pytest.raises(AssertionError, match="not both"):
-        kda_decode(q, k, v, g, beta, b, slots, init, gate=gate)
+        decode(q, k, v, g, beta, b, slots, init, gate=gate)
     if DEVICE == "cuda":
         c = pool.cuda()
-        o = kda_decode(q.cuda(), k.cuda(), v.cuda(), None, None, c, slots.cuda(), init.cuda(),
-                       use_qk_l2norm_in_kernel=True, gate=KDARawGate(*(t.cuda() for t in gate)))
+        o = decode(q.cuda(), k.cuda(), v.cuda(), None, None, c, slots.cuda(), init.cuda(),
+                   use_qk_l2norm_in_kernel=True, gate=type(gate)(*(t.cuda() for t in gate)))
         live = slots >= 0
         torch.testing.assert_close(o.cpu()[live], want[live], **TOL[torch.float32])
         torch.testing.assert_close(c.cpu(), a, **STATE_TOL)
