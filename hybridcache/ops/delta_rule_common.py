@@ -6,6 +6,7 @@ The math stays in each op's `block.py` and is passed in: GDN's log-decay g is on
 looks at g past its time dim. No host sync (prefill reads the sequence lengths once, in `pack_index`).
 """
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -19,6 +20,21 @@ Block = Callable[..., tuple[Tensor, Tensor]]
 PrepareQK = Callable[[Tensor, Tensor, float | None, bool], tuple[Tensor, Tensor]]
 # the op's `chunk_*` function (fla's contract)
 ChunkFn = Callable[..., tuple[Tensor, Tensor | None]]
+
+
+class RawGateInputs(Protocol):
+    """A layer's raw gate inputs that compute (g, beta) themselves (`gdn.RawGate`, `kda.KDARawGate`)."""
+
+    def values(self) -> tuple[Tensor, Tensor]: ...
+
+
+def gate_values(g: Tensor | None, beta: Tensor | None, gate: RawGateInputs | None) -> tuple[Tensor, Tensor]:
+    """(g, beta) given directly, or computed from `gate` (exactly one of the two forms)."""
+    if gate is None:
+        assert g is not None and beta is not None, "pass g and beta, or gate="
+        return g, beta
+    assert g is None and beta is None, "pass g and beta, or gate=, not both"
+    return gate.values()
 
 
 def head_major(*xs: Tensor) -> tuple[Tensor, ...]:

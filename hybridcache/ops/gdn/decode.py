@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..delta_rule_common import decode_slots
+from ..delta_rule_common import decode_slots, gate_values
 from ..triton_support import runs_triton
 from .block import block, prepare_qk
 
@@ -37,16 +37,6 @@ class RawGate(NamedTuple):
     def values(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(g fp32, beta in b's dtype) [B, T, HV], exactly `gdn_gate`."""
         return gdn_gate(self.a, self.b, self.A_log, self.dt_bias)
-
-
-def gate_values(g: torch.Tensor | None, beta: torch.Tensor | None,
-                gate: RawGate | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, beta) given directly, or computed from `gate` (exactly one of the two forms)."""
-    if gate is None:
-        assert g is not None and beta is not None, "pass g and beta, or gate="
-        return g, beta
-    assert g is None and beta is None, "pass g and beta, or gate=, not both"
-    return gate.values()
 
 
 def gdn_decode(

@@ -9,11 +9,11 @@ its new tokens start from; only rows with p + T > HIST write it back to ssm. New
 """
 import torch
 
-from ..delta_rule_common import head_major
+from ..delta_rule_common import gate_values, head_major
 from ..slot_io import RowScatter, put_rows, read_rows
 from ..triton_support import runs_triton
 from .block import block_from_reads, prepare_qk, read_state
-from .decode import RawGate, gate_values
+from .decode import RawGate
 from .history import fold, read_history
 
 

@@ -5,10 +5,10 @@ On CUDA (triton importable) one fused kernel does it, slots read and written in 
 """
 import torch
 
-from ..delta_rule_common import decode_slots
+from ..delta_rule_common import decode_slots, gate_values
 from ..triton_support import runs_triton
 from .block import block, prepare_qk
-from .gate import KDARawGate, kda_gate_values
+from .gate import KDARawGate
 
 
 def kda_decode(
@@ -35,5 +35,5 @@ def kda_decode(
 
         return delta_rule_decode_triton(q, k, v, g, beta, ssm, slots, has_initial, scale, use_qk_l2norm_in_kernel,
                                         gate=gate)
-    g, beta = kda_gate_values(g, beta, gate)
+    g, beta = gate_values(g, beta, gate)
     return decode_slots(block, prepare_qk, q, k, v, g, beta, ssm, slots, has_initial, scale, use_qk_l2norm_in_kernel)

@@ -39,13 +39,3 @@ class KDARawGate(NamedTuple):
     def values(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(g fp32 [B, T, H, K], beta = sigmoid(b) in b's dtype [B, T, H]), as the mixer computes them."""
         return kda_gate(self.g_raw, self.A_log, self.dt_bias), torch.sigmoid(self.b)
-
-
-def kda_gate_values(g: torch.Tensor | None, beta: torch.Tensor | None,
-                    gate: KDARawGate | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, beta) given directly, or computed from `gate` (exactly one of the two forms)."""
-    if gate is None:
-        assert g is not None and beta is not None, "pass g and beta, or gate="
-        return g, beta
-    assert g is None and beta is None, "pass g and beta, or gate=, not both"
-    return gate.values()

@@ -4,11 +4,11 @@ No host sync: padding rows are kept out of the writes by `hybridcache.ops.slot_i
 """
 import torch
 
-from ..delta_rule_common import head_major
+from ..delta_rule_common import gate_values, head_major
 from ..slot_io import RowScatter, put_rows, read_rows
 from ..triton_support import runs_triton
 from .block import block, prepare_qk
-from .gate import KDARawGate, kda_gate_values
+from .gate import KDARawGate
 from .pending import read_pending
 
 
@@ -63,7 +63,7 @@ def kda_verify(
 
         return kda_verify_triton(q, k, v, g, beta, ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots, scale,
                                  use_qk_l2norm_in_kernel, gate=gate)
-    g, beta = kda_gate_values(g, beta, gate)
+    g, beta = gate_values(g, beta, gate)
     P, T = pend_k.shape[1], q.shape[1]
     assert T - 1 <= P, f"a verify step of {T} tokens needs pending caches for {T - 1} drafts, have {P}"
     qn, kn = prepare_qk(q, k, scale, use_qk_l2norm_in_kernel)
