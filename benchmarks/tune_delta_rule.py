@@ -17,7 +17,8 @@ import torch
 from benchmarks.ops_mamba2 import timed
 from benchmarks.timing import graphed
 from hybridcache.ops.delta_rule_triton import delta_rule_decode_triton
-from hybridcache.ops.delta_rule_verify_triton import gdn_verify_triton, kda_verify_triton
+from hybridcache.ops.gdn.triton_verify import gdn_verify_triton
+from hybridcache.ops.kda.triton_verify import kda_verify_triton
 
 DEV, ACT = "cuda", torch.bfloat16
 H, HV, K, V, HIST, T = 16, 32, 128, 128, 16, 4

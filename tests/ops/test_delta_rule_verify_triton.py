@@ -26,7 +26,8 @@ DEVICE = "cpu" if interpreting() or not torch.cuda.is_available() else "cuda"
 if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 for Triton's CPU interpreter", allow_module_level=True)
 
-from hybridcache.ops.delta_rule_verify_triton import gdn_verify_triton, kda_verify_triton  # noqa: E402
+from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
+from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 
 NAN = float("nan")
 S, H, HV = 8, 2, 4  # GDN: grouped heads, two value heads a key head

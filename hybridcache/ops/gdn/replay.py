@@ -67,7 +67,7 @@ def gdn_verify(
     included.
     """
     if runs_triton(q):
-        from ..delta_rule_verify_triton import gdn_verify_triton
+        from .triton_verify import gdn_verify_triton
 
         return gdn_verify_triton(q, k, v, g, beta, ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx,
                                  slots, scale, use_qk_l2norm_in_kernel, gate=gate)

@@ -59,7 +59,7 @@ def kda_verify(
     included.
     """
     if runs_triton(q):
-        from ..delta_rule_verify_triton import kda_verify_triton
+        from .triton_verify import kda_verify_triton
 
         return kda_verify_triton(q, k, v, g, beta, ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots, scale,
                                  use_qk_l2norm_in_kernel, gate=gate)

@@ -1,0 +1,192 @@
+"""KDA's verify with pending drafts as two Triton launches (the work split: `ops/delta_rule_verify_triton.py`)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..delta_rule_triton import kda_raw_gate, unit_last
+from ..delta_rule_verify_triton import NUM_WARPS, key_l2norm, verify_tile_sizes
+
+if TYPE_CHECKING:
+    from .gate import KDARawGate
+
+
+@triton.jit
+def _kda_verify_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
+    ssm_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, n_ptr, slot_ptr,
+    scale,
+    s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
+    s_ss, s_sh, s_sk, s_sv,
+    s_ks, s_kp, s_kh, s_kk,
+    s_gs, s_gp, s_gh, s_gk,
+    s_vs, s_vp, s_vh, s_vv,
+    s_bs, s_bp, s_bh,
+    s_n,
+    T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
+):
+    """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
+    RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]."""
+    row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    valid = slot >= 0
+    s = tl.maximum(slot, 0)
+    n = tl.where(valid, tl.load(n_ptr + s * s_n), 0)
+    n = tl.minimum(tl.maximum(n, 0), P)
+
+    kk = tl.arange(0, BK)
+    k_ok = kk < K
+    vv = vb * BV + tl.arange(0, BV)
+    v_ok = vv < V
+    tile = k_ok[:, None] & v_ok[None, :]
+    ssm_tile = ssm_ptr + s * s_ss + hd * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
+    h = tl.load(ssm_tile, mask=tile & valid, other=0.0).to(tl.float32)
+
+    # the accepted pending drafts [0, pend_n)
+    for j in range(0, n):
+        k_j = tl.load(pk_ptr + s * s_ks + j * s_kp + hd * s_kh + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
+        g_j = tl.load(pg_ptr + s * s_gs + j * s_gp + hd * s_gh + kk * s_gk, mask=k_ok, other=0.0).to(tl.float32)
+        v_j = tl.load(pv_ptr + s * s_vs + j * s_vp + hd * s_vh + vv * s_vv, mask=v_ok, other=0.0).to(tl.float32)
+        b_j = tl.load(pb_ptr + s * s_bs + j * s_bp + hd * s_bh).to(tl.float32)
+        h = h * tl.exp(g_j)[:, None]
+        u_j = b_j * (v_j - tl.sum(h * k_j[:, None], 0))
+        h += k_j[:, None] * u_j[None, :]
+
+    B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
+    if RAW_GATE:
+        neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
+        dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+    for t in tl.static_range(T):
+        tok = row * T + t
+        q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
+        k_t = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if L2NORM:
+            q_t = key_l2norm(q_t, True)
+            k_t = key_l2norm(k_t, True)
+        q_t = q_t * scale
+        g_t = tl.load(g_ptr + row * s_gib + t * s_git + hd * s_gih + kk, mask=k_ok, other=0.0).to(tl.float32)
+        v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0).to(tl.float32)
+        b_t = tl.load(beta_ptr + row * s_bib + t * s_bit + hd * s_bih).to(tl.float32)
+        if RAW_GATE:
+            g_t, b_t = kda_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
+        h = h * tl.exp(g_t)[:, None]
+        u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
+        h += k_t[:, None] * u_t[None, :]
+        o_t = tl.where(valid, tl.sum(h * q_t[:, None], 0), 0.0)
+        tl.store(o_ptr + (tok * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
+        if t == 0:
+            tl.store(ssm_tile, h, mask=tile & valid)
+
+
+@triton.jit
+def _kda_pending_kernel(
+    k_ptr, g_ptr, v_ptr, beta_ptr, alog_ptr, dtb_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, slot_ptr,
+    s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
+    s_ks, s_kp, s_kh, s_kk,
+    s_gs, s_gp, s_gh, s_gk,
+    s_vs, s_vp, s_vh, s_vv,
+    s_bs, s_bp, s_bh,
+    T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
+    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
+):
+    """pend_*[slot, :T−1] <- new tokens 1..T−1 (keys normalised, and with RAW_GATE g and β computed, as in the
+    verify kernel)."""
+    row, hd = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    valid = slot >= 0
+    s = tl.maximum(slot, 0)
+    kk = tl.arange(0, BK)
+    k_ok = kk < K
+    vv = tl.arange(0, BVF)
+    v_ok = vv < V
+    B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty
+    if RAW_GATE:
+        neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
+        dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+    for t in tl.static_range(1, T):
+        k_t = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if L2NORM:
+            k_t = key_l2norm(k_t, True)
+        g_t = tl.load(g_ptr + row * s_gib + t * s_git + hd * s_gih + kk, mask=k_ok, other=0.0)
+        v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0)
+        b_t = tl.load(beta_ptr + row * s_bib + t * s_bit + hd * s_bih)
+        if RAW_GATE:
+            g_t, b_t = kda_raw_gate(g_t.to(tl.float32), b_t.to(tl.float32), neg_A, dt_bias, B_DTYPE)
+        tl.store(pv_ptr + s * s_vs + (t - 1) * s_vp + hd * s_vh + vv * s_vv, v_t.to(pv_ptr.dtype.element_ty),
+                 mask=v_ok & valid)
+        tl.store(pk_ptr + s * s_ks + (t - 1) * s_kp + hd * s_kh + kk * s_kk, k_t.to(pk_ptr.dtype.element_ty),
+                 mask=k_ok & valid)
+        tl.store(pg_ptr + s * s_gs + (t - 1) * s_gp + hd * s_gh + kk * s_gk, g_t.to(pg_ptr.dtype.element_ty),
+                 mask=k_ok & valid)
+        tl.store(pb_ptr + s * s_bs + (t - 1) * s_bp + hd * s_bh, b_t.to(pb_ptr.dtype.element_ty), mask=valid)
+
+
+def kda_verify_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor | None,
+    ssm: Tensor,
+    pend_k: Tensor,
+    pend_g: Tensor,
+    pend_v: Tensor,
+    pend_beta: Tensor,
+    pend_n: Tensor,
+    slots: Tensor,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    block_v: int | None = None,
+    num_warps: int = NUM_WARPS,
+    *,
+    gate: KDARawGate | None = None,
+) -> Tensor:
+    """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
+
+    q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; ssm [S, H, K, V] fp32; pend_k, pend_g [S, P, H, K];
+    pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
+    The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
+    elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
+    Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
+    """
+    B, T, H, K = q.shape
+    V, P = v.shape[3], pend_k.shape[1]
+    if gate is not None:
+        assert g is None and beta is None, "pass g and beta, or gate=, not both"
+        g, beta = gate.g_raw, gate.b  # read by the kernels where g, beta would be
+        A_log, dt_bias = gate.A_log.reshape(-1).contiguous(), gate.dt_bias.reshape(-1).contiguous()
+        assert A_log.numel() == H and dt_bias.numel() == H * K, "A_log [H], dt_bias [H·K]"
+    else:
+        A_log = dt_bias = slots  # unused
+    assert g.shape == (B, T, H, K) and beta.shape == (B, T, H), f"g {tuple(g.shape)} [B, T, H, K], beta [B, T, H]"
+    assert T - 1 <= P, f"a verify step of {T} tokens needs pending caches for {T - 1} drafts, have {P}"
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if B == 0 or T == 0:
+        return o
+    q, k, v, g = unit_last(q), unit_last(k), unit_last(v), unit_last(g)
+    slots = slots.contiguous()
+    inputs = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:3], *beta.stride()[:3])
+    BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
+    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](
+        q, k, v, g, beta, A_log, dt_bias, o,
+        ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots,
+        K ** -0.5 if scale is None else scale,
+        *inputs,
+        *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
+        T=T, H=H, K=K, V=V, P=P, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None,
+        num_warps=num_warps,
+    )
+    if T > 1:  # after the first launch has read the old entries
+        _kda_pending_kernel[(B, H)](
+            k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
+            *inputs[3:],
+            *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(),
+            T=T, H=H, K=K, V=V, BK=BK, BVF=triton.next_power_of_2(V), L2NORM=use_qk_l2norm_in_kernel,
+            RAW_GATE=gate is not None,
+        )
+    return o
