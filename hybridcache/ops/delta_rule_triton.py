@@ -29,6 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .rms_norm_triton import _round, _sigmoid
+from .triton_support import num_sms
 
 if TYPE_CHECKING:
     from .gdn.decode import RawGate
@@ -148,11 +149,6 @@ def _delta_rule_decode_kernel(
         tl.store(tile, h.to(ssm_ptr.dtype.element_ty), mask=live & mk[:, None] & mv[None, :])
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: small blocks, so that several value blocks get exercised
-
 
 def default_block_v(rows: int, K: int, V: int, device: torch.device) -> int:
     """Value columns per program: as many as fit a MAX_TILE tile (at most 64), halved down to 16 while the
@@ -160,7 +156,7 @@ def default_block_v(rows: int, K: int, V: int, device: torch.device) -> int:
     K = V = 128 that is BV = 32 and 8192 programs."""
     bk = triton.next_power_of_2(K)
     bv = min(triton.next_power_of_2(V), 64, max(16, MAX_TILE // bk))
-    while bv > 16 and rows * triton.cdiv(V, bv) < 4 * _num_sms(device):
+    while bv > 16 and rows * triton.cdiv(V, bv) < 4 * num_sms(device):
         bv //= 2
     return bv
 

@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_support import num_sms
+
 # Tiling measured on the H200 (benchmarks/tune_delta_rule.py, K = V = 128, T = 4): one warp per program, 32
 # value columns, halved (not below 8) while the grid has under 4 programs per SM (batch 1: 8 columns).
 BLOCK_V = 32
@@ -58,7 +60,7 @@ def verify_tile_sizes(K: int, V: int, block_v: int | None, rows: int, device: to
     `rows` (batch x value heads) x ⌈V / BV⌉ programs give under MIN_PROGRAMS_PER_SM per SM."""
     bv = min(block_v or BLOCK_V, max(8, triton.next_power_of_2(V)))
     if block_v is None and device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = num_sms(device)
         while bv > 8 and rows * triton.cdiv(V, bv) < MIN_PROGRAMS_PER_SM * sms:
             bv //= 2
     return max(16, triton.next_power_of_2(K)), bv

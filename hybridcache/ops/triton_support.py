@@ -9,6 +9,7 @@ import importlib.util
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 
 import torch
 
@@ -45,3 +46,15 @@ def kernels_on_cpu() -> Iterator[None]:
 def triton_testable(t: torch.Tensor) -> bool:
     """Whether a test may call a Triton entry point on `t` directly (CUDA, or CPU under the interpreter)."""
     return HAS_TRITON and (t.is_cuda or (t.device.type == "cpu" and interpreting()))
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (read once per device), which the kernels size their grids
+    by; 4 for the CPU interpreter, so that tests there still split work over several programs."""
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 4
+
+
+@cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

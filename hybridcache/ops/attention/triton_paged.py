@@ -24,6 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..triton_support import num_sms
+
 LOG2E = 1.4426950408889634
 MAX_TILE_ROWS = 64  # BLOCK_T * G query rows per program, bounded to keep the fp32 accumulator in registers
 MIN_KEYS_PER_SPLIT = 256
@@ -141,11 +143,6 @@ def _merge_kernel(
     tl.store(out_ptr + n.to(tl.int64) * stride_on + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # interpreter on the CPU: a few splits so they get exercised
-
 
 def attend_kv_pages_triton(
     q: Tensor,
@@ -182,7 +179,7 @@ def attend_kv_pages_triton(
         block_t = max(1, min(block_t, 16, MAX_TILE_ROWS // group if group <= MAX_TILE_ROWS else 1))
     grid_blocks = min(num_tokens, num_tokens // block_t + num_rows)
     if num_splits is None:
-        want = -(-2 * _num_sms(q.device) // (grid_blocks * num_kv_heads))
+        want = -(-2 * num_sms(q.device) // (grid_blocks * num_kv_heads))
         num_splits = max(1, min(want, -(-width * page_size // MIN_KEYS_PER_SPLIT)))
     block_n = 64 if page_size * width >= 64 else 16
     if num_splits > 1:

@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..triton_support import num_sms
+
 MIN_BLOCK_C = 32
 MAX_BLOCK_C = 128
 
@@ -167,11 +169,6 @@ def _prefill_window_kernel(
     tl.store(window + j * stride_sj, last.to(conv_ptr.dtype.element_ty), mask=live & j_ok & c_ok)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter on the CPU
-
 
 def _block_c(channels: int, programs_per_block: int, num_sms: int) -> int:
     """Channels per program: MAX_BLOCK_C, halved (not below MIN_BLOCK_C) until there are two programs per SM."""
@@ -212,7 +209,7 @@ def causal_conv1d_update_triton(
     if batch == 0 or steps == 0 or channels == 0:
         return y
     if block_c is None:
-        block_c = _block_c(channels, batch, _num_sms(x.device))
+        block_c = _block_c(channels, batch, num_sms(x.device))
     slots = slots.contiguous()
     bias_arg = bias.contiguous() if bias is not None else slots  # unused when absent
     _update_kernel[(batch, triton.cdiv(channels, block_c))](
@@ -261,7 +258,7 @@ def causal_conv1d_prefill_triton(
     cu = cu_seqlens.to(device=x.device, dtype=torch.int32).contiguous()
     token_blocks = triton.cdiv(num_tokens, block_t)
     if block_c is None:
-        block_c = _block_c(channels, max(token_blocks, batch), _num_sms(x.device))
+        block_c = _block_c(channels, max(token_blocks, batch), num_sms(x.device))
     strides = (conv.stride(0), conv.stride(1), conv.stride(2))
     if num_tokens:
         bias_arg = bias.contiguous() if bias is not None else slots  # unused when absent

@@ -26,6 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_dims
+from hybridcache.ops.triton_support import num_sms
 
 TILE = 2048  # fp32 state entries per program before the grid-filling rule shrinks BLOCK_P
 MIN_BLOCK_P = 4
@@ -105,11 +106,6 @@ def _decode_kernel(
         tl.store(tile, h, mask=in_tile & live)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter on the CPU: small blocks so that several get exercised
-
 
 def default_block_p(batch: int, heads: int, head_dim: int, dstate: int, num_sms: int) -> int:
     """Channels per program: a tile of about TILE fp32 entries, halved (not below MIN_BLOCK_P) until the
@@ -130,7 +126,7 @@ def _launch(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm: Tensor,
     if batch == 0 or steps == 0 or heads == 0 or head_dim == 0:
         return
     if block_p is None:
-        block_p = default_block_p(batch, heads, head_dim, dstate, _num_sms(x.device))
+        block_p = default_block_p(batch, heads, head_dim, dstate, num_sms(x.device))
     A, slots = A.contiguous(), slots.contiguous()
     D_arg = D.contiguous() if D is not None else A  # unused when absent
     bias_arg = dt_bias.contiguous() if dt_bias is not None else A
