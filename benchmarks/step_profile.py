@@ -62,38 +62,51 @@ def by_module(llm, device: str, steps: int) -> None:
         sync(device)
     for hook in hooks:
         hook.remove()
-    spans = sorted(((e.time_range.start, e.time_range.end, e.name[len("module::"):]) for e in prof.events()
-                    if e.name.startswith("module::")), key=lambda s: (s[0], -s[1]))
-    counts: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.name.startswith("module::"):
-            continue
-        if cuda and e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        if not cuda and e.cpu_parent is not None and not e.cpu_parent.name.startswith("module::"):
-            continue  # on a CPU: the outermost aten ops only (an op's own sub-ops are not counted again)
-        at = (e.linked_correlation_id and _launch_time(prof, e)) if cuda else e.time_range.start
-        owner = "engine"
-        for start, end, kind in spans:  # innermost: the last span (by start) that holds the launch
-            if start <= at <= end:
-                owner = kind
-        entry = counts.setdefault(owner, [0, 0.0])
-        entry[0] += 1
-        entry[1] += (e.device_time if cuda else e.cpu_time) / 1e3
+    counts = _charge_cuda(prof) if cuda else _charge_cpu(prof)
     total = sum(c for c, _ in counts.values())
     print(f"  per step, by module kind ({'kernels' if cuda else 'aten ops'}, {'GPU' if cuda else 'CPU'} ms):")
     for kind, (count, ms) in sorted(counts.items(), key=lambda kv: -kv[1][0]):
         print(f"    {kind:28} {count / steps:7.0f} {ms / steps:8.3f}   {count / total:5.1%}")
 
 
-def _launch_time(prof, kernel) -> float:
-    """The host time of the runtime call that launched `kernel` (matched by correlation id)."""
-    cache = getattr(prof, "_launch_times", None)
-    if cache is None:
-        cache = {e.correlation_id: e.time_range.start for e in prof.events()
-                 if e.device_type != torch.autograd.DeviceType.CUDA and getattr(e, "correlation_id", 0)}
-        prof._launch_times = cache
-    return cache.get(kernel.linked_correlation_id, -1)
+def _owner(spans: list[tuple[float, float, str]], at: float) -> str:
+    owner = "engine"
+    for start, end, kind in spans:  # innermost: the last span (by start) that holds the launch
+        if start <= at <= end:
+            owner = kind
+    return owner
+
+
+def _charge_cpu(prof) -> dict[str, list[float]]:
+    spans = sorted(((e.time_range.start, e.time_range.end, e.name[len("module::"):]) for e in prof.events()
+                    if e.name.startswith("module::")), key=lambda s: (s[0], -s[1]))
+    counts: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.name.startswith("module::") or (e.cpu_parent is not None and not e.cpu_parent.name.startswith("module::")):
+            continue  # the outermost aten ops only (an op's own sub-ops are not counted again)
+        entry = counts.setdefault(_owner(spans, e.time_range.start), [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.cpu_time / 1e3
+    return counts
+
+
+def _charge_cuda(prof) -> dict[str, list[float]]:
+    """Each kernel is charged where the runtime call that launched it ran (kineto events: the kernel and its
+    launch share a CUPTI correlation id)."""
+    events = prof.profiler.kineto_results.events()
+    cuda = torch.autograd.DeviceType.CUDA
+    spans = sorted(((e.start_ns(), e.start_ns() + e.duration_ns(), e.name()[len("module::"):]) for e in events
+                    if e.device_type() != cuda and e.name().startswith("module::")), key=lambda s: (s[0], -s[1]))
+    launches = {e.correlation_id(): e.start_ns() for e in events
+                if e.device_type() != cuda and "aunch" in e.name() and e.correlation_id()}
+    counts: dict[str, list[float]] = {}
+    for e in events:
+        if e.device_type() != cuda:
+            continue
+        entry = counts.setdefault(_owner(spans, launches.get(e.correlation_id(), -1)), [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.duration_ns() / 1e6
+    return counts
 
 
 def main() -> None:
