@@ -61,9 +61,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from .cache.errors import BudgetTooSmallError, LayoutError
     from .engine.errors import InvalidParamsError, InvalidRequestError, SchedulerStuckError
     from .models.errors import ModelLoadError
+    from .parallel.errors import ShardingError
 
     return (UsageError, InvalidParamsError, InvalidRequestError, ModelLoadError, BudgetTooSmallError, LayoutError,
-            SchedulerStuckError)
+            SchedulerStuckError, ShardingError)
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -191,10 +192,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else ensure_default_model(default_model_dir())
     check_model(model_dir)  # the LLM picks torch threads for a tiny model on the CPU
     reference = LLM(model_dir, device=args.device, max_num_seqs=args.num_requests, speculative=None,
-                    max_num_batched_tokens=4096)
+                    max_num_batched_tokens=4096, tensor_parallel_size=args.tensor_parallel_size)
     prompts = make_prompts(args.num_requests, reference.vocab_size, seed=args.seed)
     longest = max(map(len, prompts)) + args.max_tokens + args.num_draft_tokens + 1
-    model = reference.model  # the speculative run's cache is sized from the same layers, with drafts
+    model = reference.model  # the speculative run's cache is sized from the same layers (this rank's), with drafts
     sizing = sizing_of(model.state_modules(args.num_draft_tokens), model.page_roles(16))
     # a slot for every sequence but pages for about a third of the batch at full length: growth forces
     # suspensions; a host tier of a few requests forces re-prefills too
@@ -204,7 +205,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     host_bytes = int(per_request * args.host_requests)
     llm = LLM(model_dir, device=args.device, max_num_seqs=args.max_num_seqs, speculative=spec,
               device_cache_bytes=device_bytes, host_cache_bytes=host_bytes, max_num_batched_tokens=256,
-              num_slots=args.max_num_seqs)
+              num_slots=args.max_num_seqs, tensor_parallel_size=args.tensor_parallel_size)
     bar = tqdm(total=len(prompts), desc="requests", unit="req", disable=args.quiet)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, progress=lambda done, total: bar.update(done - bar.n))
@@ -256,7 +257,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, speculative=spec, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
               device_cache_bytes=args.device_cache_bytes, host_cache_bytes=args.host_cache_bytes,
-              page_size=args.page_size, enforce_eager=args.enforce_eager)
+              page_size=args.page_size, enforce_eager=args.enforce_eager,
+              tensor_parallel_size=args.tensor_parallel_size)
     for out in llm.generate(prompts, params):
         print(out.text if out.text is not None else " ".join(map(str, out.token_ids)))
     return 0
@@ -278,7 +280,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
               device_cache_bytes=args.device_cache_bytes, host_cache_bytes=args.host_cache_bytes,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, enable_prefix_caching=args.enable_prefix_caching,
+              tensor_parallel_size=args.tensor_parallel_size)
     name = args.served_model_name or Path(model_dir).resolve().name
     serve(llm, name, host=args.host, port=args.port, max_queued=args.max_queued)
     return 0
@@ -305,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="host tier size, in full-length requests")
     run.add_argument("--seed", type=seed, default=0, help="seed of the workload's prompts")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, metavar="N",
+                     help="shard the model and cache over N ranks (worker processes started here; docs/parallel.md)")
     run.set_defaults(fn=cmd_run)
 
     gen = sub.add_parser("generate", help="generate from prompts against a checkpoint directory")
@@ -333,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="host tier for suspended requests, e.g. 256M (default: as large as the device budget)")
     cache.add_argument("--page-size", type=int_at_least(1), default=16, help="tokens per attention page")
     cache.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    cache.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, metavar="N",
+                       help="shard the model and cache over N ranks (worker processes started here; docs/parallel.md)")
     gen.set_defaults(fn=cmd_generate)
 
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (FastAPI + uvicorn) with /metrics")
@@ -352,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--device-cache-bytes", type=byte_count, default=None, help="device budget, e.g. 64M")
     srv.add_argument("--host-cache-bytes", type=byte_count, default=None, help="host tier, e.g. 256M")
     srv.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    srv.add_argument("--enable-prefix-caching", action="store_true",
+                     help="reuse cached prompt prefixes: shared attention pages and recurrent-state snapshots")
+    srv.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, metavar="N",
+                     help="shard the model and cache over N ranks (worker processes started here; docs/parallel.md)")
     srv.set_defaults(fn=cmd_serve)
 
     from .bench.serve import build_parser as bench_serve_flags  # stdlib only: --help stays fast

@@ -25,6 +25,8 @@ class CacheConfig:
     num_dummy_slots: int = 1
     host_num_slots: int | None = None
     device: str = "cpu"
+    snapshot_interval: int = 0  # tokens between prefix-cache snapshots (a multiple of page_size); 0: prefix caching off
+    num_snapshot_slots: int = 0  # slot rows (every role) that hold prefix-cache snapshots
 
     def __post_init__(self) -> None:
         if self.device_bytes <= 0:
@@ -41,4 +43,8 @@ class CacheConfig:
             raise LayoutError(f"host_num_slots must be >= 0, got {self.host_num_slots}")
         if self.num_dummy_slots < 0:
             raise LayoutError(f"num_dummy_slots must be >= 0, got {self.num_dummy_slots}")
+        if self.snapshot_interval < 0 or self.snapshot_interval % self.page_size:
+            raise LayoutError(f"snapshot_interval must be a multiple of page_size {self.page_size}, got {self.snapshot_interval}")
+        if self.num_snapshot_slots < 0 or (self.snapshot_interval and self.num_snapshot_slots < 1):
+            raise LayoutError(f"prefix caching needs num_snapshot_slots >= 1, got {self.num_snapshot_slots}")
         torch.device(self.device)  # raises on a malformed device string

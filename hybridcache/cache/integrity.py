@@ -60,9 +60,46 @@ def check_integrity(mgr: "Planner") -> None:
         if twice:
             raise IntegrityError(f"{what}s owned twice: {twice}")
     free_dummies = mgr.free_dummy_slots
-    if sorted(free_dummies + list(dummy_slots)) != list(range(mgr.slot_pool.permanent)):
+    if sorted(free_dummies + list(dummy_slots)) != list(range(mgr.num_dummies)):
         raise IntegrityError("dummy slots: free + owned != permanent")
+    if mgr.prefix is not None:
+        _check_prefix(mgr, pages)
     _check_pool("device slots", mgr.slot_pool, slots)
     _check_pool("device pages", mgr.page_pool, pages)
     _check_pool("host slots", mgr.host_slot_pool, host_slots)
     _check_pool("host pages", mgr.host_page_pool, host_pages)
+
+
+def _check_prefix(mgr: "Planner", pages: Counter) -> None:
+    """The prefix index's pages join the page holders; every snapshot id is held exactly as often as the
+    index, admitted requests and the pending step pin it; every node leads to a snapshot; a request's
+    shared or indexed pages hold only committed tokens (nothing writes a shared page)."""
+    prefix = mgr.prefix
+    snaps: Counter = Counter()
+    indexed = set()
+    for n in prefix.index.nodes.values():
+        if n.page >= 0:
+            pages[n.page] += 1
+            indexed.add(n.page)
+        if n.snapshot >= 0:
+            snaps[n.snapshot] += 1
+        if n.parent is not None and prefix.index.nodes.get(n.parent.key) is not n.parent:
+            raise IntegrityError(f"prefix node at depth {n.depth} has a parent outside the index")
+    children = Counter(id(n.parent) for n in prefix.index.nodes.values() if n.parent is not None)
+    for n in prefix.index.nodes.values():
+        if children[id(n)] != n.children:
+            raise IntegrityError(f"prefix node at depth {n.depth}: {n.children} children counted, {children[id(n)]} found")
+        if n.snapshot < 0 and n.children == 0:
+            raise IntegrityError(f"prefix node at depth {n.depth} leads to no snapshot")
+    for e in mgr.entries():
+        if e.restore >= 0:
+            snaps[e.restore] += 1
+        full = e.num_tokens // mgr.page_size
+        for k, p in enumerate(e.pages):
+            if k >= full and (p in indexed or pages[p] > 1):
+                raise IntegrityError(f"request {e.req_id!r}: page {p} is shared but holds uncommitted tokens")
+    if mgr.pending is not None:
+        snaps.update(mgr.pending.restore_ids)
+    if prefix.saving is not None:
+        snaps.update(prefix.saving.ids)
+    _check_pool("snapshots", prefix.snap_pool, snaps)

@@ -36,13 +36,15 @@ class HybridCacheManager:
             raise LayoutError(f"page roles use page_size {pages.page_size}, the config {config.page_size}")
         self.slot_roles, self.page_roles = plan_roles(self.states, pages)
         self.sizing = Sizing(tuple(self.slot_roles), tuple(self.page_roles))
-        dummies = config.num_dummy_slots
+        dummies = config.num_dummy_slots + config.num_snapshot_slots  # rows that keep their ids
+        self.num_fixed = dummies
         num_slots, num_pages = self.sizing.device_split(config.device_bytes, config.num_slots, config.slot_share, dummies)
         share = self.sizing.bytes_for(num_slots + dummies, 0) / max(self.sizing.bytes_for(num_slots + dummies, num_pages), 1)
         host_slots, host_pages = HostTier.counts_for(
             config.host_bytes, self.slot_roles, self.page_roles, share, config.host_num_slots
         )
-        self.planner = Planner(config.page_size, bool(self.page_roles), num_slots, num_pages, dummies, host_slots, host_pages)
+        self.planner = Planner(config.page_size, bool(self.page_roles), num_slots, num_pages, config.num_dummy_slots,
+                               host_slots, host_pages, config.num_snapshot_slots, config.snapshot_interval)
         self.store = CacheStore(self.states, self.slot_roles, self.page_roles, config.device_bytes,
                                 num_slots + dummies, num_pages, host_slots, host_pages, self.device)
 
@@ -176,6 +178,27 @@ class HybridCacheManager:
         """Bring suspended requests back into any free device slots and pages; returns bytes moved."""
         return self._move(self.planner.plan_resume(req_ids))
 
+    def save_snapshots(self, tokens_of) -> int:
+        """After a committed step, save the prefix-cache snapshots its rows reached (a transaction: a failed
+        copy indexes none of them). `tokens_of(req_id)` gives a request's tokens through its committed
+        ones. Returns how many were saved."""
+        plan = self.planner.plan_snapshots(tokens_of)
+        if plan is None:
+            return 0
+        try:
+            self.store.save_snapshots(plan)
+        except BaseException:
+            self.planner.cancel_snapshots(plan)
+            raise
+        self.planner.commit_snapshots(plan)
+        return len(plan.ids)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Device bytes of the prefix-cache snapshot rows held now."""
+        prefix = self.planner.prefix
+        return 0 if prefix is None else prefix.snap_pool.num_owned * self.sizing.bytes_per_slot
+
     def reprefill(self, req_id: Hashable) -> None:
         """Drop everything the request holds (either tier); its next step starts its context from zero."""
         self.planner.reprefill(req_id)
@@ -186,17 +209,17 @@ class HybridCacheManager:
 
     def pages_beside(self, num_slots: int) -> int:
         """Pages that fit the device budget beside `num_slots` request slots (and the dummies)."""
-        return self.sizing.split(self.config.device_bytes, num_slots + self.config.num_dummy_slots)
+        return self.sizing.split(self.config.device_bytes, num_slots + self.num_fixed)
 
     def can_split(self, num_slots: int, min_pages: int = 0) -> bool:
         """Whether `num_slots` request slots fit the budget with at least `min_pages` pages beside them."""
-        if num_slots < 1 or self.sizing.bytes_for(num_slots + self.config.num_dummy_slots, 0) > self.config.device_bytes:
+        if num_slots < 1 or self.sizing.bytes_for(num_slots + self.num_fixed, 0) > self.config.device_bytes:
             return False
         return self.pages_beside(num_slots) >= min_pages
 
     def can_rebalance(self, num_slots: int) -> bool:
         """Whether the live requests fit `num_slots` slots and the pages left beside them."""
-        if num_slots < 1 or self.sizing.bytes_for(num_slots + self.config.num_dummy_slots, 0) > self.config.device_bytes:
+        if num_slots < 1 or self.sizing.bytes_for(num_slots + self.num_fixed, 0) > self.config.device_bytes:
             return False
         live, pages = self.planner.live_counts()
         return live <= num_slots and pages <= self.pages_beside(num_slots)

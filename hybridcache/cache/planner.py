@@ -25,7 +25,8 @@ from .counts import MAX_TOKENS, int_array, token_counts
 from .id_pool import IdPool
 from .integrity import check_integrity
 from .layout import Layout
-from .plans import AcceptPlan, MovePlan, RecarvePlan, StepPlan, frozen
+from .plans import AcceptPlan, MovePlan, RecarvePlan, SnapshotPlan, StepPlan, frozen
+from .prefix_cache import PrefixCache, PrefixMatch
 
 FREED_REMEMBERED = 4096  # freed ids kept to tell a double free from an unknown id
 
@@ -34,17 +35,20 @@ class Planner:
     """Slots and pages of both tiers, and what each request holds.
 
     `num_slots` request slots beside `num_dummies` permanent ones, `num_pages` pages; `has_pages` False
-    for a model without attention layers (it holds no pages).
+    for a model without attention layers (it holds no pages). With `snapshot_interval` > 0, prefix
+    caching (`prefix_cache.py`) keeps up to `num_snapshots` recurrent snapshots in slot rows between the
+    dummies and the request slots.
     """
 
     def __init__(
         self, page_size: int, has_pages: bool, num_slots: int, num_pages: int, num_dummies: int,
-        host_slots: int, host_pages: int,
+        host_slots: int, host_pages: int, num_snapshots: int = 0, snapshot_interval: int = 0,
     ) -> None:
         self.page_size = page_size
         self.has_pages = has_pages
         self.num_dummies = num_dummies
-        self.slot_pool = IdPool(num_slots + num_dummies, permanent=num_dummies)
+        self.num_fixed = num_dummies + num_snapshots  # slot rows that keep their ids: dummies, then snapshots
+        self.slot_pool = IdPool(num_slots + self.num_fixed, permanent=self.num_fixed)
         self.page_pool = IdPool(num_pages)
         self.host_slot_pool = IdPool(host_slots)
         self.host_page_pool = IdPool(host_pages)
@@ -58,6 +62,7 @@ class Planner:
         self._moving: MovePlan | RecarvePlan | None = None
         self.stats = {"suspensions": 0, "resumes": 0, "reprefills": 0, "aborted_rows": 0, "rebalances": 0,
                       "bytes_to_host": 0, "bytes_to_device": 0}
+        self.prefix = PrefixCache(self, num_snapshots, snapshot_interval) if snapshot_interval > 0 else None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -111,7 +116,7 @@ class Planner:
     def live_counts(self) -> tuple[int, int]:
         """(requests on the device, pages they hold): what a rebalance must place."""
         live = [e for e in self._entries.values() if e.on_device]
-        return len(live), sum(len(e.pages) for e in live)
+        return len(live), len({p for e in live for p in e.pages})
 
     # ------------------------------------------------------------------ lifecycle
     def add(self, req_id: Hashable) -> None:
@@ -132,9 +137,13 @@ class Planner:
         self._entries[req_id] = Entry(req_id, Status.DUMMY, self._tokens, self._tokens.take(), slot=slot)
         return slot
 
-    def allocate(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int) -> bool:
+    def allocate(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int,
+                 prefix: PrefixMatch | None = None) -> bool:
         """Give each request what it needs for `num_new` more tokens — a zeroed slot for a WAITING one
         (it becomes CONTEXT), the pages past its current ones — or nothing at all and return False.
+        `prefix` (from `match_prefix`, for one WAITING request) admits it at the cached prefix: it shares
+        those pages, starts from the snapshot, and `num_new` counts the tokens after the prefix. Cached
+        pages that only the prefix index holds are evicted when that makes room.
 
         What is allocated belongs to the request at once, whether or not a step runs it.
         """
@@ -144,7 +153,7 @@ class Planner:
         if layout is not None and layout.key == key:  # the last step's rows again: on the device or dummies
             n = token_counts(num_new, len(key))
             grow = self._growth(layout.held, self._tokens.counts[layout.handles], n, layout.dummy)
-            if int(grow.sum()) > self.page_pool.num_free:
+            if not self._room(int(grow.sum())):
                 return False
             self._take_pages(layout.entries, grow)
             layout.grew(grow)
@@ -154,18 +163,59 @@ class Planner:
         for e in entries:
             if e.status == Status.SUSPENDED:
                 raise InvalidTransitionError(f"request {e.req_id!r} is suspended; resume it first")
+        if prefix is not None:
+            if self.prefix is None or len(entries) != 1 or entries[0].status != Status.WAITING or prefix.req_id != key[0]:
+                raise InvalidTransitionError("a prefix match admits the one WAITING request it was made for")
+            if entries[0].num_tokens or entries[0].pages:
+                raise InvalidTransitionError(f"request {key[0]!r} already holds state")
+            self.prefix.admit(entries[0], prefix)
         fresh = [e for e in entries if e.status == Status.WAITING]
         held = np.array([len(e.pages) for e in entries], dtype=np.int64)
         cached = self._tokens.counts[[e.handle for e in entries]]
         dummy = np.array([e.status == Status.DUMMY for e in entries], dtype=bool)
         grow = self._growth(held, cached, n, dummy)
-        if len(fresh) > self.slot_pool.num_free or int(grow.sum()) > self.page_pool.num_free:
+        if len(fresh) > self.slot_pool.num_free or not self._room(int(grow.sum())):
+            if prefix is not None:
+                self.prefix.undo_admit(entries[0])
             return False
         for e, slot in zip(fresh, self.slot_pool.allocate(len(fresh))):
-            e.slot, e.status, e.fresh = slot, Status.CONTEXT, True
+            e.slot, e.status, e.fresh = slot, Status.CONTEXT, e.restore < 0
+        if prefix is not None:
+            self.prefix.admitted(entries[0], prefix)
         if self._take_pages(entries, grow) and layout is not None:
             layout.recount()
         return True
+
+    def match_prefix(self, req_id: Hashable, tokens: Sequence[int], context_len: int) -> PrefixMatch:
+        """The longest cached prefix a WAITING request's first `context_len` tokens can start from (see
+        `prefix_cache.PrefixCache.match`); pass it to `allocate`. Prefix caching must be on."""
+        self._require_idle()
+        e = self.entry(req_id)
+        if self.prefix is None:
+            raise InvalidTransitionError("prefix caching is off")
+        if e.status != Status.WAITING:
+            raise InvalidTransitionError(f"request {req_id!r} is {e.status.name}, not WAITING")
+        if not 0 < context_len <= len(tokens):
+            raise InvalidCountError(f"context of {context_len} tokens out of {len(tokens)}")
+        return self.prefix.match(e, tokens, context_len)
+
+    def next_keep(self, req_id: Hashable) -> int | None:
+        """The next token count past the committed ones where the request saves a snapshot (None: none)."""
+        e = self.entry(req_id)
+        return next((b for b in e.keeps if b > e.num_tokens), None)
+
+    def plan_snapshots(self, tokens_of) -> SnapshotPlan | None:
+        """After a committed step: the snapshots to save (rows that reached a boundary they keep); the
+        store copies them, then `commit_snapshots` (or `cancel_snapshots`). `tokens_of(req_id)` gives a
+        request's tokens, at least through its committed ones."""
+        self._require_idle()
+        return self.prefix.plan_save(tokens_of) if self.prefix is not None else None
+
+    def commit_snapshots(self, plan: SnapshotPlan) -> None:
+        self.prefix.commit_save(plan)
+
+    def cancel_snapshots(self, plan: SnapshotPlan) -> None:
+        self.prefix.cancel_save(plan)
 
     def plan_step(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int) -> StepPlan:
         """The step plan of rows already allocated for `num_new` tokens; it stays pending until
@@ -192,13 +242,26 @@ class Planner:
                 raise OutOfDeviceMemoryError(f"request {key[i]!r} is not allocated for {n[i]} more tokens")
         writes = layout.take_writes()
         fresh = layout.take_fresh()
+        restore, restore_ids = self._take_restores(layout) if self.prefix is not None else ((), ())
         self._layout = layout
         self.pending = StepPlan(
             req_ids=key, version=layout.version, slots=layout.slots, generation=layout.generation,
             cached_lens=frozen(cached), num_new=frozen(n), fresh=fresh, table_width=layout.width,
-            table_writes=writes, dummy=layout.dummy,
+            table_writes=writes, dummy=layout.dummy, **({"restore": restore, "restore_ids": restore_ids} if restore_ids else {}),
         )
         return self.pending
+
+    def _take_restores(self, layout: Layout):
+        """(slots, rows) of the rows whose first step restores a snapshot, and the pinned ids (the plan
+        now holds the pins until commit or abort)."""
+        rows = [e for e in layout.entries if e.restore >= 0]
+        if not rows:
+            return (), ()
+        ids = tuple(e.restore for e in rows)
+        for e in rows:
+            e.restore = -1
+        slots = frozen(np.array([e.slot for e in rows], dtype=np.int64))
+        return (slots, frozen(np.array([self.prefix.row(i) for i in ids], dtype=np.int64))), ids
 
     def check_accept(self, plan: StepPlan, num_valid: Sequence[int] | np.ndarray | None) -> AcceptPlan:
         """Validate a step's acceptance without changing anything: context rows commit all their tokens,
@@ -226,6 +289,9 @@ class Planner:
         commit[plan.dummy] = 0
         self._tokens.counts[self._layout.handles] += commit
         self.pending = None
+        if self.prefix is not None:
+            self.prefix.snap_pool.release(list(plan.restore_ids))
+            self.prefix.after_commit(self._layout.entries, self._tokens.counts[self._layout.handles], commit)
 
     def abort_step(self, plan: StepPlan) -> list[Hashable]:
         """A step failed after it may have written its rows: every request in it drops what it holds and
@@ -233,6 +299,8 @@ class Planner:
         store zeroes them)."""
         self._require_pending(plan)
         self.pending = None
+        if self.prefix is not None:
+            self.prefix.snap_pool.release(list(plan.restore_ids))
         dropped = []
         for rid, dummy in zip(plan.req_ids, plan.dummy):
             e = self._entries.get(rid)
@@ -252,6 +320,8 @@ class Planner:
             raise InvalidTransitionError(f"request {req_id!r} is {e.status.name}, not CONTEXT")
         self._require_idle()
         e.status = Status.GENERATION
+        if self.prefix is not None:
+            self.prefix.left_context(e)
         self._layout = None
 
     def reprefill(self, req_id: Hashable) -> None:
@@ -314,7 +384,7 @@ class Planner:
             if e.status != Status.SUSPENDED:
                 raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}, not SUSPENDED")
         need = sum(len(e.host_pages) for e in entries)
-        if len(entries) > self.slot_pool.num_free or need > self.page_pool.num_free:
+        if len(entries) > self.slot_pool.num_free or not self._room(need):
             raise OutOfDeviceMemoryError(
                 f"resume needs {len(entries)} slots and {need} pages; "
                 f"{self.slot_pool.num_free} and {self.page_pool.num_free} are free"
@@ -365,14 +435,21 @@ class Planner:
         OutOfDeviceMemoryError when they do not fit."""
         self._require_idle()
         live = [e for e in self._entries.values() if e.on_device]
-        held = [len(e.pages) for e in live]
-        if num_slots < 1 or len(live) > num_slots or sum(held) > num_pages:
+        held = len({p for e in live for p in e.pages})
+        if num_slots < 1 or len(live) > num_slots or held > num_pages:
             raise OutOfDeviceMemoryError(
-                f"{len(live)} live requests holding {sum(held)} pages do not fit {num_slots} slots and {num_pages} pages"
+                f"{len(live)} live requests holding {held} pages do not fit {num_slots} slots and {num_pages} pages"
             )
+        fixed_rows, extra = [], []
+        if self.prefix is not None:  # cached pages move too, as far as they fit; held snapshot rows move in place
+            if held + len(self.prefix.index_only_pages()) > num_pages:
+                self.prefix.drop_all_unpinned()  # pinned chains are held by their requests: none is left over
+            extra = self.prefix.index_only_pages()
+            fixed_rows = [self.prefix.row(i) for i in self.prefix.snap_pool.owned_ids()]
         plan = RecarvePlan.compacting(
             (self.slot_pool.total, self.page_pool.total), num_slots, num_pages, self.num_dummies,
             [e.slot for e in live], [e.pages for e in live], [self.live_pages(e) for e in live],
+            num_fixed=self.num_fixed, fixed_rows=fixed_rows, extra_pages=extra,
         )
         self._moving = plan
         return plan
@@ -381,11 +458,26 @@ class Planner:
         """The store moved the live rows: swap in the new pools and the requests' new ids."""
         self._require_moving(plan)
         live = [e for e in self._entries.values() if e.on_device]
-        slot_pool = IdPool(plan.new_slots, permanent=plan.num_dummies)
+        slot_pool = IdPool(plan.new_slots, permanent=plan.fixed)
         page_pool = IdPool(plan.new_pages)
         slots = slot_pool.allocate(len(live))
+        new_id: dict[int, int] = {}
+        for e in live:  # the order RecarvePlan.compacting numbered the distinct pages in
+            for p in e.pages:
+                new_id.setdefault(p, len(new_id))
+        nodes = list(self.prefix.index.nodes.values()) if self.prefix is not None else []
+        for n in nodes:
+            if n.page >= 0:
+                new_id.setdefault(n.page, len(new_id))
+        page_pool.allocate(len(new_id))
         for e, slot in zip(live, slots):
-            e.slot, e.pages = slot, page_pool.allocate(len(e.pages))
+            e.slot, e.pages = slot, [new_id[p] for p in e.pages]
+            page_pool.share(e.pages)
+        for n in nodes:
+            if n.page >= 0:
+                n.page = new_id[n.page]
+                page_pool.share([n.page])
+        page_pool.release(list(range(len(new_id))))  # the allocation's own reference: holders remain
         self.slot_pool, self.page_pool = slot_pool, page_pool
         self.stats["rebalances"] += 1
         self._moving = None
@@ -404,14 +496,24 @@ class Planner:
                 self._release(e)
                 e.status, e.num_tokens = Status.WAITING, 0
                 dropped.append(e.req_id)
-        self.slot_pool = IdPool(plan.old_slots, permanent=plan.num_dummies)
+        self.slot_pool = IdPool(plan.old_slots, permanent=plan.fixed)
         self.page_pool = IdPool(plan.old_pages)
+        if self.prefix is not None:  # the device lost every row: the index and its snapshots go
+            self.prefix.index.nodes.clear()
+            self.prefix.snap_pool = IdPool(self.prefix.snap_pool.total)
         self.stats["aborted_rows"] += len(dropped)
         self._layout = None
         return dropped
 
     # ------------------------------------------------------------------ internals
+    def _room(self, pages: int) -> bool:
+        """Whether `pages` pages are free, evicting cached ones only the prefix index holds if that makes room."""
+        short = pages - self.page_pool.num_free
+        return short <= 0 or (self.prefix is not None and self.prefix.reclaim_pages(short))
+
     def _require_idle(self) -> None:
+        if self.prefix is not None and self.prefix.saving is not None:
+            raise InvalidTransitionError("a snapshot save is in progress; commit or cancel it first")
         if self.pending is not None:
             raise InvalidTransitionError("a planned step is pending; commit or abort it first")
         if self._moving is not None:
@@ -452,6 +554,8 @@ class Planner:
         return True
 
     def _release(self, e: Entry) -> None:
+        if self.prefix is not None:
+            self.prefix.released(e)
         if e.slot >= 0:
             self.slot_pool.release([e.slot])
         self.page_pool.release(e.pages)

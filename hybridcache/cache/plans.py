@@ -5,7 +5,7 @@ executes the same plans in the same order holds the same bytes in the same rows.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Hashable
 
@@ -15,6 +15,9 @@ import numpy as np
 def frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
+
+
+_NONE = frozen(np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,9 @@ class StepPlan:
     fresh        [B] bool  rows that start from a zero state (their slots are zeroed first)
     table_width  columns of the page table
     table_writes (rows, cols, pages) int64: page-table entries to write (every entry when `version` is new)
+    restore      (slots, rows) int64 [r]: rows that start from a prefix-cache snapshot: every role of
+                 `slots[i]` is zeroed, then the snapshot in slot row `rows[i]` is copied in (not `fresh`:
+                 they start from that state); `restore_ids` the snapshot ids, pinned until commit or abort
     """
 
     req_ids: tuple[Hashable, ...]
@@ -41,6 +47,8 @@ class StepPlan:
     table_width: int
     table_writes: tuple[np.ndarray, np.ndarray, np.ndarray]
     dummy: np.ndarray  # [B] bool
+    restore: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (_NONE, _NONE))
+    restore_ids: tuple[int, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -79,10 +87,24 @@ class MovePlan:
 
 
 @dataclass(frozen=True)
+class SnapshotPlan:
+    """Recurrent snapshots to save after a committed step: the committed state of request slot
+    `slots[i]` (replay history folded in) goes to snapshot slot row `rows[i]`, the state after
+    `boundaries[i]` tokens of `req_ids[i]` (snapshot ids `ids[i]`, reserved until commit or cancel)."""
+
+    req_ids: tuple[Hashable, ...]
+    boundaries: tuple[int, ...]
+    slots: tuple[int, ...]
+    rows: tuple[int, ...]
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class RecarvePlan:
     """Re-carve the device arena from (`old_slots`, `old_pages`) rows to (`new_slots`, `new_pages`); live
     rows move from `slots_from[i]` to `slots_to[i]` and pages from `pages_from[j]` to `pages_to[j]`.
-    Counts include the dummy slots, which keep their rows (zeroed)."""
+    Counts include the `num_fixed` rows at the bottom that keep their ids: the dummy slots (zeroed) and
+    the prefix-cache snapshot rows above them (held ones move like live rows, to the same id)."""
 
     old_slots: int
     old_pages: int
@@ -93,19 +115,36 @@ class RecarvePlan:
     slots_to: tuple[int, ...]
     pages_from: tuple[int, ...]
     pages_to: tuple[int, ...]
+    num_fixed: int = -1  # -1: num_dummies
+
+    @property
+    def fixed(self) -> int:
+        return self.num_dummies if self.num_fixed < 0 else self.num_fixed
 
     @classmethod
     def compacting(cls, old: tuple[int, int], num_slots: int, num_pages: int, num_dummies: int,
-                   slots: list[int], pages: list[list[int]], committed: list[int]) -> "RecarvePlan":
+                   slots: list[int], pages: list[list[int]], committed: list[int], num_fixed: int = -1,
+                   fixed_rows: list[int] = (), extra_pages: list[int] = ()) -> "RecarvePlan":
         """Live requests (their slot, the pages they hold, how many of those hold committed tokens) packed
-        from row 0 of a carving of `num_slots` request slots and `num_pages` pages. Each request keeps as
-        many pages as it holds, as one run: a fresh pool hands them out in this order."""
-        held = [len(p) for p in pages]
-        starts = [0, *accumulate(held)][:-1]
+        from row `num_fixed` of a carving of `num_slots` request slots and `num_pages` pages; held fixed
+        rows keep their ids. Each distinct page gets the next new id in order (a request's private pages
+        are one run: a fresh pool hands them out in this order); a page shared by several holders moves
+        once. `extra_pages` (held by the prefix index, always full) follow and are copied."""
+        fixed = num_dummies if num_fixed < 0 else num_fixed
+        new_id: dict[int, int] = {}
+        copy: dict[int, None] = {}
+        for ps, k in zip(pages, committed):
+            for j, p in enumerate(ps):
+                new_id.setdefault(p, len(new_id))
+                if j < k:
+                    copy[p] = None
+        for p in extra_pages:
+            new_id.setdefault(p, len(new_id))
+            copy[p] = None
+        moved = [p for p in new_id if p in copy]
         return cls(
-            old_slots=old[0], old_pages=old[1], new_slots=num_slots + num_dummies, new_pages=num_pages,
-            num_dummies=num_dummies, slots_from=tuple(slots),
-            slots_to=tuple(range(num_dummies, num_dummies + len(slots))),
-            pages_from=tuple(p for ps, k in zip(pages, committed) for p in ps[:k]),
-            pages_to=tuple(s + j for s, k in zip(starts, committed) for j in range(k)),
+            old_slots=old[0], old_pages=old[1], new_slots=num_slots + fixed, new_pages=num_pages,
+            num_dummies=num_dummies, slots_from=tuple(fixed_rows) + tuple(slots),
+            slots_to=tuple(fixed_rows) + tuple(range(fixed, fixed + len(slots))),
+            pages_from=tuple(moved), pages_to=tuple(new_id[p] for p in moved), num_fixed=fixed,
         )

@@ -34,6 +34,22 @@ class StateModule:
     ) -> None:
         """After a verify step of `num_tokens [n]` tokens of which `num_valid [n]` are valid."""
 
+    def snapshot_roles(self) -> tuple[str, ...]:
+        """The roles a request restarts from (a prefix-cache snapshot holds these; restoring zeroes the
+        rest): every role unless the module says less."""
+        return tuple(r.name for r in self.roles())
+
+    def save_snapshot(self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write the committed state of request `slots [n]` into snapshot slot `rows [n]`, in the form a
+        context step starts from (speculative history folded in); the request's own slot is not changed."""
+        for name in self.snapshot_roles():
+            tensors[name][:, rows] = tensors[name][:, slots]
+
+    def restore_snapshot(self, tensors: Mapping[str, torch.Tensor], rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """Copy snapshot `rows [n]` into request `slots [n]`, already zeroed."""
+        for name in self.snapshot_roles():
+            tensors[name][:, slots] = tensors[name][:, rows]
+
 
 class PageRoles:
     """Declares the page roles (attention K/V) of a model; no hooks: pages have no bookkeeping."""

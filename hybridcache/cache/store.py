@@ -15,7 +15,7 @@ from .copy_engine import CopyEngine
 from .device_tier import DeviceTier
 from .errors import StateLostError
 from .host_tier import HostTier
-from .plans import AcceptPlan, MovePlan, RecarvePlan, StepPlan
+from .plans import AcceptPlan, MovePlan, RecarvePlan, SnapshotPlan, StepPlan
 from .protocol import StateModule
 from .roles import RoleSpec
 from .step import StepIndices, StepTensors
@@ -51,6 +51,8 @@ class CacheStore:
         after every copy; returns the step's index tensors."""
         if plan.fresh.any():
             self.zero_slots(plan.zero_slots)
+        if plan.restore_ids:
+            self.restore_snapshots(*plan.restore)
         indices = self._step.update(plan)
         self.copies.fence()
         return indices
@@ -70,6 +72,20 @@ class CacheStore:
         idx = self._step.upload(np.asarray(slots, dtype=np.int64))
         for m in self.states:
             m.on_context_start(self.state_tensors(m), idx)
+
+    def restore_snapshots(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Zero request `slots` (every role), then copy the snapshots in slot `rows` into them."""
+        self.zero_slots(slots)
+        dst, src = self._step.upload(slots), self._step.upload(rows)
+        for m in self.states:
+            m.restore_snapshot(self.state_tensors(m), src, dst)
+
+    def save_snapshots(self, plan: SnapshotPlan) -> None:
+        """Each state module writes the committed state of the plan's request slots into its snapshot rows."""
+        src = self._step.upload(np.asarray(plan.slots, dtype=np.int64))
+        dst = self._step.upload(np.asarray(plan.rows, dtype=np.int64))
+        for m in self.states:
+            m.save_snapshot(self.state_tensors(m), src, dst)
 
     # ------------------------------------------------------------------ moves
     def copy(self, plan: MovePlan) -> int:

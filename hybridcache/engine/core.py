@@ -3,8 +3,12 @@ server's event loop, a client) submit requests and aborts through a queue and re
 
 Only the core's thread touches the LLM. A submission's sink (`on_delta`) is called on that thread, once per
 step that gave the request anything and a last time with its finish reason ('stop', 'length', 'abort');
-`stream()` turns that into an async iterator for asyncio code (via `loop.call_soon_threadsafe`). While the
+`open()` turns that into an async iterator for asyncio code (via `loop.call_soon_threadsafe`). While the
 core runs it holds the LLM's generate lock, so `LLM.generate()` from another thread is refused.
+
+`max_queued` counts a request from the moment `submit()`/`open()` accepts it until the core has finished or
+aborted it and, for `open()`, its reader has taken the last delta or closed the stream: each holder lets go
+of its ticket once, and the ticket leaves the count when the last one has.
 """
 from __future__ import annotations
 
@@ -54,8 +58,8 @@ class EngineCore:
         self.max_queued = max_queued
         self._inbox: queue.Queue = queue.Queue()
         self._tickets = itertools.count()
-        self._lock = threading.Lock()  # guards _num_live
-        self._num_live = 0  # submitted and not yet finished
+        self._lock = threading.Lock()  # guards _holds
+        self._holds: dict[int, int] = {}  # ticket -> holders not yet let go (the core; a DeltaStream's reader)
         self._sinks: dict[int, Sink] = {}  # llm request id -> sink (core thread only)
         self._rid_of: dict[int, int] = {}  # ticket -> llm request id (core thread only)
         self._ticket_of: dict[int, int] = {}  # llm request id -> ticket
@@ -88,21 +92,33 @@ class EngineCore:
 
     @property
     def num_live(self) -> int:
-        return self._num_live
+        """Requests counted against `max_queued` (see the module's docstring)."""
+        return len(self._holds)
 
-    def submit(self, prompt: Sequence[int] | str, params: SamplingParams, on_delta: Sink) -> int:
+    def submit(self, prompt: Sequence[int] | str, params: SamplingParams, on_delta: Sink, holders: int = 1) -> int:
         """Queue a request; returns its ticket (for `abort`). The prompt is checked here: InvalidRequestError
-        (or RequestTooLargeError) reaches the caller and nothing is queued; QueueFullError when full."""
+        (or RequestTooLargeError) reaches the caller and nothing is queued; QueueFullError when full.
+        The request counts against `max_queued` until the core has let go of it (finished or aborted) and
+        so have `holders - 1` callers of `let_go(ticket)`."""
+        if holders < 1:
+            raise ValueError(f"holders must be >= 1 (the core is one), got {holders}")
         if self._thread is None or self._stop.is_set():
             raise EngineStoppedError("the engine core is not running")
         ids = self.llm.check_request(prompt, params)
         with self._lock:
-            if self.max_queued is not None and self._num_live >= self.max_queued:
-                raise QueueFullError(f"the server holds {self._num_live} requests, its limit (--max-queued)")
-            self._num_live += 1
-        ticket = next(self._tickets)
+            if self.max_queued is not None and len(self._holds) >= self.max_queued:
+                raise QueueFullError(f"the server holds {len(self._holds)} requests, its limit (--max-queued)")
+            ticket = next(self._tickets)
+            self._holds[ticket] = holders
         self._inbox.put(("add", ticket, (ids, params, on_delta)))
         return ticket
+
+    def let_go(self, ticket: int) -> None:
+        """One holder of the ticket is done with it; the last one ends its count. Call once per holder."""
+        with self._lock:
+            left = self._holds.pop(ticket) - 1
+            if left:
+                self._holds[ticket] = left
 
     def abort(self, ticket: int) -> None:
         """Stop the request and free its state at once (on the core's next turn); its sink gets a last
@@ -153,7 +169,7 @@ class EngineCore:
                     rid = self.llm.add_request(ids, params)
                 except Exception as e:  # checked at submit; a refusal here ends the request
                     log.warning("request refused in the core: %s", e)
-                    self._release()
+                    self.let_go(ticket)
                     sink(RequestDelta(-1, [], None, "abort", None, len(ids), 0))
                     continue
                 self._sinks[rid], self._rid_of[ticket], self._ticket_of[rid] = sink, rid, ticket
@@ -171,16 +187,13 @@ class EngineCore:
                 continue
             if d.finished:
                 del self._sinks[d.request_id]
-                del self._rid_of[self._ticket_of.pop(d.request_id)]
-                self._release()
+                ticket = self._ticket_of.pop(d.request_id)
+                del self._rid_of[ticket]
+                self.let_go(ticket)
             try:
                 sink(d)
             except Exception:  # a consumer's failure must not stop the engine
                 log.exception("a delta sink failed")
-
-    def _release(self) -> None:
-        with self._lock:
-            self._num_live -= 1
 
     def _take_snapshot(self) -> None:
         llm, sched = self.llm, self.llm.scheduler
@@ -199,7 +212,8 @@ class EngineCore:
 class DeltaStream:
     """One request's deltas for asyncio code: the core's thread hands each one to the event loop with
     `call_soon_threadsafe`. Leaving `async for` early (a cancelled task, a closed client) or `close()`
-    aborts the request, freeing its state."""
+    aborts the request, freeing its state. The reader holds the request's place under `max_queued` until
+    it takes the last delta or calls `close()`; a reader that may stop early must call `close()`."""
 
     def __init__(self, core: EngineCore, prompt: Sequence[int] | str, params: SamplingParams) -> None:
         loop = asyncio.get_running_loop()
@@ -208,11 +222,15 @@ class DeltaStream:
         self.finished = False
         ids = core.llm.check_request(prompt, params)
         self.num_prompt_tokens = len(ids)
-        self.ticket = core.submit(ids, params, lambda d: loop.call_soon_threadsafe(self._queue.put_nowait, d))
+        self.ticket = core.submit(ids, params, lambda d: loop.call_soon_threadsafe(self._queue.put_nowait, d),
+                                  holders=2)
+        self._holding = True
 
     async def next(self) -> RequestDelta:
         delta = await self._queue.get()
-        self.finished = delta.finished
+        if delta.finished:
+            self.finished = True
+            self._let_go()
         return delta
 
     async def __aiter__(self) -> AsyncIterator[RequestDelta]:
@@ -226,3 +244,9 @@ class DeltaStream:
         if not self.finished:
             self.finished = True
             self._core.abort(self.ticket)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        if self._holding:
+            self._holding = False
+            self._core.let_go(self.ticket)

@@ -1,9 +1,11 @@
 """`LLM`: the public facade — load a checkpoint, build the cache, run requests to completion."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 import logging
+import weakref
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -13,12 +15,14 @@ import numpy as np
 
 from ..cache import CacheConfig, HybridCacheManager, StateLostError, Status, sizing_of
 from ..models.checkpoint import read_config, read_generation_config
-from ..models.loader import load_model, load_tokenizer
+from ..models.loader import load_model, load_tokenizer, model_on_meta
+from ..parallel import SINGLE, TPGroup
+from ..parallel.workers import MirroredStore, Workers
 from .drafter import NgramDrafter
 from .errors import InvalidParamsError, InvalidRequestError, RequestTooLargeError
 from .params import SamplingParams, SpeculativeConfig
 from .interrupts import deferred_interrupts
-from .policy import DemandSplit, PreemptionPolicy
+from .policy import DemandSplit, PreemptionPolicy, snapshot_interval, snapshot_rows
 from .request import Request, RequestDelta, RequestOutput, TokenLogprob
 from .stats import Stats
 from .step_tokens import choose_tokens
@@ -41,11 +45,20 @@ class LLM:
     the device budget). `scheduling_policy`: "max_utilization" (admit while there is room now, preempt on
     growth) or "reserve" (admit only with room for the whole length, never preempt on growth).
 
+    `enable_prefix_caching` reuses cached prompt prefixes: shared attention pages and recurrent-state
+    snapshots every `prefix_snapshot_interval` tokens (default 64, rounded down to the page size), kept in
+    up to a fifth of the device cache (docs/cache.md, "Prefix caching").
+
     `preemption` chooses the victim and swap or re-prefill (`policy.PreemptionPolicy`). On CUDA, decode and
     verify steps replay CUDA graphs captured per batch shape (`enforce_eager=True` runs every step
     eagerly). A step that fails (an exception or Ctrl-C in the forward, the sampler or the drafter)
     restarts its rows from their tokens; `generate` then aborts its requests and re-raises, and the LLM
     stays usable.
+
+    `tensor_parallel_size=N` shards the model and the cache over N ranks (docs/parallel.md): this process
+    is rank 0 (it plans, samples and broadcasts each step) and starts the N-1 others itself; a worker
+    that dies, or hangs past `parallel_timeout_s`, raises TensorParallelError. `device_cache_bytes` is then
+    each rank's budget. `close()` stops the workers (also done when the LLM is collected, and at exit).
     """
 
     def __init__(
@@ -65,14 +78,28 @@ class LLM:
         seed: int = 0,
         preemption: PreemptionPolicy | None = None,
         enforce_eager: bool = False,
+        tensor_parallel_size: int = 1,
+        parallel_timeout_s: float = 120.0,
+        enable_prefix_caching: bool = False,
+        prefix_snapshot_interval: int | None = None,
     ) -> None:
         if dtype not in DTYPES and dtype != "auto":
             raise InvalidParamsError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
         for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
                             ("page_size", page_size), ("max_model_len", 1 if max_model_len is None else max_model_len),
-                            ("num_slots", 1 if num_slots is None else num_slots)):
+                            ("num_slots", 1 if num_slots is None else num_slots),
+                            ("tensor_parallel_size", tensor_parallel_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidParamsError(f"{name} must be an int >= 1, got {value!r}")
+        if prefix_snapshot_interval is not None and (
+                isinstance(prefix_snapshot_interval, bool) or not isinstance(prefix_snapshot_interval, int)
+                or prefix_snapshot_interval < 1 or prefix_snapshot_interval % page_size):
+            raise InvalidParamsError(f"prefix_snapshot_interval must be a positive multiple of page_size {page_size}, "
+                                     f"got {prefix_snapshot_interval!r}")
+        if enable_prefix_caching and tensor_parallel_size > 1:
+            raise InvalidParamsError("enable_prefix_caching does not work with tensor_parallel_size > 1 yet")
+        if not parallel_timeout_s > 0:
+            raise InvalidParamsError(f"parallel_timeout_s must be > 0, got {parallel_timeout_s!r}")
         self.device = torch.device(device)
         cfg = read_config(model)
         tune_cpu_threads(self.device, cfg)
@@ -80,7 +107,12 @@ class LLM:
             dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").removeprefix("torch.")
             dtype = dtype if dtype in DTYPES else "float32"
         self.dtype = DTYPES[dtype]
-        self.model = load_model(model, device=self.device, dtype=self.dtype)
+        self.workers = self._start_workers(model, tensor_parallel_size, parallel_timeout_s)
+        self._finalizer = weakref.finalize(self, Workers.close, self.workers) if self.workers else None
+        tp = self.workers.tp if self.workers else SINGLE
+        self.model = load_model(model, device=self.device, dtype=self.dtype, tp=tp)  # while the workers load theirs
+        if self.workers is not None:
+            self.workers.connect()
         self.tokenizer = load_tokenizer(model)
         gen_cfg = read_generation_config(model)
         self.vocab_size = int(cfg["vocab_size"])
@@ -102,7 +134,10 @@ class LLM:
             # configs would otherwise ask for terabytes); pass the budget explicitly for anything else
             tokens = min(self.max_model_len, DEFAULT_TOKENS_PER_SEQ) + self.verify_tokens
             device_cache_bytes = max_num_seqs * sizing.request_bytes(tokens, page_size)
-        self.split = DemandSplit(sizing, page_size, device_cache_bytes, 0, max_num_seqs, self.verify_tokens,
+            if enable_prefix_caching:  # the snapshots come on top of the default
+                device_cache_bytes += sizing.bytes_for(snapshot_rows(sizing, device_cache_bytes, max_num_seqs), 0)
+        snapshots = snapshot_rows(sizing, device_cache_bytes, max_num_seqs) if enable_prefix_caching else 0
+        self.split = DemandSplit(sizing, page_size, device_cache_bytes, snapshots, max_num_seqs, self.verify_tokens,
                                  follow_demand=num_slots is None)
         if num_slots is None:
             num_slots = self.split.initial_slots()
@@ -112,14 +147,19 @@ class LLM:
         self.manager = HybridCacheManager(
             states, pages,
             CacheConfig(device_bytes=device_cache_bytes, host_bytes=host_cache_bytes, page_size=page_size,
-                        num_slots=num_slots, num_dummy_slots=0, device=str(self.device)),
+                        num_slots=num_slots, num_dummy_slots=0, device=str(self.device),
+                        snapshot_interval=(prefix_snapshot_interval or snapshot_interval(page_size)) if snapshots else 0,
+                        num_snapshot_slots=snapshots),
         )
+        if self.workers is not None:  # each worker builds its store like this one; rank 0's store mirrors to theirs
+            self.workers.send("init", k, page_size, self.manager.config, (self.manager.num_slots, self.manager.num_pages))
+            self.manager.store = MirroredStore(self.manager.store, self.workers)
         if preemption is None:  # pinned copies on an H200 reach about 50 GB/s each way; a CPU memcpy about 5
             preemption = PreemptionPolicy(swap_bytes_per_s=50e9 if self.device.type == "cuda" else 5e9)
         self.scheduler = Scheduler(self.manager, max_num_seqs, max_num_batched_tokens, self.verify_tokens,
                                    scheduling_policy, preemption, self.split)
         self.runner = ModelRunner(self.model, self.manager, self.device, speculative is not None,
-                                  cuda_graphs=not enforce_eager)
+                                  cuda_graphs=not enforce_eager, workers=self.workers)
         log.info("%s on %s %s: device cache %d B (%d slots, %d pages of %d tokens), host tier %d B%s",
                  Path(model).name, self.device, dtype, device_cache_bytes, self.manager.num_slots,
                  self.manager.num_pages, page_size, host_cache_bytes,
@@ -152,6 +192,12 @@ class LLM:
         s.num_suspensions, s.num_resumes, s.num_reprefills = m["suspensions"], m["resumes"], m["reprefills"]
         s.bytes_to_host, s.bytes_to_device = m["bytes_to_host"], m["bytes_to_device"]
         s.num_rebalances, s.num_aborted_rows = m["rebalances"], m["aborted_rows"]
+        prefix = self.manager.planner.prefix
+        if prefix is not None:
+            p = prefix.stats
+            s.prefix_cache_queries, s.prefix_cache_hits = p["queries"], p["hits"]
+            s.prefix_cache_evictions, s.num_snapshots_saved = p["evictions"], p["snapshots_saved"]
+            s.num_snapshots, s.snapshot_bytes = prefix.snap_pool.num_owned, self.manager.snapshot_bytes
         return s
 
     def rebalance(self, num_slots: int) -> int:
@@ -292,6 +338,7 @@ class LLM:
                 accept = self.manager.planner.check_accept(plan, accepted)
                 self.manager.store.accept(accept)
                 self.manager.planner.commit_step(plan, accept)
+                self._save_snapshots(new_tokens)
                 self._ready += self._advance(step, drafts, new_tokens, logprobs)  # kept if a held Ctrl-C fires now
         except BaseException:
             with deferred_interrupts():
@@ -306,7 +353,25 @@ class LLM:
             self.step_hook()
         return self._take_ready()
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do for one rank); the LLM cannot step afterwards."""
+        if self._finalizer is not None:
+            self._finalizer()
+
     # ---------------------------------------------------------------------------------- internals
+    def _start_workers(self, model: str | Path, size: int, timeout_s: float) -> Workers | None:
+        """The N-1 worker ranks, spawned; None for one rank. The split is checked (ShardingError) before
+        any process starts. Under torchrun (TORCHELASTIC_RUN_ID set) every rank runs this constructor:
+        rank 0 returns, the others serve it and exit (`tp_worker.launched_main`)."""
+        if size == 1:
+            return None
+        model_on_meta(model, self.dtype, TPGroup(0, size))
+        from .tp_worker import launched_main, spawned_main  # the workers' entry points
+
+        if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+            return launched_main(model, self.device, self.dtype, size, timeout_s)
+        return Workers.spawn(size, spawned_main, (str(model), str(self.device), self.dtype), self.device, timeout_s)
+
     def _take_ready(self) -> list[RequestOutput]:
         """Outputs of committed steps not yet returned (a Ctrl-C can land right after a commit)."""
         ready, self._ready, self._held = self._held + self._ready, [], []
@@ -345,6 +410,7 @@ class LLM:
                 f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) = {total} exceeds max_model_len {self.max_model_len}"
             )
         need = self.device_bytes_needed(total + self.verify_tokens)
+        need += self.sizing.bytes_for(self.manager.config.num_snapshot_slots, 0)  # carved beside the requests
         if need > self.manager.config.device_bytes:
             raise RequestTooLargeError(
                 f"a request of {total} tokens needs {need} device bytes even alone; the device cache holds "
@@ -356,6 +422,17 @@ class LLM:
                 f"a request of {total} tokens needs {pages} pages; the fixed split (num_slots="
                 f"{self.manager.num_slots}) leaves the device cache {self.manager.num_pages}"
             )
+
+    def _save_snapshots(self, new_tokens: dict[int, list[int]]) -> None:
+        """Prefix caching: save the snapshots the committed step's rows reached. A failed save indexes
+        nothing and costs only future hits, so it is logged, not raised."""
+        if self.manager.planner.prefix is None:
+            return
+        reqs = self._requests
+        try:
+            self.manager.save_snapshots(lambda rid: reqs[rid].tokens + new_tokens.get(rid, []))
+        except Exception:
+            log.exception("saving prefix-cache snapshots failed; none of this step's were kept")
 
     def _draft(self, step: ScheduledStep) -> dict[int, list[int]]:
         """Each generation row's proposal. The runner pads them to the step's longest (one verify shape);

@@ -12,6 +12,20 @@ from ..cache.entries import pages_for
 from .request import Request
 
 
+SNAPSHOT_SHARE = 0.2  # of the device cache, at most, for prefix-cache snapshots
+SNAPSHOT_INTERVAL = 64  # tokens between prefix-cache snapshots, rounded down to a multiple of the page size
+
+
+def snapshot_interval(page_size: int) -> int:
+    return max(1, SNAPSHOT_INTERVAL // page_size) * page_size
+
+
+def snapshot_rows(sizing: Sizing, budget: int, max_num_seqs: int) -> int:
+    """Slot rows for prefix-cache snapshots in a device budget: `SNAPSHOT_SHARE` of it, at most
+    4 * max_num_seqs + 16 (a few per running request and one per prefix group), at least one."""
+    return max(1, min(int(budget * SNAPSHOT_SHARE) // max(sizing.bytes_per_slot, 1), 4 * max_num_seqs + 16))
+
+
 @dataclass
 class PreemptionPolicy:
     """Victim: the latest arrival. Swap it to the host tier when moving its live bytes out and back costs

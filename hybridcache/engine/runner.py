@@ -8,20 +8,26 @@ import numpy as np
 import torch
 
 from ..cache import HybridCacheManager, StepPlan
+from ..parallel.workers import Workers
 from .forward_batch import forward_batch
 from .graphs import DecodeGraphs
 
 
 class ModelRunner:
-    """`cuda_graphs`: generation-only steps on CUDA replay captured graphs (`graphs.DecodeGraphs`)."""
+    """`cuda_graphs`: generation-only steps on CUDA replay captured graphs (`graphs.DecodeGraphs`).
+
+    `workers`: this is rank 0 of a tensor-parallel group; each step is broadcast to the workers before it
+    runs here, and a worker's failure during it raises TensorParallelError (`parallel.workers`)."""
 
     def __init__(self, model: torch.nn.Module, manager: HybridCacheManager, device: torch.device, speculative: bool,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, workers: Workers | None = None) -> None:
         self.model = model
         self.manager = manager
         self.device = device
         self.speculative = speculative
-        self.graphs = DecodeGraphs(model, manager.store) if cuda_graphs and device.type == "cuda" else None
+        self.workers = workers
+        use_graphs = cuda_graphs and device.type == "cuda" and workers is None
+        self.graphs = DecodeGraphs(model, manager.store) if use_graphs else None
 
     @torch.inference_mode()
     def run(self, plan: StepPlan, token_ids: np.ndarray, num_context_rows: int, verify_tokens: int,
@@ -30,10 +36,19 @@ class ModelRunner:
         generation row); returns logits [len(logit_positions), V] of those flat positions (None if none).
 
         Raises what the forward raises; the caller aborts the plan (its rows may have been written)."""
-        indices = self.manager.store.execute(plan)
+        if self.workers is not None:
+            self.workers.send("run", plan, token_ids, num_context_rows, verify_tokens)
+            with self.workers.guard("a tensor-parallel step"):
+                return self._run(plan, token_ids, num_context_rows, verify_tokens, logit_positions,
+                                 self.manager.store.local)
+        return self._run(plan, token_ids, num_context_rows, verify_tokens, logit_positions, self.manager.store)
+
+    def _run(self, plan: StepPlan, token_ids: np.ndarray, num_context_rows: int, verify_tokens: int,
+             logit_positions: np.ndarray, store) -> torch.Tensor | None:
+        indices = store.execute(plan)
         # plan_step refuses a plan whose rows lack pages for their tokens; a dummy row is not checked
         checked = not (plan.dummy & (plan.num_new > 0)).any()
-        batch = forward_batch(self.manager.store, indices, num_context_rows, verify_tokens, self.speculative,
+        batch = forward_batch(store, indices, num_context_rows, verify_tokens, self.speculative,
                               pages_checked=checked)
         # copies from pageable memory that do not wait for the device (a blocking one synchronises on CUDA)
         ids = torch.from_numpy(token_ids).to(self.device, non_blocking=True)

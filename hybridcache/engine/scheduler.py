@@ -51,6 +51,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # CONTEXT or GENERATION, holding device state
         self.suspended: list[Request] = []
+        self._last_chunk = 0  # set by `_chunk`: the tokens of the context chunk last tried
 
     # ------------------------------------------------------------------ queues
     def add(self, req: Request) -> None:
@@ -147,23 +148,56 @@ class Scheduler:
             waiting = self.status(req) == Status.WAITING
             if waiting and len(self.running) >= self.max_num_seqs:
                 break
+            match = self._match(req) if waiting else None
+            if match is not None and match.defer:  # an in-flight request will save the prefix it needs
+                budget += _stop_at(rows, match.leader, match.branch)
+                continue
             if waiting and self.policy == "reserve":
                 whole = self._pages_still_needed([req])
                 if reserved + whole > self.planner.page_pool.num_free:
                     break
                 reserved += whole
-            chunk = min(req.context_len - req.num_prefilled, budget)
+            chunk = self._chunk(req, match, budget)
             # a re-split keeps every allocation made so far; this chunk is tried once more on the new split
-            if not self.planner.allocate([req.req_id], chunk) and not (
-                self._resplit_for(req, waiting) and self.planner.allocate([req.req_id], chunk)
+            # (after a fresh match: a re-split may drop cached snapshots)
+            if not self.planner.allocate([req.req_id], chunk, prefix=match) and not (
+                self._resplit_for(req, waiting) and self._allocate_again(req, match, budget)
             ):
                 break
+            chunk = self._last_chunk  # the chunk of the allocation that went through
+            if waiting:
+                req.num_prefilled = self.planner.entry(req.req_id).num_tokens  # the cached prefix, if any
             rows.append((req, chunk))
             budget -= chunk
             if waiting:
                 self.waiting.remove(req)
                 _insert_sorted(self.running, req)
         return rows
+
+    def _match(self, req: Request):
+        """The prefix-cache admission of a waiting request (None when prefix caching is off)."""
+        if self.planner.prefix is None:
+            return None
+        return self.planner.match_prefix(req.req_id, req.tokens, req.context_len)
+
+    def _chunk(self, req: Request, match, budget: int) -> int:
+        """Tokens of the request's next context chunk: what is left after the cached prefix, in the budget,
+        and ending at the next boundary where it saves a snapshot."""
+        start = req.num_prefilled if match is None else match.tokens
+        chunk = min(req.context_len - start, budget)
+        if self.planner.prefix is not None:
+            keeps = match.keeps if match is not None else self.planner.entry(req.req_id).keeps
+            keep = next((b for b in keeps if b > start), None)
+            if keep is not None:
+                chunk = min(chunk, keep - start)
+        self._last_chunk = chunk
+        return chunk
+
+    def _allocate_again(self, req: Request, match, budget: int) -> bool:
+        match = self._match(req) if match is not None else None
+        if match is not None and match.defer:
+            return False
+        return self.planner.allocate([req.req_id], self._chunk(req, match, budget), prefix=match)
 
     def _resplit_for(self, req: Request, waiting: bool) -> bool:
         """Re-split the device budget for a context chunk that does not fit: grow slots when it is a waiting
@@ -235,6 +269,17 @@ class Scheduler:
         for queue in (self.waiting, self.running, self.suspended):
             if req in queue:
                 queue.remove(req)
+
+
+def _stop_at(rows: list[tuple[Request, int]], req_id, boundary: int) -> int:
+    """Cut the chunk of `req_id` scheduled in `rows` (if any) to end at `boundary` when it would pass it, so
+    that it saves a snapshot there this step; returns the tokens freed. The pages it took for the longer
+    chunk stay its own."""
+    for i, (req, chunk) in enumerate(rows):
+        if req.req_id == req_id and req.num_prefilled < boundary < req.num_prefilled + chunk:
+            rows[i] = (req, boundary - req.num_prefilled)
+            return chunk - rows[i][1]
+    return 0
 
 
 def _insert_sorted(queue: list[Request], req: Request) -> None:

@@ -18,3 +18,10 @@ class Stats:
     num_steps: int = 0
     num_generated_tokens: int = 0
     step_seconds: float = 0.0  # wall time of committed steps (schedule, forward, sample, commit)
+    # prefix caching (vLLM's names): prompt tokens looked up and found cached, at admission
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_evictions: int = 0  # snapshots evicted to make room (with the pages only their chains held)
+    num_snapshots_saved: int = 0
+    num_snapshots: int = 0  # held now
+    snapshot_bytes: int = 0  # device bytes of the snapshots held now

@@ -115,6 +115,17 @@ class CheckpointReader:
     def tensor(self, name: str) -> torch.Tensor:
         return self._read(name, lambda f: f.get_tensor(name))
 
+    def tensor_ranges(self, name: str, dim: int, ranges: tuple[tuple[int, int], ...]) -> torch.Tensor:
+        """The concatenation along `dim` of the tensor's `(start, length)` ranges, each read on its own
+        (`get_slice`): the rest of the tensor is never read."""
+
+        def read(f: Any) -> torch.Tensor:
+            part = f.get_slice(name)
+            lead = (slice(None),) * dim
+            return torch.cat([part[(*lead, slice(start, start + n))] for start, n in ranges], dim=dim)
+
+        return self._read(name, read)
+
     def _read(self, name: str, read: Callable[[Any], T]) -> T:
         f = self._file(name)
         try:

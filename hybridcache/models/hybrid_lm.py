@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..parallel import SINGLE, TPGroup
 from .batch import ForwardBatch
 from .layers.embedding import Embedding
 from .layers.mlp import Linear
@@ -75,15 +76,19 @@ class HybridLM(nn.Module):
     state_name: ClassVar[str]
     draft_roles: ClassVar[DraftRoles] = REPLAY
 
-    def __init__(self, spec: Any, trunk_name: str, trunk: Trunk, lm_head: Linear | None, dtype: torch.dtype) -> None:
+    def __init__(self, spec: Any, trunk_name: str, trunk: Trunk, lm_head: Linear | None, dtype: torch.dtype,
+                 tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.spec, self.dtype, self.trunk_name = spec, dtype, trunk_name
+        self.spec, self.dtype, self.trunk_name, self.tp = spec, dtype, trunk_name, tp
         self.add_module(trunk_name, trunk)
         self.lm_head = lm_head
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], device: Device, dtype: torch.dtype) -> "HybridLM":
-        return cls(cls.spec_type.from_dict(config), device, dtype)
+    def from_config(cls, config: dict[str, Any], device: Device, dtype: torch.dtype, tp: TPGroup = SINGLE) -> "HybridLM":
+        """The model, or with `tp` of more than one rank this rank's shard of it (docs/parallel.md): heads,
+        groups and intermediate sizes split, embedding and LM head replicated, every mixer and MLP
+        returning a partial sum that its layer all-reduces."""
+        return cls(cls.spec_type.from_dict(config), device, dtype, tp)
 
     @property
     def trunk(self) -> Trunk:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..parallel import SINGLE, TPGroup, head_share
 from ..states import KDAState, MLAPages
 from .hybrid_lm import Device, DraftRoles, HybridLM, Trunk
 from .kimi_linear_config import DENSE, KDA, MLA, KimiLinearSpec
@@ -21,30 +22,30 @@ from .registry import register
 PENDING = DraftRoles("pend_n", "pending-draft", "plain decode would skip the accepted drafts still pending")
 
 
-def _mixer(s: KimiLinearSpec, kind: str, index: int, device: Device, dtype: torch.dtype) -> nn.Module:
+def _mixer(s: KimiLinearSpec, kind: str, index: int, device: Device, dtype: torch.dtype, tp: TPGroup) -> nn.Module:
     if kind == KDA:
         return KDAMixer(index, s.hidden_size, s.linear_num_heads, s.linear_head_dim, s.linear_conv_kernel_dim,
-                        s.rms_norm_eps, device, dtype)
+                        s.rms_norm_eps, device, dtype, tp)
     return MLAAttention(index, s.hidden_size, s.num_attention_heads, s.q_lora_rank, s.kv_lora_rank,
-                        s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.attention_bias, device, dtype)
+                        s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.attention_bias, device, dtype, tp)
 
 
-def _mlp(s: KimiLinearSpec, kind: str, device: Device, dtype: torch.dtype) -> nn.Module:
+def _mlp(s: KimiLinearSpec, kind: str, device: Device, dtype: torch.dtype, tp: TPGroup) -> nn.Module:
     if kind == DENSE:
-        return GatedMLP(s.hidden_size, s.intermediate_size, s.hidden_act, device, dtype)
+        return GatedMLP(s.hidden_size, s.intermediate_size, s.hidden_act, device, dtype, tp)
     return KimiMoE(s.hidden_size, s.num_local_experts, s.num_experts_per_tok, s.moe_intermediate_size,
                    s.n_shared_experts, s.hidden_act, s.n_group, s.topk_group, s.norm_topk_prob,
-                   s.routed_scaling_factor, device, dtype)
+                   s.routed_scaling_factor, device, dtype, tp)
 
 
-def _layers(s: KimiLinearSpec, device: Device, dtype: torch.dtype) -> list[DecoderLayer]:
+def _layers(s: KimiLinearSpec, device: Device, dtype: torch.dtype, tp: TPGroup) -> list[DecoderLayer]:
     """The mixer is `self_attn` (KDA or MLA), the `i`-th of its kind."""
     seen = {KDA: 0, MLA: 0}
     layers = []
     for kind, mlp_kind in zip(s.kinds, s.mlp_kinds):
-        layers.append(DecoderLayer(kind, "self_attn", _mixer(s, kind, seen[kind], device, dtype),
-                                   _mlp(s, mlp_kind, device, dtype), RMSNorm(s.hidden_size, s.rms_norm_eps, device, dtype),
-                                   RMSNorm(s.hidden_size, s.rms_norm_eps, device, dtype)))
+        layers.append(DecoderLayer(kind, "self_attn", _mixer(s, kind, seen[kind], device, dtype, tp),
+                                   _mlp(s, mlp_kind, device, dtype, tp), RMSNorm(s.hidden_size, s.rms_norm_eps, device, dtype),
+                                   RMSNorm(s.hidden_size, s.rms_norm_eps, device, dtype), tp))
         seen[kind] += 1
     return layers
 
@@ -60,10 +61,12 @@ class KimiLinear(HybridLM):
     spec_type = KimiLinearSpec
     recurrent_kind, attention_kind, state_name, draft_roles = KDA, MLA, STATE_NAME, PENDING
 
-    def __init__(self, spec: KimiLinearSpec, device: Device = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, spec: KimiLinearSpec, device: Device = "cpu", dtype: torch.dtype = torch.float32,
+                 tp: TPGroup = SINGLE) -> None:
         trunk = Trunk("embed_tokens", Embedding(spec.vocab_size, spec.hidden_size, device, dtype),
-                      _layers(spec, device, dtype), "norm", RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype))
-        super().__init__(spec, "model", trunk, Linear(spec.hidden_size, spec.vocab_size, False, device, dtype), dtype)
+                      _layers(spec, device, dtype, tp), "norm", RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype))
+        super().__init__(spec, "model", trunk, Linear(spec.hidden_size, spec.vocab_size, False, device, dtype), dtype,
+                         tp)
 
     def tensor_targets(self) -> dict[str, torch.Tensor]:
         """Our module path -> the checkpoint's name: the feed-forward lives under `block_sparse_moe.`."""
@@ -77,9 +80,12 @@ class KimiLinear(HybridLM):
         return [name]
 
     def recurrent_state(self, num_layers: int, num_draft_tokens: int) -> KDAState:
+        """This rank's heads (all of them for one rank); the MLA latent pages are replicated."""
         s = self.spec
-        return KDAState(num_layers, s.linear_num_heads, s.linear_head_dim, s.linear_conv_kernel_dim,
-                        sections=(s.linear_width,) * 3, dtype=self.dtype, num_draft_tokens=num_draft_tokens)
+        heads = head_share(self.tp, s.linear_num_heads, "linear_attn_config num_heads")[1]
+        width = s.linear_width // s.linear_num_heads * heads
+        return KDAState(num_layers, heads, s.linear_head_dim, s.linear_conv_kernel_dim,
+                        sections=(width,) * 3, dtype=self.dtype, num_draft_tokens=num_draft_tokens)
 
     def attention_pages(self, num_layers: int, page_size: int) -> MLAPages:
         s = self.spec

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..parallel import SINGLE, TPGroup
 from .checkpoint import CheckpointReader, read_config
 from .errors import MissingTensorError, ModelLoadError, NonFiniteTensorError, TensorDtypeError, TensorShapeError
 from .registry import model_class
@@ -14,7 +15,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # what a checkpoint may store
 
 
-def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Any:
+def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+               tp: TPGroup = SINGLE) -> Any:
     """The model of a HF-format checkpoint directory, its weights in `dtype` on `device`, in eval mode.
 
     Raises UnsupportedModelTypeError, UnsupportedConfigError, CheckpointFileError (a file truncated, corrupt
@@ -25,19 +27,24 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torc
     Once every tensor is filled (name for name, in the checkpoint's layout), each module that has a
     `finish_load()` method gets it called once, to put its weights into a layout of its own (e.g.
     `GatedDeltaNetMixer` permutes its projections' rows so that its kernels read column slices).
+
+    With `tp` of more than one rank the model is this rank's shard (docs/parallel.md): a sharded target
+    (one with a `shard`) is read as its ranges of the checkpoint tensor only; the rest are read whole.
     """
     config = read_config(path)
     cls = model_class(config.get("model_type"))
-    model = cls.from_config(config, device, dtype)
+    model = cls.from_config(config, device, dtype, tp)
     with CheckpointReader(path) as reader:
         for name, target in model.tensor_targets().items():
             found = next((n for n in cls.checkpoint_names(name) if n in reader), None)
             if found is None:
                 raise MissingTensorError(name, str(path))
+            part = getattr(target, "shard", None)
+            want = tuple(target.shape) if part is None else part.checkpoint_shape(target.shape)
             shape = reader.shape(found)
-            if shape != tuple(target.shape):
-                raise TensorShapeError(found, tuple(target.shape), shape)
-            source = reader.tensor(found)
+            if shape != want:
+                raise TensorShapeError(found, want, shape)
+            source = reader.tensor(found) if part is None else reader.tensor_ranges(found, part.dim, part.ranges)
             if source.dtype not in WEIGHT_DTYPES:
                 raise TensorDtypeError(found, source.dtype, [str(d) for d in WEIGHT_DTYPES])
             with torch.no_grad():
@@ -48,6 +55,13 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torc
         if finish is not None:
             finish()
     return model.eval()
+
+
+def model_on_meta(path: str | Path, dtype: torch.dtype = torch.float32, tp: TPGroup = SINGLE) -> Any:
+    """The checkpoint's model (this rank's shard of it) on the meta device: no weights read, no memory.
+    Enough to check that a tensor-parallel size splits it and to size its cache."""
+    config = read_config(path)
+    return model_class(config.get("model_type")).from_config(config, "meta", dtype, tp)
 
 
 def _check_finite(name: str, source: torch.Tensor, target: torch.Tensor) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from ..parallel import SINGLE, TPGroup, head_share
 from ..states import GDNState, KVPages
 from .hybrid_lm import Device, HybridLM, Trunk
+from .layers.attention import kv_share
 from .layers.decoder_layer import DecoderLayer
 from .layers.embedding import Embedding
 from .layers.gated_attention import GatedPagedAttention
@@ -23,25 +25,25 @@ GDN, ATTN = "linear_attention", "full_attention"
 
 
 def _layer(s: Qwen3NextSpec, layer: int, kind_index: int, rope: PartialRoPE, device: Device,
-           dtype: torch.dtype) -> DecoderLayer:
+           dtype: torch.dtype, tp: TPGroup) -> DecoderLayer:
     """Layer `layer`, the `kind_index`-th of its kind; the mixer is `linear_attn` (GDN) or `self_attn`
     (attention), as checkpoints name them."""
     kind = s.layer_types[layer]
     if kind == GDN:
         name, mixer = "linear_attn", GatedDeltaNetMixer(
             kind_index, s.hidden_size, s.linear_num_key_heads, s.linear_num_value_heads, s.linear_key_head_dim,
-            s.linear_value_head_dim, s.linear_conv_kernel_dim, s.rms_norm_eps, device, dtype)
+            s.linear_value_head_dim, s.linear_conv_kernel_dim, s.rms_norm_eps, device, dtype, tp)
     else:
         name, mixer = "self_attn", GatedPagedAttention(
             kind_index, s.hidden_size, s.num_attention_heads, s.num_key_value_heads, s.head_dim,
-            s.attention_bias, rope, s.rms_norm_eps, device, dtype)
+            s.attention_bias, rope, s.rms_norm_eps, device, dtype, tp)
     if s.is_moe(layer):
         mlp: torch.nn.Module = SharedExpertMoE(
             s.hidden_size, s.num_experts, s.num_experts_per_tok, s.moe_intermediate_size,
-            s.shared_expert_intermediate_size, s.hidden_act, s.norm_topk_prob, device, dtype)
+            s.shared_expert_intermediate_size, s.hidden_act, s.norm_topk_prob, device, dtype, tp)
     else:
-        mlp = GatedMLP(s.hidden_size, s.intermediate_size, s.hidden_act, device, dtype)
-    return DecoderLayer(kind, name, mixer, mlp, _norm(s, device, dtype), _norm(s, device, dtype))
+        mlp = GatedMLP(s.hidden_size, s.intermediate_size, s.hidden_act, device, dtype, tp)
+    return DecoderLayer(kind, name, mixer, mlp, _norm(s, device, dtype), _norm(s, device, dtype), tp)
 
 
 def _norm(s: Qwen3NextSpec, device: Device, dtype: torch.dtype) -> RMSNorm:
@@ -59,24 +61,29 @@ class Qwen3Next(HybridLM):
     spec_type = Qwen3NextSpec
     recurrent_kind, attention_kind, state_name = GDN, ATTN, STATE_NAME
 
-    def __init__(self, spec: Qwen3NextSpec, device: Device = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, spec: Qwen3NextSpec, device: Device = "cpu", dtype: torch.dtype = torch.float32,
+                 tp: TPGroup = SINGLE) -> None:
         rope = PartialRoPE(spec.head_dim, spec.rotary_dim, spec.rope_theta, device)
         seen = {GDN: 0, ATTN: 0}
         layers = []
         for i, kind in enumerate(spec.layer_types):
-            layers.append(_layer(spec, i, seen[kind], rope, device, dtype))
+            layers.append(_layer(spec, i, seen[kind], rope, device, dtype, tp))
             seen[kind] += 1
         trunk = Trunk("embed_tokens", Embedding(spec.vocab_size, spec.hidden_size, device, dtype), layers, "norm",
                       _norm(spec, device, dtype))
         head = None if spec.tie_word_embeddings else Linear(spec.hidden_size, spec.vocab_size, False, device, dtype)
-        super().__init__(spec, "model", trunk, head, dtype)
+        super().__init__(spec, "model", trunk, head, dtype, tp)
 
     def recurrent_state(self, num_layers: int, num_draft_tokens: int, hist: int | None = None) -> GDNState:
+        """This rank's key heads and their value heads (all of them for one rank)."""
         s = self.spec
-        return GDNState(num_layers, s.linear_num_key_heads, s.linear_num_value_heads, s.linear_key_head_dim,
+        n = self.tp.size
+        head_share(self.tp, s.linear_num_key_heads, "linear_num_key_heads")
+        return GDNState(num_layers, s.linear_num_key_heads // n, s.linear_num_value_heads // n, s.linear_key_head_dim,
                         s.linear_value_head_dim, s.linear_conv_kernel_dim, dtype=self.dtype,
                         num_draft_tokens=num_draft_tokens, hist=hist)
 
     def attention_pages(self, num_layers: int, page_size: int) -> KVPages:
         s = self.spec
-        return KVPages(num_layers, s.num_key_value_heads, s.head_dim, page_size, self.dtype)
+        kv_heads = kv_share(self.tp, s.num_attention_heads, s.num_key_value_heads)[1]
+        return KVPages(num_layers, kv_heads, s.head_dim, page_size, self.dtype)

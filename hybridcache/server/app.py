@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -125,7 +125,7 @@ def build_app(llm: LLM, model_name: str, max_queued: int | None = None) -> FastA
         fmt = _Formatter(tok, chat, rid, created, model_name, body.return_token_ids)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(sse(stream, timer, fmt, usage), media_type="text/event-stream")
+            return _EventStream(sse(stream, timer, fmt, usage), lambda: end(stream, timer))
         deltas = []
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -140,8 +140,7 @@ def build_app(llm: LLM, model_name: str, max_queued: int | None = None) -> FastA
                 deltas.append(d)
         finally:
             gone.cancel()
-            stream.close()
-            timer.finish("abort", time.perf_counter())  # a no-op when it finished
+            end(stream, timer)
         return JSONResponse(fmt.whole(deltas))
 
     async def sse(stream: DeltaStream, timer: RequestTimer, fmt: "_Formatter", usage: bool) -> AsyncIterator[str]:
@@ -158,10 +157,29 @@ def build_app(llm: LLM, model_name: str, max_queued: int | None = None) -> FastA
                 yield _event(fmt.usage_chunk(last))
             yield "data: [DONE]\n\n"
         finally:
-            stream.close()
-            timer.finish("abort", time.perf_counter())  # a no-op when it finished
+            end(stream, timer)
+
+    def end(stream: DeltaStream, timer: RequestTimer) -> None:
+        """The response is over: abort the request if it is still running, and give back its place."""
+        stream.close()
+        timer.finish("abort", time.perf_counter())  # a no-op when it finished
 
     return app
+
+
+class _EventStream(StreamingResponse):
+    """SSE whose `on_end` runs however the response ends: a client that leaves before the body starts
+    cancels the body's generator before it runs, so the generator's own `finally` never would."""
+
+    def __init__(self, body: AsyncIterator[str], on_end: Callable[[], None]) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self.on_end = on_end
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_end()
 
 
 async def _disconnected(request: Request) -> None:

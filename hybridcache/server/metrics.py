@@ -26,6 +26,15 @@ ENGINE_COUNTERS = {
     "num_draft_tokens": ("spec_decode_num_draft_tokens", "Speculative tokens proposed"),
     "num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Speculative tokens accepted"),
     "num_aborted_rows": ("num_aborted_rows", "Rows of failed steps restarted from their tokens"),
+    "prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache at admission"),
+    "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache at admission"),
+    "prefix_cache_evictions": ("prefix_cache_evictions", "Prefix-cache snapshots evicted to make room"),
+    "num_snapshots_saved": ("prefix_cache_snapshots_saved", "Prefix-cache snapshots saved"),
+}
+# stats field -> (gauge name, help)
+ENGINE_GAUGES = {
+    "num_snapshots": ("prefix_cache_snapshots", "Prefix-cache recurrent snapshots held"),
+    "snapshot_bytes": ("prefix_cache_snapshot_bytes", "Device bytes of the prefix-cache snapshots held"),
 }
 POOLS = {"slot_pool": "device_slots", "page_pool": "device_pages", "host_slot_pool": "host_slots",
          "host_page_pool": "host_pages"}
@@ -58,6 +67,8 @@ class _EngineCollector:
         host_total = sum(snap.pools.get(p, (0, 0))[1] for p in ("host_slot_pool", "host_page_pool"))
         yield gauge("host_cache_usage_perc", "Fraction of host-tier slots and pages held",
                     host_owned / host_total if host_total else 0.0)
+        for field, (name, help) in ENGINE_GAUGES.items():
+            yield gauge(name, help, snap.stats.get(field, 0))
         for field, (name, help) in ENGINE_COUNTERS.items():
             c = CounterMetricFamily(P + name, help, labels=labels)
             c.add_metric(value, snap.stats.get(field, 0))

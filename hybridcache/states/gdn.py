@@ -5,6 +5,7 @@ import torch
 
 from ..cache.errors import LayoutError
 from ..cache.roles import RoleSpec
+from ..ops.gdn import gdn_replay_state
 from .replay import ReplayState, history_length
 
 
@@ -47,3 +48,8 @@ class GDNState(ReplayState):
                 RoleSpec("buf_idx", 1, (), torch.int32),
             ]
         return roles
+
+    def effective_state(self, tensors, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        t = tensors
+        return gdn_replay_state(t["ssm"][layer], t["replay_u"][layer], t["replay_k"][layer], t["replay_G"][layer],
+                                t["pnat"][0], t["buf_idx"][0], slots)

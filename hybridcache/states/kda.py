@@ -10,6 +10,7 @@ from ..cache.protocol import StateModule
 from ..cache.roles import RoleSpec
 from ..ops.conv1d import shift_conv_window
 from ..ops.kda.accept import kda_accept
+from ..ops.kda.verify import kda_effective_state
 
 
 class KDAState(StateModule):
@@ -67,3 +68,17 @@ class KDAState(StateModule):
             return
         kda_accept(tensors["pend_n"][0], slots, num_valid)
         shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1)
+
+    def snapshot_roles(self) -> tuple[str, ...]:
+        return ("conv", "ssm")
+
+    def save_snapshot(self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """The conv window and the state with the accepted pending drafts replayed into it."""
+        t = tensors
+        t["conv"][:, rows] = t["conv"][:, slots]
+        if not self.replay:
+            t["ssm"][:, rows] = t["ssm"][:, slots]
+            return
+        for layer in range(t["ssm"].shape[0]):
+            t["ssm"][layer, rows] = kda_effective_state(t["ssm"][layer], t["pend_k"][layer], t["pend_g"][layer],
+                                                        t["pend_v"][layer], t["pend_beta"][layer], t["pend_n"][0], slots)

@@ -5,6 +5,7 @@ import torch
 
 from ..cache.errors import LayoutError
 from ..cache.roles import RoleSpec
+from ..ops.mamba2 import replay_state
 from .replay import ReplayState, history_length
 
 
@@ -49,3 +50,8 @@ class Mamba2State(ReplayState):
                 RoleSpec("buf_idx", 1, (), torch.int32),
             ]
         return roles
+
+    def effective_state(self, tensors, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        t = tensors
+        return replay_state(t["ssm"][layer], t["replay_x"][layer], t["replay_B"][layer], t["replay_dt"][layer],
+                            t["replay_dA_cumsum"][layer], t["pnat"][0], t["buf_idx"][0], slots)

@@ -36,6 +36,23 @@ class ReplayState(StateModule):
     def replay(self) -> bool:
         return self.num_draft_tokens > 0
 
+    def snapshot_roles(self) -> tuple[str, ...]:
+        return ("conv", "ssm")
+
+    def effective_state(self, tensors: Mapping[str, torch.Tensor], layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """Layer `layer`'s checkpoint with the PNAT accepted history tokens folded in, `[n, ...]` fp32."""
+        raise NotImplementedError
+
+    def save_snapshot(self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """The conv window as it is (its first W columns are the valid window after any accept) and the
+        checkpoint with the replay history folded in, so a context step can start from it."""
+        tensors["conv"][:, rows] = tensors["conv"][:, slots]
+        if not self.replay:
+            tensors["ssm"][:, rows] = tensors["ssm"][:, slots]
+            return
+        for layer in range(tensors["ssm"].shape[0]):
+            tensors["ssm"][layer, rows] = self.effective_state(tensors, layer, slots)
+
     def on_accept(
         self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,
         num_tokens: torch.Tensor, num_valid: torch.Tensor,

@@ -10,6 +10,28 @@ from typing import Iterator
 from hybridcache import LLM
 
 
+class HeldSteps:
+    """A step hook that holds the core's thread after each step until `release()`: whatever is live when it
+    holds stays live, however slow or loaded the machine. `held` is set once the core is held."""
+
+    def __init__(self) -> None:
+        self.held, self._go = threading.Event(), threading.Event()
+
+    def __call__(self) -> None:
+        self.held.set()
+        assert self._go.wait(60), "the test never released the core"
+
+    def release(self) -> None:
+        self._go.set()
+
+
+def until(cond, timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or cond}"
+        time.sleep(0.01)
+
+
 class Running:
     def __init__(self, app, llm: LLM, base: str) -> None:
         self.app, self.llm, self.base = app, llm, base

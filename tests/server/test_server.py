@@ -3,6 +3,7 @@ on a tiny checkpoint without a tokenizer (token ids) and on the embedded default
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -17,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from hybridcache import LLM, SamplingParams  # noqa: E402
 from hybridcache.workload import make_prompts  # noqa: E402
 from tests.models.helpers import save_tiny  # noqa: E402
-from tests.server.helpers import default_checkpoint, serve  # noqa: E402
+from tests.server.helpers import HeldSteps, default_checkpoint, serve  # noqa: E402
 
 IDS = [5, 17, 3, 42, 8, 8, 13, 21]
 
@@ -84,7 +85,7 @@ def test_token_id_prompts_equal_generate_and_text_is_refused_without_a_tokenizer
 
 def test_bad_requests_get_openai_errors_and_a_full_queue_503(tiny):
     llm = LLM(tiny)
-    llm.step_hook = lambda: time.sleep(0.01)  # (on the core's thread) the long request below runs for seconds
+    llm.step_hook = hold = HeldSteps()  # no step runs before the long request below
     with serve(llm, "tiny", max_queued=1) as srv:
         url = srv.base + "/v1/completions"
         cases = [
@@ -111,14 +112,21 @@ def test_bad_requests_get_openai_errors_and_a_full_queue_503(tiny):
         assert resp.status_code == 404 and resp.json()["error"]["type"] == "model_not_found"
         assert resp.json()["error"]["param"] == "model"
         with httpx.Client(timeout=30) as http:
-            long = {"prompt": IDS, "max_tokens": 200, "ignore_eos": True, "stream": True}
+            long = {"prompt": IDS, "max_tokens": 20, "ignore_eos": True, "stream": True, "return_token_ids": True}
+            # the response stays open and unread until released (a dropped `iter_lines()` generator would
+            # close the connection, and the server would rightly abort the request and free its place)
             with http.stream("POST", url, json=long) as first:
                 assert first.status_code == 200
-                next(first.iter_lines())
+                assert hold.held.wait(30)  # the core is held right after the long request's first step
                 resp = http.post(url, json={"prompt": IDS, "max_tokens": 2})
-                assert resp.status_code == 503
+                assert resp.status_code == 503 and srv.core.num_live == 1
                 assert resp.json()["error"]["type"] == "service_unavailable"
-        srv.wait_idle()  # the stream closed early: aborted
+                hold.release()
+                events = [line for line in first.iter_lines() if line]
+        assert events[-1] == "data: [DONE]"
+        chunks = [json.loads(e.removeprefix("data: "))["choices"][0] for e in events[:-1]]
+        assert sum(len(c["token_ids"]) for c in chunks) == 20 and chunks[-1]["finish_reason"] == "length"
+        srv.wait_idle()
         assert_idle_and_empty(srv.llm)
         resp = httpx.post(url, json={"prompt": IDS, "max_tokens": 2})
         assert resp.status_code == 200

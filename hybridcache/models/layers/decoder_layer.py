@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...parallel import SINGLE, TPGroup
 from ..batch import ForwardBatch
 
 
@@ -11,13 +12,14 @@ class DecoderLayer(nn.Module):
     """`h = x + mixer(input_layernorm(x)); h + mlp(post_attention_layernorm(h))`.
 
     The mixer (read with the ForwardBatch) is registered under `mixer_name`, as checkpoints name it
-    (`self_attn`, `linear_attn`); `kind` is the layer kind it serves.
+    (`self_attn`, `linear_attn`); `kind` is the layer kind it serves. Under tensor parallelism the mixer
+    and the MLP return partial sums: one all-reduce each.
     """
 
     def __init__(self, kind: str, mixer_name: str, mixer: nn.Module, mlp: nn.Module, input_layernorm: nn.Module,
-                 post_attention_layernorm: nn.Module) -> None:
+                 post_attention_layernorm: nn.Module, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.kind, self.mixer_name = kind, mixer_name
+        self.kind, self.mixer_name, self.tp = kind, mixer_name, tp
         self.add_module(mixer_name, mixer)
         self.mlp = mlp
         self.input_layernorm, self.post_attention_layernorm = input_layernorm, post_attention_layernorm
@@ -28,5 +30,5 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] -> [N, D]."""
-        x = x + self.mixer(self.input_layernorm(x), batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.tp.all_reduce(self.mixer(self.input_layernorm(x), batch))
+        return x + self.tp.all_reduce(self.mlp(self.post_attention_layernorm(x)))

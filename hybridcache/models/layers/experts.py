@@ -7,6 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops.moe import MAX_PAIRS
+from ...ops.triton_support import runs_triton
+from ...parallel import SINGLE, TPGroup, head_share, shard
 from .mlp import ACTIVATIONS
 from .params import param
 
@@ -83,22 +86,32 @@ def dispatch(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_exp
     return torch.zeros(n, x.shape[1], device=x.device, dtype=dtype).index_add_(0, token, out.to(dtype))
 
 
+def fused(x: torch.Tensor, index: torch.Tensor) -> bool:
+    """Whether the experts run as the two fused Triton kernels (`ops/moe`): where Triton runs, for up to
+    MAX_PAIRS token copies (decode); the same roundings as `dispatch` (the kernels' docstring)."""
+    return runs_triton(x) and 0 < index.numel() <= MAX_PAIRS
+
+
 class Experts(nn.Module):
     """Non-gated experts `down(act(up(x)))`: up `[E, I, Din]`, down `[E, Din, I]`; checkpoints hold one tensor
-    per expert (`{e}.up_proj.weight`, `{e}.down_proj.weight`). The output is summed in fp32."""
+    per expert (`{e}.up_proj.weight`, `{e}.down_proj.weight`). The output is summed in fp32.
+
+    Tensor parallelism is expert-internal: every rank holds every expert with its share of I (up column-,
+    down row-parallel), routes every token as the others do, and returns its partial sum."""
 
     def __init__(self, num_experts: int, d_in: int, inner: int, act: str,
-                 device: torch.device | str, dtype: torch.dtype) -> None:
+                 device: torch.device | str, dtype: torch.dtype, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.up = param(num_experts, inner, d_in, device=device, dtype=dtype)
-        self.down = param(num_experts, d_in, inner, device=device, dtype=dtype)
-        self.act = ACTIVATIONS[act]
+        self.inner, self.part = inner, head_share(tp, inner, "the experts' intermediate size")
+        self.up = param(num_experts, self.part[1], d_in, device=device, dtype=dtype)
+        self.down = param(num_experts, d_in, self.part[1], device=device, dtype=dtype)
+        self.act, self.act_name = ACTIVATIONS[act], act
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         out = {}
         for e in range(self.up.shape[0]):
-            out[f"{e}.up_proj.weight"] = self.up[e]
-            out[f"{e}.down_proj.weight"] = self.down[e]
+            out[f"{e}.up_proj.weight"] = shard(self.up[e], 0, self.inner, self.part)
+            out[f"{e}.down_proj.weight"] = shard(self.down[e], 1, self.inner, self.part)
         return out
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
@@ -109,6 +122,9 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x: [N, Din]; index, weight: [N, k] -> sum_k weight * expert(x), [N, Din] fp32."""
+        if fused(x, index):
+            from ...ops.moe.experts_triton import fused_experts_triton  # triton is imported only where it runs
+            return fused_experts_triton(x, index, weight, self.up, self.down, None, self.act_name, torch.float32)
         grouped = self._grouped if grouped_supported(x, *self.up.shape[1:]) else None
         return dispatch(x, index, weight, self.up.shape[0], self._expert, torch.float32, grouped)
 
@@ -116,19 +132,25 @@ class Experts(nn.Module):
 class GatedExperts(nn.Module):
     """Gated experts `down(act(gate(x)) * up(x))`: gate, up `[E, I, D]`, down `[E, D, I]`; checkpoints hold one
     tensor per expert and weight, `{e}.{name}.weight`, with `names` = the (gate, up, down) spellings
-    (`gate_proj`, `up_proj`, `down_proj` by default; Kimi's are `w1`, `w3`, `w2`). The output is in x's dtype."""
+    (`gate_proj`, `up_proj`, `down_proj` by default; Kimi's are `w1`, `w3`, `w2`). The output is in x's dtype.
+    Tensor parallelism is expert-internal, as `Experts`."""
 
     def __init__(self, num_experts: int, hidden: int, inner: int, act: str, device: torch.device | str,
-                 dtype: torch.dtype, names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> None:
+                 dtype: torch.dtype, names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                 tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.gate = param(num_experts, inner, hidden, device=device, dtype=dtype)
-        self.up = param(num_experts, inner, hidden, device=device, dtype=dtype)
-        self.down = param(num_experts, hidden, inner, device=device, dtype=dtype)
-        self.act, self.names = ACTIVATIONS[act], names
+        self.inner, self.part = inner, head_share(tp, inner, "the experts' intermediate size")
+        self.gate = param(num_experts, self.part[1], hidden, device=device, dtype=dtype)
+        self.up = param(num_experts, self.part[1], hidden, device=device, dtype=dtype)
+        self.down = param(num_experts, hidden, self.part[1], device=device, dtype=dtype)
+        self.act, self.act_name, self.names = ACTIVATIONS[act], act, names
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        stacks = (self.gate, self.up, self.down)
-        return {f"{e}.{n}.weight": t[e] for e in range(self.gate.shape[0]) for n, t in zip(self.names, stacks)}
+        out = {}
+        for e in range(self.gate.shape[0]):
+            for n, t, dim in zip(self.names, (self.gate, self.up, self.down), (0, 0, 1)):
+                out[f"{e}.{n}.weight"] = shard(t[e], dim, self.inner, self.part)
+        return out
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.act(F.linear(x, self.gate[e])) * F.linear(x, self.up[e]), self.down[e])
@@ -139,5 +161,8 @@ class GatedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x: [N, D]; index, weight: [N, k] -> sum_k weight * expert(x), [N, D] in x's dtype."""
+        if fused(x, index):
+            from ...ops.moe.experts_triton import fused_experts_triton
+            return fused_experts_triton(x, index, weight, self.up, self.down, self.gate, self.act_name, x.dtype)
         grouped = self._grouped if grouped_supported(x, *self.gate.shape[1:]) else None
         return dispatch(x, index, weight, self.gate.shape[0], self._expert, x.dtype, grouped)

@@ -5,9 +5,10 @@ import torch
 from torch import nn
 
 from ...ops.attention import paged_attention
+from ...parallel import SINGLE, TPGroup, head_share
+from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from ..batch import ForwardBatch
-from .attention import KV_ROLE
-from .mlp import Linear
+from .attention import KV_ROLE, kv_share
 from .norm import RMSNorm
 from .rope import PartialRoPE
 
@@ -17,16 +18,21 @@ class GatedPagedAttention(nn.Module):
     `[Hkv*Dh, D]`, q_norm / k_norm `[Dh]` ((1 + w) style), o_proj `[D, Hq*Dh]`.
 
     `index` is this layer's position among the model's attention layers (its layer in the `kv` role).
+    Tensor parallel: query heads (with their gate channels) sharded, K/V heads with them; o_proj
+    row-parallel, so the output is this rank's partial sum.
     """
 
     def __init__(self, index: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool,
-                 rope: PartialRoPE, eps: float, device: torch.device | str, dtype: torch.dtype) -> None:
+                 rope: PartialRoPE, eps: float, device: torch.device | str, dtype: torch.dtype,
+                 tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.index, self.num_heads, self.num_kv_heads, self.head_dim = index, num_heads, num_kv_heads, head_dim
-        self.q_proj = Linear(hidden, num_heads * head_dim * 2, bias, device, dtype)
-        self.k_proj = Linear(hidden, num_kv_heads * head_dim, bias, device, dtype)
-        self.v_proj = Linear(hidden, num_kv_heads * head_dim, bias, device, dtype)
-        self.o_proj = Linear(num_heads * head_dim, hidden, bias, device, dtype)
+        (h0, hl), (k0, kl) = head_share(tp, num_heads, "num_attention_heads"), kv_share(tp, num_heads, num_kv_heads)
+        self.index, self.num_heads, self.num_kv_heads, self.head_dim = index, hl, kl, head_dim
+        d = head_dim
+        self.q_proj = ColumnParallelLinear(hidden, num_heads * d * 2, [(h0 * 2 * d, hl * 2 * d)], bias, device, dtype)
+        self.k_proj = ColumnParallelLinear(hidden, num_kv_heads * d, [(k0 * d, kl * d)], bias, device, dtype)
+        self.v_proj = ColumnParallelLinear(hidden, num_kv_heads * d, [(k0 * d, kl * d)], bias, device, dtype)
+        self.o_proj = RowParallelLinear(num_heads * d, [(h0 * d, hl * d)], hidden, bias, tp, device, dtype)
         self.q_norm = RMSNorm(head_dim, eps, device, dtype, zero_centred=True)
         self.k_norm = RMSNorm(head_dim, eps, device, dtype, zero_centred=True)
         self.rope = rope

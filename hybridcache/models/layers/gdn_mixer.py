@@ -7,8 +7,9 @@ from torch import nn
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.gdn import RawGate, gdn_decode, gdn_gate, gdn_prefill, gdn_verify
 from ...ops.triton_support import runs_triton
+from ...parallel import SINGLE, TPGroup, head_share, shard
+from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from ..batch import ForwardBatch
-from .mlp import Linear
 from .params import param
 from .norm import GatedRMSNorm
 
@@ -53,21 +54,35 @@ class GatedDeltaNetMixer(nn.Module):
     Context rows run the chunked prefill; generation rows `[Bg, T]` run plain decode (T = 1) or the replay
     verify (`batch.speculative`). On CUDA the generation rows' kernels compute their gate from the raw a, b
     (`RawGate`); g and beta are computed here for the context rows only.
+
+    Tensor parallel: key heads sharded, each with its r value heads; the checkpoint's per-key-head row
+    groups make a rank's projection rows one contiguous range. Conv channels (q, k, v sections), dt_bias
+    and A_log follow the heads; the per-head norm is replicated; out_proj is row-parallel (the output is
+    this rank's partial sum).
     """
 
     def __init__(self, index: int, hidden: int, num_key_heads: int, num_value_heads: int, key_dim: int,
-                 value_dim: int, conv_kernel: int, eps: float, device: torch.device | str, dtype: torch.dtype) -> None:
+                 value_dim: int, conv_kernel: int, eps: float, device: torch.device | str, dtype: torch.dtype,
+                 tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.index, self.H, self.HV, self.K, self.V = index, num_key_heads, num_value_heads, key_dim, value_dim
-        self.r = num_value_heads // num_key_heads
-        self.conv_dim = 2 * num_key_heads * key_dim + num_value_heads * value_dim
-        self.in_proj_qkvz = Linear(hidden, num_key_heads * (2 * key_dim + 2 * self.r * value_dim), False, device, dtype)
-        self.in_proj_ba = Linear(hidden, 2 * num_value_heads, False, device, dtype)
+        h0, hl = head_share(tp, num_key_heads, "linear_num_key_heads")
+        r = num_value_heads // num_key_heads
+        v0, vl, K, V = h0 * r, hl * r, key_dim, value_dim
+        self.index, self.H, self.HV, self.K, self.V, self.r = index, hl, vl, K, V, r
+        self.conv_dim = 2 * hl * K + vl * V
+        group = 2 * K + 2 * r * V  # checkpoint rows per key head in in_proj_qkvz
+        self.in_proj_qkvz = ColumnParallelLinear(hidden, num_key_heads * group, [(h0 * group, hl * group)], False,
+                                                 device, dtype)
+        self.in_proj_ba = ColumnParallelLinear(hidden, 2 * num_value_heads, [(h0 * 2 * r, hl * 2 * r)], False,
+                                               device, dtype)
         self.conv1d = DepthwiseConvWeight(self.conv_dim, conv_kernel, device, dtype)
-        self.dt_bias = param(num_value_heads, device=device, dtype=dtype)
-        self.A_log = param(num_value_heads, device=device, dtype=dtype)
+        hk = num_key_heads * K
+        shard(self.conv1d.weight, 0, 2 * hk + num_value_heads * V, (h0 * K, hl * K), (hk + h0 * K, hl * K),
+              (2 * hk + v0 * V, vl * V))
+        self.dt_bias = shard(param(vl, device=device, dtype=dtype), 0, num_value_heads, (v0, vl))
+        self.A_log = shard(param(vl, device=device, dtype=dtype), 0, num_value_heads, (v0, vl))
         self.norm = GatedRMSNorm(value_dim, eps, device, dtype)
-        self.out_proj = Linear(num_value_heads * value_dim, hidden, False, device, dtype)
+        self.out_proj = RowParallelLinear(num_value_heads * V, [(v0 * V, vl * V)], hidden, False, tp, device, dtype)
         self.kernel_layout = False  # whether finish_load has permuted the projections' rows
 
     def finish_load(self) -> None:

@@ -8,6 +8,8 @@ from torch import nn
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.kda import KDARawGate, kda_decode, kda_gate, kda_prefill, kda_verify
 from ...ops.triton_support import runs_triton
+from ...parallel import SINGLE, TPGroup, head_share, shard
+from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from ..batch import ForwardBatch
 from .mlp import Linear
 from .norm import SigmoidGatedRMSNorm
@@ -39,31 +41,41 @@ class KDAMixer(nn.Module):
     rows run the chunked prefill; generation rows `[Bg, T]` run plain decode (T = 1) or the pending-draft
     verify (`batch.speculative`). On CUDA the generation rows' kernels compute their gate from the raw
     f_b_proj and b_proj outputs (`KDARawGate`); g and beta are computed here for the context rows only.
+
+    Tensor parallel: heads sharded (q/k/v rows and their conv channels, f_b / g_b / b rows, A_log,
+    dt_bias); the low-rank f_a / g_a projections and the per-head norm are replicated; o_proj is
+    row-parallel (the output is this rank's partial sum).
     """
 
     def __init__(self, index: int, hidden: int, num_heads: int, head_dim: int, conv_kernel: int, eps: float,
-                 device: torch.device | str, dtype: torch.dtype) -> None:
+                 device: torch.device | str, dtype: torch.dtype, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.index, self.num_heads, self.head_dim = index, num_heads, head_dim
-        self.width = num_heads * head_dim
+        h0, hl = head_share(tp, num_heads, "linear_attn_config num_heads")
+        K, full = head_dim, num_heads * head_dim
+        self.index, self.num_heads, self.head_dim = index, hl, head_dim
+        self.width, self.full_width, self.channels = hl * K, full, (h0 * K, hl * K)
+        self.heads = (h0, hl)
         self.qkv_weight = param(3 * self.width, hidden, device=device, dtype=dtype)
         self.conv_weight = param(3 * self.width, conv_kernel, device=device, dtype=dtype)
         self.f_a_proj = Linear(hidden, head_dim, False, device, dtype)
-        self.f_b_proj = Linear(head_dim, self.width, False, device, dtype)
-        self.A_log = param(1, 1, num_heads, 1, device=device, dtype=dtype)
-        self.dt_bias = param(self.width, device=device, dtype=torch.float32)
-        self.b_proj = Linear(hidden, num_heads, False, device, dtype)
+        self.f_b_proj = ColumnParallelLinear(head_dim, full, [self.channels], False, device, dtype)
+        self.A_log = param(1, 1, hl, 1, device=device, dtype=dtype)
+        self.dt_bias = shard(param(self.width, device=device, dtype=torch.float32), 0, full, self.channels)
+        self.b_proj = ColumnParallelLinear(hidden, num_heads, [self.heads], False, device, dtype)
         self.g_a_proj = Linear(hidden, head_dim, False, device, dtype)
-        self.g_b_proj = Linear(head_dim, self.width, False, device, dtype)
+        self.g_b_proj = ColumnParallelLinear(head_dim, full, [self.channels], False, device, dtype)
         self.o_norm = SigmoidGatedRMSNorm(head_dim, eps, device, dtype)
-        self.o_proj = Linear(self.width, hidden, False, device, dtype)
+        self.o_proj = RowParallelLinear(full, [self.channels], hidden, False, tp, device, dtype)
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         q, k, v = self.conv_weight.split(self.width)
         wq, wk, wv = self.qkv_weight.split(self.width)
-        return {"q_conv1d.weight": q[:, None], "k_conv1d.weight": k[:, None], "v_conv1d.weight": v[:, None],
-                "q_proj.weight": wq, "k_proj.weight": wk, "v_proj.weight": wv,
-                "A_log": self.A_log, "dt_bias": self.dt_bias}
+        full, rows = self.full_width, self.channels
+        return {"q_conv1d.weight": shard(q[:, None], 0, full, rows), "k_conv1d.weight": shard(k[:, None], 0, full, rows),
+                "v_conv1d.weight": shard(v[:, None], 0, full, rows), "q_proj.weight": shard(wq, 0, full, rows),
+                "k_proj.weight": shard(wk, 0, full, rows), "v_proj.weight": shard(wv, 0, full, rows),
+                "A_log": shard(self.A_log, 2, full // self.head_dim, self.heads),
+                "dt_bias": self.dt_bias}
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, D] -> qkv [N, 3*H*K] (the conv input), g_raw [N, H, K] (f_b_proj's output), b [N, H]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...parallel import SINGLE, TPGroup
 from .experts import GatedExperts
 from .gated_mlp import GatedMLP
 from .routers import TopKRouter
@@ -18,14 +19,15 @@ class KimiMoE(nn.Module):
 
     def __init__(self, hidden: int, num_experts: int, top_k: int, inner: int, num_shared: int, act: str,
                  n_group: int, topk_group: int, norm_topk_prob: bool, scaling: float,
-                 device: torch.device | str, dtype: torch.dtype) -> None:
+                 device: torch.device | str, dtype: torch.dtype, tp: TPGroup = SINGLE) -> None:
         super().__init__()
         self.gate = TopKRouter(hidden, num_experts, top_k, n_group, topk_group, norm_topk_prob, scaling, device)
-        self.experts = GatedExperts(num_experts, hidden, inner, act, device, dtype, EXPERT_NAMES)
-        self.shared_experts = GatedMLP(hidden, inner * num_shared, act, device, dtype) if num_shared else None
+        self.experts = GatedExperts(num_experts, hidden, inner, act, device, dtype, EXPERT_NAMES, tp)
+        self.shared_experts = GatedMLP(hidden, inner * num_shared, act, device, dtype, tp) if num_shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [N, D] -> [N, D]."""
+        """x: [N, D] -> [N, D] (partial under tensor parallelism: experts expert-internal, shared experts
+        over their intermediate size, the router replicated)."""
         index, weight = self.gate(x)
         h = self.experts(x, index, weight)
         return h if self.shared_experts is None else h + self.shared_experts(x)

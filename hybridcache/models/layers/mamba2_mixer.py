@@ -6,8 +6,9 @@ from torch import nn
 
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.mamba2 import mamba2_decode, mamba2_prefill, mamba2_verify
+from ...parallel import SINGLE, TPGroup, group_share, head_share, shard
+from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from ..batch import ForwardBatch
-from .mlp import Linear
 from .norm import GatedGroupRMSNorm
 from .params import param
 
@@ -32,23 +33,41 @@ class Mamba2Mixer(nn.Module):
     `index` is this layer's position among the model's Mamba2 layers (its layer in every `mamba2` role).
     Context rows run the chunked prefill; generation rows `[Bg, T]` run plain decode (T = 1) or the
     replay verify (`batch.speculative`).
+
+    Tensor parallel: heads sharded (their z, x, dt channels, dt_bias, A_log, D, norm weight); groups
+    (B, C channels) sharded with them when the size divides `n_groups`, else each rank holds the one
+    group of its heads (`group_share`), and the gated norm, whose group then spans ranks, sums its
+    squares across them. out_proj is row-parallel: the output is this rank's partial sum.
     """
 
     def __init__(self, index: int, hidden: int, num_heads: int, head_dim: int, n_groups: int, state_size: int,
                  conv_kernel: int, chunk_size: int, dt_limit: tuple[float, float], eps: float,
-                 proj_bias: bool, conv_bias: bool, device: torch.device | str, dtype: torch.dtype) -> None:
+                 proj_bias: bool, conv_bias: bool, device: torch.device | str, dtype: torch.dtype,
+                 tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.index, self.num_heads, self.head_dim = index, num_heads, head_dim
-        self.n_groups, self.state_size, self.chunk_size, self.dt_limit = n_groups, state_size, chunk_size, dt_limit
-        self.inner = num_heads * head_dim
-        self.conv_dim = self.inner + 2 * n_groups * state_size
-        self.in_proj = Linear(hidden, self.inner + self.conv_dim + num_heads, proj_bias, device, dtype)
+        h0, hl = head_share(tp, num_heads, "mamba_num_heads")
+        g0, gl = group_share(tp, n_groups, num_heads, "n_groups")
+        P, N, I, GN = head_dim, state_size, num_heads * head_dim, n_groups * state_size
+        self.index, self.num_heads, self.head_dim = index, hl, head_dim
+        self.n_groups, self.state_size, self.chunk_size, self.dt_limit = gl, state_size, chunk_size, dt_limit
+        self.inner = hl * P
+        self.conv_dim = self.inner + 2 * gl * N
+        # this rank's channels of xBC [x: I | B: G*N | C: G*N] and of in_proj's output [z: I | xBC | dt: H]
+        xbc = [(h0 * P, hl * P), (I + g0 * N, gl * N), (I + GN + g0 * N, gl * N)]
+        rows = [(h0 * P, hl * P), *((I + a, n) for a, n in xbc), (2 * I + 2 * GN + h0, hl)]
+        self.in_proj = ColumnParallelLinear(hidden, 2 * I + 2 * GN + num_heads, rows, proj_bias, device, dtype)
         self.conv1d = DepthwiseConv(self.conv_dim, conv_kernel, conv_bias, device, dtype)
-        self.dt_bias = param(num_heads, device=device, dtype=dtype)
-        self.A_log = param(num_heads, device=device, dtype=dtype)
-        self.D = param(num_heads, device=device, dtype=dtype)
-        self.norm = GatedGroupRMSNorm(self.inner, n_groups, eps, device, dtype)
-        self.out_proj = Linear(self.inner, hidden, proj_bias, device, dtype)
+        shard(self.conv1d.weight, 0, I + 2 * GN, *xbc)
+        shard(self.conv1d.bias, 0, I + 2 * GN, *xbc)
+        heads = (h0, hl)
+        self.dt_bias = shard(param(hl, device=device, dtype=dtype), 0, num_heads, heads)
+        self.A_log = shard(param(hl, device=device, dtype=dtype), 0, num_heads, heads)
+        self.D = shard(param(hl, device=device, dtype=dtype), 0, num_heads, heads)
+        spans = n_groups % tp.size != 0  # this rank holds part of one group's channels
+        self.norm = GatedGroupRMSNorm(self.inner, gl, eps, device, dtype,
+                                      (tp, g0, n_groups, I // n_groups) if spans else None)
+        shard(self.norm.weight, 0, I, (h0 * P, hl * P))
+        self.out_proj = RowParallelLinear(I, [(h0 * P, hl * P)], hidden, proj_bias, tp, device, dtype)
 
     def _split_xbc(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[..., C] -> x [..., H, P], B [..., G, N], C [..., G, N]."""

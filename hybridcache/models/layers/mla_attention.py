@@ -5,6 +5,8 @@ import torch
 from torch import nn
 
 from ...ops.attention import mla_paged_attention
+from ...parallel import SINGLE, TPGroup, head_share
+from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from ..batch import ForwardBatch
 from .mlp import Linear
 from .norm import RMSNorm
@@ -21,25 +23,30 @@ class MLAAttention(nn.Module):
     The pages hold c (after the norm) and the rope key per token; neither queries nor keys are rotated
     (transformers' KimiLinearAttention never uses the positions). Scale: (Dn + Dr) ** -0.5.
     `index` is this layer's position among the model's MLA layers (its layer in the `latent` role).
+    Tensor parallel: the heads are sharded (q_proj / q_b_proj, kv_b_proj column-parallel, o_proj
+    row-parallel, so the output is this rank's partial sum); the low-rank projections, their norms and
+    the latent pages are replicated (every head reads the whole latent).
     """
 
     def __init__(self, index: int, hidden: int, num_heads: int, q_lora_rank: int | None, kv_lora_rank: int,
                  nope_dim: int, rope_dim: int, v_dim: int, bias: bool, device: torch.device | str,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.index, self.num_heads, self.kv_lora_rank = index, num_heads, kv_lora_rank
+        h0, hl = head_share(tp, num_heads, "num_attention_heads")
+        self.index, self.num_heads, self.kv_lora_rank = index, hl, kv_lora_rank
         self.nope_dim, self.rope_dim, self.v_dim = nope_dim, rope_dim, v_dim
-        q_out = num_heads * (nope_dim + rope_dim)
+        qd, kvd = nope_dim + rope_dim, nope_dim + v_dim
+        q_rows = [(h0 * qd, hl * qd)]
         if q_lora_rank is None:
-            self.q_proj = Linear(hidden, q_out, False, device, dtype)
+            self.q_proj = ColumnParallelLinear(hidden, num_heads * qd, q_rows, False, device, dtype)
         else:
             self.q_a_proj = Linear(hidden, q_lora_rank, bias, device, dtype)
             self.q_a_layernorm = RMSNorm(q_lora_rank, LORA_NORM_EPS, device, dtype)
-            self.q_b_proj = Linear(q_lora_rank, q_out, False, device, dtype)
+            self.q_b_proj = ColumnParallelLinear(q_lora_rank, num_heads * qd, q_rows, False, device, dtype)
         self.kv_a_proj_with_mqa = Linear(hidden, kv_lora_rank + rope_dim, bias, device, dtype)
         self.kv_a_layernorm = RMSNorm(kv_lora_rank, LORA_NORM_EPS, device, dtype)
-        self.kv_b_proj = Linear(kv_lora_rank, num_heads * (nope_dim + v_dim), False, device, dtype)
-        self.o_proj = Linear(num_heads * v_dim, hidden, bias, device, dtype)
+        self.kv_b_proj = ColumnParallelLinear(kv_lora_rank, num_heads * kvd, [(h0 * kvd, hl * kvd)], False, device, dtype)
+        self.o_proj = RowParallelLinear(num_heads * v_dim, [(h0 * v_dim, hl * v_dim)], hidden, bias, tp, device, dtype)
 
     def _queries(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "q_proj"):

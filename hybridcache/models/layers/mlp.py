@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...parallel import SINGLE, TPGroup, head_share
+from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from .params import param
 
 
@@ -35,15 +37,17 @@ class Linear(nn.Module):
 
 
 class MLP(nn.Module):
-    """up_proj `[I, D]`, down_proj `[D, I]`."""
+    """up_proj `[I, D]`, down_proj `[D, I]`. Under tensor parallelism up_proj is column-parallel and
+    down_proj row-parallel over I: the output is this rank's partial sum (the caller all-reduces)."""
 
     def __init__(self, hidden: int, inner: int, act: str, bias: bool,
-                 device: torch.device | str, dtype: torch.dtype) -> None:
+                 device: torch.device | str, dtype: torch.dtype, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.up_proj = Linear(hidden, inner, bias, device, dtype)
-        self.down_proj = Linear(inner, hidden, bias, device, dtype)
+        part = [head_share(tp, inner, "the MLP's intermediate size")]
+        self.up_proj = ColumnParallelLinear(hidden, inner, part, bias, device, dtype)
+        self.down_proj = RowParallelLinear(inner, part, hidden, bias, tp, device, dtype)
         self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [N, D] -> [N, D]."""
+        """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
         return self.down_proj(self.act(self.up_proj(x)))

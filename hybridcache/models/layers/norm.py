@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...ops.triton_support import runs_triton
+from ...parallel import TPGroup
 from .params import param
 
 
@@ -50,14 +51,27 @@ class RMSNorm(WeightedNorm):
 
 
 class GatedGroupRMSNorm(WeightedNorm):
-    """Mamba2's `weight * norm_g(y * silu(z))`: gate first, RMS over each of `groups` equal channel slices."""
+    """Mamba2's `weight * norm_g(y * silu(z))`: gate first, RMS over each of `groups` equal channel slices.
 
-    def __init__(self, size: int, groups: int, eps: float, device: torch.device | str, dtype: torch.dtype) -> None:
+    `span` = (tp, g, G, width): under tensor parallelism this rank's `size` channels are part of group `g`
+    of `G`, `width` channels wide, whose other channels live on other ranks; the sum of squares is then
+    all-reduced (a `[N, G]` buffer, each rank adding its group's column)."""
+
+    def __init__(self, size: int, groups: int, eps: float, device: torch.device | str, dtype: torch.dtype,
+                 span: tuple[TPGroup, int, int, int] | None = None) -> None:
         super().__init__(size, eps, device, dtype)
-        self.groups = groups
+        self.groups, self.span = groups, span
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y, z: [N, I] -> [N, I] in y's dtype (the weight multiplies after the cast, as transformers does)."""
+        if self.span is not None:
+            tp, g, G, width = self.span
+            h = y.float() * F.silu(z.float())
+            squares = torch.zeros(h.shape[0], G, device=h.device, dtype=torch.float32)
+            squares[:, g] = h.pow(2).sum(-1)
+            tp.all_reduce(squares)
+            normed = h * torch.rsqrt(squares[:, g : g + 1] / width + self.eps)
+            return self.weight * normed.to(y.dtype)
         if runs_triton(y):
             from ...ops.rms_norm_triton import gated_group_rms_norm_triton
             return gated_group_rms_norm_triton(y, z, self.weight, self.groups, self.eps)

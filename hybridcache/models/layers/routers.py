@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops.moe import ROUTER_MAX_EXPERTS
+from ...ops.triton_support import runs_triton
 from .params import param
 
 
@@ -26,7 +28,12 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, D] -> (expert index [N, k] int64, weight [N, k] fp32)."""
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()  # [N, E]
+        logits = F.linear(x.float(), self.weight.float())  # [N, E]
+        if runs_triton(logits) and logits.shape[1] <= ROUTER_MAX_EXPERTS:
+            from ...ops.moe.routers_triton import group_topk_triton  # triton is imported only where it runs
+            return group_topk_triton(logits, self.e_score_correction_bias, self.top_k, self.n_group,
+                                     self.topk_group, self.norm_topk_prob, self.scaling)
+        scores = logits.sigmoid()
         choice = scores + self.e_score_correction_bias.float()
         n, e = choice.shape
         grouped = choice.view(n, self.n_group, e // self.n_group)
@@ -53,6 +60,9 @@ class SoftmaxTopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, D] -> (expert index [N, k] int64, weight [N, k] in x's dtype)."""
         logits = F.linear(x, self.weight)
+        if runs_triton(logits) and logits.shape[1] <= ROUTER_MAX_EXPERTS:
+            from ...ops.moe.routers_triton import softmax_topk_triton
+            return softmax_topk_triton(logits, self.top_k, self.norm_topk_prob)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         weight, index = probs.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:

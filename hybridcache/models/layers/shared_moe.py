@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...parallel import SINGLE, TPGroup
 from .experts import GatedExperts
 from .gated_mlp import GatedMLP
 from .mlp import Linear
@@ -12,18 +13,20 @@ from .routers import SoftmaxTopKRouter
 
 class SharedExpertMoE(nn.Module):
     """gate (router), experts, shared_expert (gated MLP), shared_expert_gate `[1, D]`:
-    `experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)`."""
+    `experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)`. Tensor parallel: routers and the
+    shared gate replicated, experts expert-internal, the shared expert over its intermediate size; the
+    output is this rank's partial sum (the gate scales each partial alike)."""
 
     def __init__(self, hidden: int, num_experts: int, top_k: int, inner: int, shared_inner: int, act: str,
-                 norm_topk_prob: bool, device: torch.device | str, dtype: torch.dtype) -> None:
+                 norm_topk_prob: bool, device: torch.device | str, dtype: torch.dtype, tp: TPGroup = SINGLE) -> None:
         super().__init__()
         self.gate = SoftmaxTopKRouter(hidden, num_experts, top_k, norm_topk_prob, device, dtype)
-        self.experts = GatedExperts(num_experts, hidden, inner, act, device, dtype)
-        self.shared_expert = GatedMLP(hidden, shared_inner, act, device, dtype)
+        self.experts = GatedExperts(num_experts, hidden, inner, act, device, dtype, tp=tp)
+        self.shared_expert = GatedMLP(hidden, shared_inner, act, device, dtype, tp)
         self.shared_expert_gate = Linear(hidden, 1, False, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [N, D] -> [N, D]."""
+        """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
         index, weight = self.gate(x)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return self.experts(x, index, weight) + shared

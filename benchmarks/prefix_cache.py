@@ -1,0 +1,128 @@
+"""Prefix caching (issue 12): hit tokens against the ceiling, prefill tokens computed, time to first token
+and total time, caching on against off, and the snapshots' share of the device cache.
+
+Workloads (all requests of a wave are submitted at once; greedy, fixed output length):
+  shared:    --groups groups of --per-group requests, a --shared-len token prefix per group and unique
+             suffixes of 16-256 tokens, --new-tokens generated. Ceiling: every request's shared tokens
+             rounded down to the snapshot interval.
+  multiturn: --conversations conversations of --turns turns; turn t's prompt is turn t-1's prompt, its
+             output and 16-64 new tokens. Ceiling: turns >= 2, the previous turn's committed tokens
+             (prompt + output - 1) rounded down to the interval.
+Hits count at admission (`LLM.stats.prefix_cache_hits`); prefill tokens computed are the prompt tokens
+minus the hits (no request is preempted at this budget).
+
+    PYTHONPATH=. python benchmarks/prefix_cache.py --groups 4 --per-group 8 --conversations 8 --turns 4  # CPU smoke
+    PYTHONPATH=. python benchmarks/prefix_cache.py --json out/prefix_cache_cpu.json                      # issue sizes
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from benchmarks.families import add_model_args, checkpoint
+from benchmarks.record import Record, add_json_arg
+from hybridcache import LLM, SamplingParams
+
+
+def run_wave(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], list[float], float]:
+    """(outputs, time to first token per request, wall time) of one wave submitted at once."""
+    start = time.perf_counter()
+    rids = [llm.add_request(p, params) for p in prompts]
+    first: dict[int, float] = {}
+    outs: dict[int, list[int]] = {}
+    llm.stream_deltas = True
+    while len(outs) < len(rids):
+        for o in llm.step():
+            outs[o.request_id] = o.token_ids
+        now = time.perf_counter()
+        for d in llm.take_deltas():
+            if d.token_ids and d.request_id not in first:
+                first[d.request_id] = now - start
+    llm.stream_deltas = False
+    return [outs[r] for r in rids], [first[r] for r in rids], time.perf_counter() - start
+
+
+def shared_waves(args, rng: random.Random) -> list[list[list[int]]]:
+    prompts = []
+    for _ in range(args.groups):
+        head = [rng.randrange(3, 1000) for _ in range(args.shared_len)]
+        prompts += [head + [rng.randrange(3, 1000) for _ in range(rng.randint(16, 256))] for _ in range(args.per_group)]
+    return [prompts]
+
+
+def measure(llm: LLM, waves, turns: bool, params: SamplingParams, interval: int) -> dict:
+    """Run the waves (multi-turn: each next wave built from the last one's outputs); the figures."""
+    prompts, outputs, ttft, wall, prompt_tokens, ceiling, peak_snap = waves[0], [], [], 0.0, 0, 0, 0
+    rng = random.Random(1)
+    for t in range(len(waves) if not turns else turns):
+        if t and turns:
+            ceiling += sum((len(p) + len(o) - 1) // interval * interval for p, o in zip(prompts, outputs))
+            prompts = [p + o + [rng.randrange(3, 1000) for _ in range(rng.randint(16, 64))] for p, o in zip(prompts, outputs)]
+        outputs, first, w = run_wave(llm, prompts, params)
+        ttft += first
+        wall += w
+        prompt_tokens += sum(map(len, prompts))
+        peak_snap = max(peak_snap, llm.stats.snapshot_bytes)
+    s = llm.stats
+    return {"prompt_tokens": prompt_tokens, "hits": s.prefix_cache_hits, "ceiling": ceiling,
+            "prefill_tokens": prompt_tokens - s.prefix_cache_hits, "ttft_mean_s": sum(ttft) / len(ttft),
+            "total_s": wall, "snapshot_bytes_peak": peak_snap, "evictions": s.prefix_cache_evictions,
+            "outputs": outputs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--per-group", type=int, default=16)
+    ap.add_argument("--shared-len", type=int, default=1024)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--conversations", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--workloads", nargs="+", default=["shared", "multiturn"], choices=["shared", "multiturn"])
+    add_json_arg(ap)
+    args = ap.parse_args()
+    path = checkpoint(args)
+    rec = Record(args.json, "prefix_cache", args.device, vars(args))
+    params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+    longest = max(args.shared_len + 256, 64 + args.turns * (args.new_tokens + 64)) + args.new_tokens + 8
+    for name in args.workloads:
+        rng = random.Random(0)
+        if name == "shared":
+            waves, turns = shared_waves(args, rng), 0
+        else:
+            waves = [[[rng.randrange(3, 1000) for _ in range(rng.randint(16, 64))] for _ in range(args.conversations)]]
+            turns = args.turns
+        figures = {}
+        for on in (False, True):
+            llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                      max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
+                      max_model_len=longest, enable_prefix_caching=on)
+            interval = llm.manager.planner.prefix.interval if on else 1
+            f = measure(llm, waves, turns, params, interval)
+            if name == "shared":
+                f["ceiling"] = len(waves[0]) * (args.shared_len // interval * interval)
+            f["device_cache_bytes"] = llm.manager.config.device_bytes
+            figures[on] = f
+        off, on_ = figures[False], figures[True]
+        row = {
+            "workload": name, "interval": interval, "hits": on_["hits"], "ceiling": on_["ceiling"],
+            "hit_ratio_of_ceiling": on_["hits"] / max(on_["ceiling"], 1),
+            "prefill_tokens_off": off["prefill_tokens"], "prefill_tokens_on": on_["prefill_tokens"],
+            "prefill_reduction_x": off["prefill_tokens"] / max(on_["prefill_tokens"], 1),
+            "ttft_mean_s_off": off["ttft_mean_s"], "ttft_mean_s_on": on_["ttft_mean_s"],
+            "total_s_off": off["total_s"], "total_s_on": on_["total_s"],
+            "snapshot_share_of_cache_peak": on_["snapshot_bytes_peak"] / on_["device_cache_bytes"],
+            "evictions": on_["evictions"], "outputs_equal": off["outputs"] == on_["outputs"],
+        }
+        rec.add(**row)
+        print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+    rec.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""`PrefixCache`: the planner's prefix caching of attention pages and recurrent snapshots. Tensor-free.
+
+Snapshots are slot rows of the same arena (every role), above the dummy slots; the index names them by
+id (`row = num_dummies + id`). A request is admitted at the longest cached prefix whose pages and
+snapshot meet at one boundary: it shares those pages by reference, and its first step zeroes its slot and
+copies the snapshot in. Snapshots are saved after a committed step, at boundaries that are multiples of
+`interval` (a multiple of the page size) and only where one will be kept:
+
+- the branch point: where the request's prompt leaves the longest chain of full pages that the index or
+  a request still prefilling (in flight) holds, rounded down to the interval. When an in-flight request
+  has not reached that point yet, it is asked to save there and the newcomer waits (`defer`): the second
+  request of a group sent at once then starts from the first one's snapshot instead of from zero;
+- the prompt's last interval boundary;
+- every interval boundary a generating request's commit lands on (its latest one is kept), so a
+  conversation's next turn starts from where the last one ended, generated tokens included.
+
+A snapshot id is pinned (reference count 2) from admission until the step that restores it commits or
+aborts. Unpinned snapshots, and the pages only the index holds, are evicted least recently used when the
+allocator needs room, and never otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Hashable, Sequence
+
+import numpy as np
+
+from .entries import Entry, Status
+from .id_pool import IdPool
+from .plans import SnapshotPlan
+from .prefix_index import Node, PrefixIndex, chain_hashes
+
+if TYPE_CHECKING:
+    from .planner import Planner
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """What admission would give a waiting request: `tokens` cached (a multiple of the interval, below
+    its context length), the `nodes` of those pages, the `snapshot` id to restore (-1 on a miss), the
+    boundaries it should save at, and whether it should wait for an in-flight request (`defer`)."""
+
+    req_id: Hashable
+    tokens: int
+    nodes: tuple[Node, ...]
+    snapshot: int
+    keeps: tuple[int, ...]
+    context_len: int
+    defer: bool = False
+    leader: Hashable | None = None  # with `defer`: the in-flight request asked to save at `branch`
+    branch: int = 0
+
+
+class PrefixCache:
+    def __init__(self, planner: "Planner", num_snapshots: int, interval: int) -> None:
+        if interval < 1 or interval % planner.page_size:
+            raise ValueError(f"snapshot interval {interval} is not a multiple of the page size {planner.page_size}")
+        self.planner = planner
+        self.interval = interval
+        self.index = PrefixIndex()
+        self.snap_pool = IdPool(num_snapshots)
+        self.inflight: dict[bytes, Entry] = {}  # a prompt page hash -> a CONTEXT request computing it
+        self.candidates: list[tuple[Entry, int]] = []  # committed at a boundary it keeps, since the last save
+        self.saving: SnapshotPlan | None = None
+        self.stats = {"queries": 0, "hits": 0, "evictions": 0, "snapshots_saved": 0}
+
+    @property
+    def page_pool(self) -> IdPool:
+        return self.planner.page_pool
+
+    def row(self, snapshot: int) -> int:
+        return self.planner.num_dummies + snapshot
+
+    # ------------------------------------------------------------------ admission
+    def match(self, e: Entry, tokens: Sequence[int], context_len: int) -> PrefixMatch:
+        """The admission of waiting request `e`, whose first `context_len` of `tokens` are its context.
+        Changes nothing but a leader's keep list (asking an in-flight request to save at a branch point)."""
+        P, I = self.planner.page_size, self.interval
+        hashes = self._hashes(e, tokens, context_len)[: context_len // P]
+        nodes = self.index.walk(hashes)
+        hit = 0
+        for k in range(len(nodes) - 1, -1, -1):
+            if nodes[k].snapshot >= 0 and (k + 1) * P < context_len:
+                hit = k + 1
+                break
+        d_in = 0
+        while d_in < len(hashes) and hashes[d_in] in self.inflight:
+            d_in += 1
+        branch = max(len(nodes), d_in) * P // I * I
+        keeps = tuple(sorted({b for b in (branch, context_len // I * I) if b > hit * P}))
+        defer, leader = False, None
+        if d_in * P >= branch > hit * P:
+            leader = self.inflight[hashes[d_in - 1]]
+            if leader.status == Status.CONTEXT and leader.num_tokens < branch:
+                if branch not in leader.keeps:
+                    leader.keeps = tuple(sorted((*leader.keeps, branch)))
+                defer = True
+        return PrefixMatch(e.req_id, hit * P, tuple(nodes[:hit]), nodes[hit - 1].snapshot if hit else -1,
+                           keeps, context_len, defer, leader.req_id if defer else None, branch)
+
+    def admit(self, e: Entry, m: PrefixMatch) -> None:
+        """Give waiting `e` the match's pages (a reference each) and pin its snapshot; `undo_admit` reverses."""
+        pages = [n.page for n in m.nodes if n.page >= 0]
+        self.page_pool.share(pages)
+        if m.snapshot >= 0:
+            self.snap_pool.share([m.snapshot])
+        e.pages, e.restore, e.keeps = pages, m.snapshot, m.keeps
+        e.num_tokens = m.tokens
+
+    def undo_admit(self, e: Entry) -> None:
+        self.page_pool.release(e.pages)
+        if e.restore >= 0:
+            self.snap_pool.release([e.restore])
+        e.pages, e.restore, e.keeps, e.num_tokens = [], -1, (), 0
+
+    def admitted(self, e: Entry, m: PrefixMatch) -> None:
+        """The allocation went through: count the query and hit, mark the chain used, and list the
+        request's prompt pages as in flight."""
+        self.stats["queries"] += m.context_len
+        self.stats["hits"] += m.tokens
+        t = self.index.tick()
+        for n in m.nodes:
+            n.last_used = t
+        for h in e.hashes[: m.context_len // self.planner.page_size]:
+            self.inflight.setdefault(h, e)
+
+    def left_context(self, e: Entry) -> None:
+        """`e` is no longer prefilling (it generates, restarts or is freed)."""
+        for h in e.hashes:
+            if self.inflight.get(h) is e:
+                del self.inflight[h]
+        e.keeps = ()
+
+    def released(self, e: Entry) -> None:
+        """`e` dropped what it holds: its pin and in-flight marks go too."""
+        if e.restore >= 0:
+            self.snap_pool.release([e.restore])
+            e.restore = -1
+        self.left_context(e)
+        e.gen_node = None
+
+    # ------------------------------------------------------------------ saving snapshots
+    def after_commit(self, entries: list[Entry], counts: np.ndarray, committed: np.ndarray) -> None:
+        """Rows whose commit landed on a boundary they keep: context rows at a keep, generation rows at
+        every interval boundary."""
+        rows = np.flatnonzero((committed > 0) & (counts % self.interval == 0))
+        for i in rows.tolist():
+            e, b = entries[i], int(counts[i])
+            if e.status == Status.GENERATION or (e.status == Status.CONTEXT and b in e.keeps):
+                self.candidates.append((e, b))
+
+    def plan_save(self, tokens_of: Callable[[Hashable], Sequence[int]]) -> SnapshotPlan | None:
+        """Reserve snapshot ids for the candidates (evicting unpinned ones least recently used first);
+        None when there is nothing to save."""
+        cands, self.candidates = self.candidates, []
+        P, out, taken = self.planner.page_size, [], set()
+        for e, b in cands:
+            if e.num_tokens != b or not e.on_device or b // P in taken:
+                continue
+            hashes = self._hashes(e, tokens_of(e.req_id), b)
+            node = self.index.nodes.get(hashes[b // P - 1])
+            if node is not None and node.snapshot >= 0:
+                node.last_used = self.index.tick()
+                continue
+            sid = self._free_snapshot()
+            if sid is None:
+                break
+            out.append((e, b, sid))
+        if not out:
+            return None
+        self.saving = SnapshotPlan(tuple(e.req_id for e, _, _ in out), tuple(b for _, b, _ in out),
+                                   tuple(e.slot for e, _, _ in out), tuple(self.row(s) for _, _, s in out),
+                                   tuple(s for _, _, s in out))
+        return self.saving
+
+    def commit_save(self, plan: SnapshotPlan) -> None:
+        """The store copied the states: index them (a chain of the request's full pages ending in the snapshot)."""
+        assert plan is self.saving, "that snapshot plan is not the one in progress"
+        self.saving = None
+        P = self.planner.page_size
+        for rid, b, sid in zip(plan.req_ids, plan.boundaries, plan.ids):
+            e = self.planner.entry(rid)
+            node = self._insert(e.hashes[: b // P], e.pages[: b // P] if self.planner.has_pages else None)
+            if node.snapshot >= 0:  # two rows of one step saved the same prefix
+                self.snap_pool.release([sid])
+                continue
+            node.snapshot, node.last_used = sid, self.index.tick()
+            self.stats["snapshots_saved"] += 1
+            if e.status == Status.GENERATION:
+                old, e.gen_node = e.gen_node, node
+                if (old is not None and old is not node and self.index.nodes.get(old.key) is old
+                        and old.snapshot >= 0 and self.snap_pool.refcount(old.snapshot) == 1):
+                    self._drop(old, evicted=False)
+
+    def cancel_save(self, plan: SnapshotPlan) -> None:
+        assert plan is self.saving, "that snapshot plan is not the one in progress"
+        self.saving = None
+        self.snap_pool.release(list(plan.ids))
+
+    # ------------------------------------------------------------------ eviction
+    def reclaim_pages(self, need: int) -> bool:
+        """Free `need` more pages by evicting unpinned snapshots (and the pages only their chains held),
+        least recently used first — or, when even evicting them all would not do, change nothing."""
+        if need <= 0:
+            return True
+        pool = self.page_pool
+        kept = self.index.kept_by([n for n in self.index.snapshot_nodes() if self.snap_pool.refcount(n.snapshot) > 1])
+        freeable = sum(1 for n in self.index.nodes.values() if id(n) not in kept and n.page >= 0 and pool.refcount(n.page) == 1)
+        if pool.num_free + freeable < pool.num_free + need:
+            return False
+        target = pool.num_free + need
+        for n in sorted(self._evictable(), key=lambda n: n.last_used):
+            self._drop(n, evicted=True)
+            if pool.num_free >= target:
+                break
+        return True
+
+    def drop_all_unpinned(self) -> None:
+        for n in list(self._evictable()):
+            self._drop(n, evicted=True)
+
+    def index_only_pages(self) -> list[int]:
+        """Pages no request holds, only the index (in index order)."""
+        held = {p for e in self.planner.entries() for p in e.pages}
+        return [n.page for n in self.index.nodes.values() if n.page >= 0 and n.page not in held]
+
+    def _evictable(self) -> list[Node]:
+        return [n for n in self.index.snapshot_nodes() if self.snap_pool.refcount(n.snapshot) == 1]
+
+    def _free_snapshot(self) -> int | None:
+        if self.snap_pool.num_free == 0:
+            victims = self._evictable()
+            if not victims:
+                return None
+            self._drop(min(victims, key=lambda n: n.last_used), evicted=True)
+        return self.snap_pool.allocate(1)[0] if self.snap_pool.num_free else None
+
+    def _drop(self, node: Node, evicted: bool) -> None:
+        """Release the node's snapshot and prune the chain that no longer leads to one."""
+        if node.snapshot >= 0:
+            self.snap_pool.release([node.snapshot])
+            node.snapshot = -1
+            self.stats["evictions"] += int(evicted)
+        removed = self.index.prune(node)
+        self.page_pool.release([n.page for n in removed if n.page >= 0])
+
+    # ------------------------------------------------------------------ internals
+    def _hashes(self, e: Entry, tokens: Sequence[int], upto: int) -> list[bytes]:
+        """`e`'s page hashes through token `upto`, extending the ones it has."""
+        P = self.planner.page_size
+        have = len(e.hashes)
+        if upto // P > have:
+            e.hashes.extend(chain_hashes(tokens[:upto], P, e.hashes[-1] if have else b"", have))
+        return e.hashes
+
+    def _insert(self, hashes: list[bytes], pages: list[int] | None) -> Node:
+        """The chain for `hashes`, adding the missing nodes over `pages` (a reference each); its last node."""
+        parent = None
+        for k, h in enumerate(hashes):
+            node = self.index.nodes.get(h)
+            if node is None:
+                page = pages[k] if pages is not None else -1
+                if page >= 0:
+                    self.page_pool.share([page])
+                node = self.index.add(h, parent, page)
+            parent = node
+        return parent

@@ -1,0 +1,103 @@
+"""The prefix index: a content-hash chain over full pages, from hash to cached page and recurrent snapshot.
+
+Tensor-free. A node is one full page of some earlier request's tokens, named by the hash of its parent's
+hash and its own token ids, so equal hashes mean equal prefixes (blake2b, 128 bits). A node holds one
+reference on its page (`page`, -1 for a model without page roles) and may hold a snapshot id: the
+recurrent state after exactly `depth * page_size` tokens. A node lives while it or a descendant holds a
+snapshot; pages past the last snapshot of a chain restart nothing, so they are not kept.
+
+    root ── n1 ── n2 ── n3(snap) ── n4 ── n5(snap)      branch: n3's chain is shared, n4.. diverge
+                         └── m4(snap)
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+ROOT = b""
+
+
+def chain_hashes(tokens: Sequence[int], page_size: int, parent: bytes = ROOT, first_page: int = 0) -> list[bytes]:
+    """Hashes of the full pages of `tokens` from page `first_page` on, chained from `parent` (the hash of
+    page `first_page - 1`, ROOT for the first page)."""
+    out: list[bytes] = []
+    full = len(tokens) // page_size
+    if full <= first_page:
+        return out
+    ids = np.asarray(tokens[first_page * page_size : full * page_size], dtype=np.int64).reshape(-1, page_size)
+    for row in ids:
+        parent = hashlib.blake2b(parent + row.tobytes(), digest_size=16).digest()
+        out.append(parent)
+    return out
+
+
+@dataclass(eq=False)
+class Node:
+    key: bytes
+    parent: "Node | None"
+    depth: int  # pages from the root through this one
+    page: int
+    snapshot: int = -1
+    children: int = 0
+    last_used: int = 0
+
+
+class PrefixIndex:
+    """Nodes by hash; the caller owns the reference counts of the pages and snapshot ids they name."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[bytes, Node] = {}
+        self.clock = 0  # a use counter for LRU order
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def walk(self, hashes: Sequence[bytes]) -> list[Node]:
+        """The nodes of the longest prefix of `hashes` present in the index."""
+        out = []
+        for h in hashes:
+            n = self.nodes.get(h)
+            if n is None:
+                break
+            out.append(n)
+        return out
+
+    def add(self, key: bytes, parent: Node | None, page: int) -> Node:
+        """A new leaf under `parent` (None: the root); the caller takes a reference on `page`."""
+        assert key not in self.nodes, "node exists"
+        node = Node(key, parent, 1 if parent is None else parent.depth + 1, page, last_used=self.clock)
+        if parent is not None:
+            parent.children += 1
+        self.nodes[key] = node
+        return node
+
+    def prune(self, node: Node | None) -> list[Node]:
+        """Remove `node` and then its ancestors while each holds no snapshot and has no children; returns the
+        removed nodes (the caller releases their pages)."""
+        removed = []
+        while node is not None and node.snapshot < 0 and node.children == 0:
+            del self.nodes[node.key]
+            removed.append(node)
+            if node.parent is not None:
+                node.parent.children -= 1
+            node = node.parent
+        return removed
+
+    def snapshot_nodes(self) -> Iterator[Node]:
+        return (n for n in self.nodes.values() if n.snapshot >= 0)
+
+    def kept_by(self, nodes: Sequence[Node]) -> set[int]:
+        """ids of the nodes that stay when every snapshot but those of `nodes` is dropped: their chains."""
+        kept: set[int] = set()
+        for n in nodes:
+            while n is not None and id(n) not in kept:
+                kept.add(id(n))
+                n = n.parent
+        return kept

@@ -1,0 +1,162 @@
+"""Routed experts for small token counts in two Triton launches, no host sync (CUDA-graph capturable).
+
+With x [N, D], index / weight [N, k] from a router and P = N·k token copies ("pairs", p = n·k + j):
+
+  kernel 1, grid (P, ⌈I / BLOCK_ROWS⌉):  e = index[p];  u = rnd_W(up[e] · x[n]),  g = rnd_W(gate[e] · x[n])
+           gated:      h[p] = rnd_W(rnd_W(act(g)) · u)        non-gated:  h[p] = rnd_W(act(u))
+  kernel 2, grid (N, ⌈D / BLOCK_ROWS⌉):  for j in 0..k-1, in order (one program, no atomics):
+           y = rnd_O(rnd_W(down[e_j] · h[n·k + j]));  total = rnd_O(total + rnd_O(rnd_M(y · weight[n, j])))
+
+W is the weights' (and x's) dtype, O the output dtype, M = promote(O, weight's dtype); act runs in fp32.
+These are the roundings of `models/layers/experts.py`'s paths: every GEMM's output is stored in W, the
+activation and the gate product each round once, each expert's output is stored in O, multiplied by its
+router weight in the promoted dtype and summed in O in k order (`dense`; index_add's adds of a token's k
+copies are the same adds). The dot products accumulate in fp32 in another order than torch's GEMMs, so a
+16-bit intermediate now and then lands one ulp away; fp32 agrees to a few 1e-6 relative.
+
+Pairs run on grid axis 0, so the programs of one weight tile for every pair are launched together: pairs
+that share an expert then read that tile from L2 once it is there. Each pair still costs its expert's full
+weight read in the worst case, which is why the forwards use this path only up to `MAX_PAIRS` copies.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..rms_norm_triton import _round
+from ..triton_support import num_sms
+
+RELU2, RELU, SILU, GELU = (tl.constexpr(a) for a in range(4))  # the kernels' ACT
+_ACT = {"relu2": RELU2, "relu": RELU, "silu": SILU, "gelu": GELU}
+TILE = 4096  # weight elements a program reads per loop step (32 fp32 products a thread at 4 warps)
+MIN_ROWS, MAX_ROWS = 4, 64  # output rows a program
+
+
+@triton.jit
+def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, h_ptr, stride_xn, stride_we, stride_wi,
+               K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr,
+               BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
+    p = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    n = (p // K).to(tl.int64)
+    e = tl.load(index_ptr + p).to(tl.int64)
+    w_rows = e * stride_we + rows.to(tl.int64)[:, None] * stride_wi
+    acc_u = tl.zeros([BLOCK_ROWS, BLOCK_IN], tl.float32)
+    acc_g = tl.zeros([BLOCK_ROWS, BLOCK_IN], tl.float32)
+    for c0 in range(0, D, BLOCK_IN):
+        c = c0 + tl.arange(0, BLOCK_IN)
+        xv = tl.load(x_ptr + n * stride_xn + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
+        mask = (rows < I)[:, None] & (c < D)[None, :]
+        acc_u += tl.load(up_ptr + w_rows + c[None, :], mask=mask, other=0.0).to(tl.float32) * xv
+        if GATED:
+            acc_g += tl.load(gate_ptr + w_rows + c[None, :], mask=mask, other=0.0).to(tl.float32) * xv
+    # rounding by `_round` only where W is narrower than fp32 (a nested call costs the interpreter ~2 ms)
+    W: tl.constexpr = up_ptr.dtype.element_ty
+    NARROW: tl.constexpr = W != tl.float32
+    v = tl.sum(acc_g if GATED else acc_u, axis=1)
+    if NARROW:
+        v = _round(v, W)
+    if ACT == RELU2:  # the activation, in fp32 as torch computes it on a float tensor
+        v = tl.maximum(v, 0.0) * tl.maximum(v, 0.0)
+    elif ACT == RELU:
+        v = tl.maximum(v, 0.0)
+    elif ACT == SILU:
+        v = tl.math.div_rn(v, 1.0 + tl.exp(-v))
+    else:  # GELU, the erf form (torch's default)
+        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+    if NARROW:
+        v = _round(v, W)
+    if GATED:
+        u = tl.sum(acc_u, axis=1)
+        if NARROW:
+            v = _round(v * _round(u, W), W)
+        else:
+            v = v * u
+    tl.store(h_ptr + p.to(tl.int64) * I + rows, v.to(W), mask=rows < I)
+
+
+@triton.jit
+def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, out_ptr, stride_we, stride_wd,
+                 K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
+                 BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    W: tl.constexpr = down_ptr.dtype.element_ty
+    O: tl.constexpr = out_ptr.dtype.element_ty
+    total = tl.zeros([BLOCK_ROWS], tl.float32)
+    for j in tl.static_range(K):
+        p = n * K + j
+        e = tl.load(index_ptr + p).to(tl.int64)
+        w_rows = e * stride_we + rows.to(tl.int64)[:, None] * stride_wd
+        acc = tl.zeros([BLOCK_ROWS, BLOCK_IN], tl.float32)
+        for c0 in range(0, I, BLOCK_IN):
+            c = c0 + tl.arange(0, BLOCK_IN)
+            hv = tl.load(h_ptr + p * I + c, mask=c < I, other=0.0).to(tl.float32)[None, :]
+            mask = (rows < D)[:, None] & (c < I)[None, :]
+            acc += tl.load(down_ptr + w_rows + c[None, :], mask=mask, other=0.0).to(tl.float32) * hv
+        y = tl.sum(acc, axis=1)
+        if W != tl.float32:  # the GEMM's output in W, then in O (`_round` only where narrower than fp32)
+            y = _round(y, W)
+        if O != tl.float32 and O != W:
+            y = _round(y, O)
+        y = y * tl.load(weight_ptr + p).to(tl.float32)  # promote(O, weight's dtype) is O or fp32: no rounding
+        if O != tl.float32:
+            total = _round(total + _round(y, O), O)
+        else:
+            total = total + y
+    tl.store(out_ptr + n * D + rows, total.to(O), mask=rows < D)
+
+
+def _tiles(rows: int, inner: int, others: int, device: torch.device) -> tuple[int, int]:
+    """(BLOCK_ROWS, BLOCK_IN) for an output of `rows` per program column and `others` program columns.
+
+    CUDA: rows a program as few as keeps about 4 programs an SM busy (a power of two between MIN_ROWS and
+    MAX_ROWS, so only a handful of variants compile), the inner step filling a TILE-element tile. The CPU
+    interpreter runs programs one by one at a fixed cost each: one program covers all rows in one step."""
+    if device.type != "cuda":
+        return triton.next_power_of_2(rows), triton.next_power_of_2(inner)
+    want = max(1, others * rows // (4 * num_sms(device)))
+    block_rows = max(MIN_ROWS, min(MAX_ROWS, triton.next_power_of_2(rows), 1 << (want.bit_length() - 1)))
+    return block_rows, max(16, min(triton.next_power_of_2(inner), TILE // block_rows))
+
+
+def _check(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, down: Tensor, gate: Tensor | None,
+           act: str) -> None:
+    E, I, D = up.shape
+    assert x.ndim == 2 and x.shape[1] == D, f"x {tuple(x.shape)} against up {tuple(up.shape)}"
+    assert index.shape == weight.shape and index.ndim == 2 and index.shape[0] == x.shape[0], \
+        f"index {tuple(index.shape)}, weight {tuple(weight.shape)}, x {tuple(x.shape)}"
+    assert down.shape == (E, D, I), f"down {tuple(down.shape)} against up {tuple(up.shape)}"
+    assert gate is None or (gate.shape == up.shape and gate.stride() == up.stride()), "gate must be laid out as up"
+    assert up.stride(2) == 1 and down.stride(2) == 1, "expert weights need a unit last stride"
+    assert x.dtype == up.dtype == down.dtype, f"x {x.dtype}, weights {up.dtype} / {down.dtype}"
+    assert act in _ACT, f"activation {act!r}: the kernels compute {sorted(_ACT)}"
+
+
+def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, down: Tensor,
+                         gate: Tensor | None, act: str, out_dtype: torch.dtype,
+                         tiles: tuple[int, int] | None = None) -> Tensor:
+    """`sum_j weight[:, j] * expert(index[:, j], x)` with expert e = `down[e] · act(gate[e] · x) * (up[e] · x)`
+    (gated) or `down[e] · act(up[e] · x)` (gate None). x: [N, D]; index (int), weight: [N, k];
+    up, gate: [E, I, D]; down: [E, D, I] -> [N, D] in out_dtype. Two launches, whatever the index holds.
+    `tiles` (tests): (BLOCK_ROWS, BLOCK_IN) for both kernels instead of `_tiles`' choice."""
+    _check(x, index, weight, up, down, gate, act)
+    (N, K), (_, I, D) = index.shape, up.shape
+    out = torch.empty(N, D, device=x.device, dtype=out_dtype)
+    if N == 0:
+        return out
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    index, weight = index.contiguous(), weight.contiguous()
+    h = torch.empty(N * K, I, device=x.device, dtype=x.dtype)
+    rows, inner = tiles or _tiles(I, D, N * K, x.device)
+    _up_kernel[(N * K, triton.cdiv(I, rows))](
+        x, index, up if gate is None else gate, up, h, x.stride(0), up.stride(0), up.stride(1),
+        K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=4)
+    rows, inner = tiles or _tiles(D, I, N, x.device)
+    _down_kernel[(N, triton.cdiv(D, rows))](
+        h, index, weight, down, out, down.stride(0), down.stride(1),
+        K=K, I=I, D=D, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=4)
+    return out

@@ -1,0 +1,169 @@
+"""Rank 0's side of a tensor-parallel group: the worker processes it starts (torch.multiprocessing, spawn),
+the messages it broadcasts to them, and how a dead or hung worker reaches the caller as a typed error.
+
+Every message is `(op, args)`, broadcast in program order; the workers run the same ops in the same
+order (`engine/tp_worker.py`), so every rank's store holds its shard of the same bytes in the same rows.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing as mp
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from .errors import TensorParallelError
+from .group import TPGroup, connect
+
+log = logging.getLogger(__name__)
+HOST = "127.0.0.1"
+STOP = "stop"
+READY = "hybridcache_tp_ready/"
+
+
+def ready(store: dist.Store, rank: int) -> None:
+    """Tell rank 0 that this worker has loaded its shard and is about to connect."""
+    store.set(f"{READY}{rank}", "1")
+
+
+class Workers:
+    """Ranks 1..size-1 of a group whose rank 0 is this process.
+
+    `target(rank, size, host, port, timeout_s, *args)` runs in each spawned process (an importable
+    function); it loads the rank's shard, calls `ready(store, rank)`, then `connect`s. `processes` is empty
+    when the ranks were started by a launcher (torchrun) and `tp` given.
+    Any collective that fails, or any worker found dead, raises TensorParallelError, and so does every
+    later call: the group is then unusable (a rank's shard of every request's state is gone)."""
+
+    def __init__(self, tp: TPGroup, processes: list[Any], timeout_s: float) -> None:
+        self.tp, self.processes, self.timeout_s = tp, processes, timeout_s
+        self.failure: str | None = None
+        self.closed = False
+
+    @classmethod
+    def spawn(cls, size: int, target: Callable[..., None], args: tuple, device: torch.device,
+              timeout_s: float, startup_s: float = 600.0) -> "Workers":
+        """Start ranks 1..size-1; `connect()` then waits for them (rank 0 loads its shard meanwhile, with
+        `tp`, which `connect` completes)."""
+        store = dist.TCPStore(HOST, 0, size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                              wait_for_workers=False)
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=target, args=(rank, size, HOST, store.port, timeout_s, *args), daemon=True,
+                             name=f"hybridcache-tp{rank}") for rank in range(1, size)]
+        workers = cls(TPGroup(0, size, device=device), procs, timeout_s)
+        workers._store, workers._startup_s = store, startup_s  # the rendezvous, kept alive with the group
+        for p in procs:
+            p.start()
+        return workers
+
+    def connect(self) -> None:
+        """Wait for every worker to load its shard, then form the group (TensorParallelError if one exits
+        first or the start takes longer than `startup_s`). A launcher's group is formed already."""
+        if self.tp.pg is not None:
+            return
+        self._wait_ready(self._store, self._startup_s)
+        with self.guard("connecting to the workers"):
+            connect(self._store, self.tp, self.timeout_s)
+
+    def _wait_ready(self, store: dist.TCPStore, startup_s: float) -> None:
+        """Until every worker has loaded its shard (`ready(store, rank)`); one that exits first, or a
+        start slower than `startup_s`, raises TensorParallelError."""
+        keys = [f"{READY}{i + 1}" for i in range(len(self.processes))]
+        deadline = time.monotonic() + startup_s
+        while not store.check(keys):
+            self.check()
+            if time.monotonic() > deadline:
+                self._fail(f"the workers did not load their shards within {startup_s:.0f} s")
+                raise TensorParallelError(self.failure)
+            time.sleep(0.02)
+
+    # ------------------------------------------------------------------ messages
+    def send(self, op: str, *args: Any) -> None:
+        """Broadcast `(op, args)` to every worker."""
+        with self.guard(f"sending {op!r} to the workers"):
+            self.tp.broadcast_object((op, args))
+
+    @contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """Run a collective (or a forward that all-reduces); a distributed failure, or a worker that is
+        found dead, becomes TensorParallelError naming it. Other errors pass unchanged."""
+        self.check()
+        try:
+            yield
+        except dist.DistError as e:
+            self._fail(f"{what} failed: {e}".strip())
+            raise TensorParallelError(self.failure) from e
+        except RuntimeError as e:  # gloo's closed connections are sometimes plain RuntimeErrors
+            if not self._dead(wait_s=1.0) and "gloo" not in str(e).lower():
+                raise
+            self._fail(f"{what} failed: {e}".strip())
+            raise TensorParallelError(self.failure) from e
+
+    def check(self) -> None:
+        """TensorParallelError if the group failed before or a worker has exited."""
+        if self.closed:
+            raise TensorParallelError("the tensor-parallel workers are closed")
+        if self.failure is None and self._dead():
+            self._fail("")
+        if self.failure is not None:
+            raise TensorParallelError(self.failure)
+
+    def _dead(self, wait_s: float = 0.0) -> list[str]:
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [f"rank {i + 1} exited with code {p.exitcode}" for i, p in enumerate(self.processes)
+                    if p.exitcode is not None]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
+
+    def _fail(self, what: str) -> None:
+        dead = self._dead()
+        self.failure = "tensor-parallel worker failure: " + "; ".join(
+            [*dead, what] if what else dead) + " (close this LLM; its requests' state is lost)"
+        log.error(self.failure)
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Stop the workers (a stop message, then terminate any still running); idempotent."""
+        if self.closed:
+            return
+        if self.failure is None and self.tp.pg is not None and not self._dead():
+            try:
+                self.send(STOP)
+            except TensorParallelError:
+                pass
+        self.closed = True
+        for p in self.processes:
+            p.join(timeout=10)
+            if p.exitcode is None:
+                p.kill()
+                p.join(timeout=5)
+        if not self.processes and self.tp.pg is not None and dist.is_initialized():
+            dist.destroy_process_group()  # a launcher's default group (torchrun)
+        self.tp.pg = None  # drops the process group
+
+
+class MirroredStore:
+    """Rank 0's cache store: each call that changes a store (`MUTATING`) is broadcast to the workers, which
+    make it on their own stores, and then made here; everything else reads this rank's store (`local`)."""
+
+    MUTATING = frozenset({"execute", "accept", "zero_slots", "copy", "recarve", "synchronize", "save_snapshots"})
+
+    def __init__(self, local: Any, workers: Workers) -> None:
+        self.local, self.workers = local, workers
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.local, name)
+        if name not in self.MUTATING:
+            return attr
+
+        def mirrored(*args: Any) -> Any:
+            self.workers.send(name, *args)
+            return attr(*args)
+
+        return mirrored

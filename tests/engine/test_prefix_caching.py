@@ -1,0 +1,147 @@
+"""Prefix caching end to end: outputs equal caching off for the three families (greedy and seeded
+sampling, n-gram speculation, multi-turn, under pressure with suspensions and rebalances), and hits
+counted exactly on constructed workloads. `check_integrity()` runs after every step."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hybridcache import LLM, SamplingParams, SpeculativeConfig
+from hybridcache.engine.errors import InvalidParamsError
+from tests.models import helpers as nemotron
+from tests.models import test_kimi_linear as kimi
+from tests.models import test_qwen3_next as qwen
+
+SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
+SPEC = SpeculativeConfig(num_draft_tokens=2)
+
+
+@pytest.fixture(scope="module", params=sorted(SAVERS))
+def checkpoint(request, tmp_path_factory):
+    path, _ = SAVERS[request.param](tmp_path_factory.mktemp(request.param))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path, _ = nemotron.save_tiny(tmp_path_factory.mktemp("nemotron"))
+    return path
+
+
+def grouped(seed: int, groups: int = 2, per: int = 3, shared: int = 20) -> list[list[int]]:
+    rng = random.Random(seed)
+    heads = [[rng.randrange(3, 96) for _ in range(shared)] for _ in range(groups)]
+    return [h + [rng.randrange(3, 96) for _ in range(rng.randint(1, 12))] for h in heads for _ in range(per)]
+
+
+def mixed_params(n: int) -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.0 if i % 2 else 0.9, seed=i)
+            for i in range(n)]
+
+
+def cached_llm(path, **kw) -> LLM:
+    llm = LLM(path, page_size=4, max_model_len=128, enable_prefix_caching=True, prefix_snapshot_interval=8,
+              device_cache_bytes=kw.pop("device_cache_bytes", 1 << 22), **kw)
+    llm.step_hook = llm.manager.check_integrity
+    return llm
+
+
+@pytest.mark.parametrize("spec", [None, SPEC], ids=["plain", "ngram"])
+def test_on_equals_off_with_shared_prefixes_and_a_second_turn(checkpoint, spec):
+    prompts = grouped(0)
+    params = mixed_params(len(prompts))
+    off = LLM(checkpoint, page_size=4, max_model_len=128, max_num_seqs=4, speculative=spec)
+    on = cached_llm(checkpoint, max_num_seqs=4, speculative=spec)
+    want = [o.token_ids for o in off.generate(prompts, params)]
+    assert [o.token_ids for o in on.generate(prompts, params)] == want
+    assert on.stats.prefix_cache_hits >= 16 * 2  # each group's later requests start past the shared prefix
+
+    turn2 = [p + w + [7, 8, 9] for p, w in zip(prompts, want)]
+    hits = on.stats.prefix_cache_hits
+    assert [o.token_ids for o in on.generate(turn2, params)] == [o.token_ids for o in off.generate(turn2, params)]
+    assert on.stats.prefix_cache_hits - hits >= 8 * len(turn2)  # each turn starts past the first turn's prefix
+    on.manager.check_integrity()
+    assert on.manager.requests() == [] and on.manager.slot_pool.num_owned == 0
+
+
+def test_on_equals_off_under_pressure_with_suspensions_and_rebalances(checkpoint):
+    prompts = grouped(3, groups=3, per=3, shared=16)
+    params = mixed_params(len(prompts))
+    free = LLM(checkpoint, max_num_seqs=16, speculative=SPEC, max_model_len=64, page_size=4)
+    expected = [o.token_ids for o in free.generate(prompts, params)]
+    sizing = free.sizing
+    per = sizing.request_bytes(max(map(len, prompts)) + 10 + 3, 4)
+    budget = 5 * sizing.bytes_per_slot + int((per - sizing.bytes_per_slot) * 1.3)
+    llm = cached_llm(checkpoint, max_num_seqs=4, speculative=SPEC, num_slots=4, device_cache_bytes=budget,
+                     host_cache_bytes=int(per * 1.5), max_num_batched_tokens=16)
+    rng = random.Random(2)
+    pending, ids, outputs, rebalances = list(range(len(prompts))), {}, {}, 0
+    while pending or llm.has_unfinished():
+        for _ in range(rng.randint(0, 2)):
+            if pending:
+                i = pending.pop(0)
+                ids[llm.add_request(prompts[i], params[i])] = i
+        if rng.random() < 0.15:
+            try:
+                llm.rebalance(rng.choice([2, 3, 4]))
+                rebalances += 1
+            except ValueError:
+                pass
+            llm.manager.check_integrity()
+        for out in llm.step():
+            outputs[ids[out.request_id]] = out.token_ids
+    assert [outputs[i] for i in range(len(prompts))] == expected
+    s = llm.stats
+    assert rebalances > 0 and s.num_suspensions + s.num_reprefills > 0 and s.prefix_cache_hits > 0, s
+    assert llm.manager.requests() == [] and llm.manager.slot_pool.num_owned == 0
+
+
+def test_hits_are_counted_exactly_at_the_boundaries_they_come_from(tiny):
+    """page 4, interval 8. A (24 shared + 6) saves at 24 (its prompt's last boundary) and, generating, at 32;
+    B (24 shared + 10) hits 24; C (A's prompt and output + 1) hits 32, generated tokens included."""
+    rng = random.Random(5)
+    shared = [rng.randrange(3, 96) for _ in range(24)]
+    a, b = shared + [rng.randrange(3, 96) for _ in range(6)], shared + [rng.randrange(3, 96) for _ in range(10)]
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    off = LLM(tiny, page_size=4, max_model_len=128)
+    on = cached_llm(tiny)
+    out_a = on.generate([a], params)[0].token_ids
+    assert out_a == off.generate([a], params)[0].token_ids
+    assert (on.stats.prefix_cache_queries, on.stats.prefix_cache_hits, on.stats.num_snapshots) == (30, 0, 2)
+    assert on.generate([b], params)[0].token_ids == off.generate([b], params)[0].token_ids
+    assert (on.stats.prefix_cache_queries, on.stats.prefix_cache_hits) == (30 + 34, 24)
+    c = a + out_a + [11]
+    assert on.generate([c], params)[0].token_ids == off.generate([c], params)[0].token_ids
+    assert (on.stats.prefix_cache_queries, on.stats.prefix_cache_hits) == (30 + 34 + 34, 24 + 32)
+
+
+def test_the_second_request_of_a_group_sent_at_once_waits_for_the_first_ones_snapshot(tiny):
+    """Both arrive in one step: the second is deferred while the first prefills to the branch point (16),
+    saves there, and the second then starts from it."""
+    rng = random.Random(6)
+    shared = [rng.randrange(3, 96) for _ in range(16)]
+    prompts = [shared + [rng.randrange(3, 96) for _ in range(10)] for _ in range(2)]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    on = cached_llm(tiny)
+    got = [o.token_ids for o in on.generate(prompts, params)]
+    assert got == [o.token_ids for o in LLM(tiny, page_size=4, max_model_len=128).generate(prompts, params)]
+    assert (on.stats.prefix_cache_queries, on.stats.prefix_cache_hits) == (52, 16)
+
+
+def test_a_small_snapshot_pool_evicts_and_stays_exact(tiny):
+    prompts = grouped(9, groups=4, per=3, shared=16)
+    params = mixed_params(len(prompts))
+    off = LLM(tiny, page_size=4, max_model_len=128, max_num_seqs=2)
+    on = cached_llm(tiny, max_num_seqs=2)
+    prefix = on.manager.planner.prefix
+    from hybridcache.cache.id_pool import IdPool
+
+    prefix.snap_pool = IdPool(2)  # two of its rows only: every new snapshot evicts
+    assert [o.token_ids for o in on.generate(prompts, params)] == [o.token_ids for o in off.generate(prompts, params)]
+    assert on.stats.prefix_cache_evictions > 0 and on.stats.prefix_cache_hits > 0
+
+
+def test_bad_interval_is_refused(tiny):
+    with pytest.raises(InvalidParamsError, match="prefix_snapshot_interval"):
+        LLM(tiny, page_size=4, enable_prefix_caching=True, prefix_snapshot_interval=6)
