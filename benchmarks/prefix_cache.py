@@ -11,7 +11,7 @@ Workloads (all requests of a wave are submitted at once; greedy, fixed output le
 Hits count at admission (`LLM.stats.prefix_cache_hits`); prefill tokens computed are the prompt tokens
 minus the hits (no request is preempted at this budget).
 
-    PYTHONPATH=. python benchmarks/prefix_cache.py --groups 4 --per-group 8 --conversations 8 --turns 4  # CPU smoke
+    PYTHONPATH=. python benchmarks/prefix_cache.py --quick                                               # CPU smoke
     PYTHONPATH=. python benchmarks/prefix_cache.py --json out/prefix_cache_cpu.json                      # issue sizes
 """
 from __future__ import annotations
@@ -83,9 +83,14 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--quick", action="store_true",
+                    help="small sizes (4 groups of 8, 512 shared; 12 conversations of 4 turns; 6 seqs; 32 new tokens)")
     ap.add_argument("--workloads", nargs="+", default=["shared", "multiturn"], choices=["shared", "multiturn"])
     add_json_arg(ap)
     args = ap.parse_args()
+    if args.quick:
+        args.groups, args.per_group, args.shared_len, args.new_tokens = 4, 8, 512, 32
+        args.conversations, args.turns, args.max_num_seqs = 12, 4, 6
     path = checkpoint(args)
     rec = Record(args.json, "prefix_cache", args.device, vars(args))
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)

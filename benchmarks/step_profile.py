@@ -22,6 +22,11 @@ from benchmarks.families import add_model_args, checkpoint
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# (name, enforce_eager, async_scheduling): graphs with the host's planning overlapped, graphs with a
+# synchronous step (the host plans while the device idles), eager
+MODES = [("graph", False, True), ("graph-sync", False, False), ("eager", True, True)]
+
+
 def steady(llm, batch: int, prompt_len: int, vocab: int) -> None:
     from hybridcache import SamplingParams
     from hybridcache.workload import make_prompts
@@ -121,11 +126,11 @@ def main() -> None:
 
     path = checkpoint(args)
     print(f"{args.family} {args.size} on {args.device} {args.dtype}; {args.steps} steady decode steps")
-    print(f"{'batch':>5} {'mode':>6} {'wall ms':>8} {'GPU ms':>7} {'busy':>6} {'launches':>9} {'tok/s':>8}")
+    print(f"{'batch':>5} {'mode':>10} {'wall ms':>8} {'GPU ms':>7} {'busy':>6} {'launches':>9} {'tok/s':>8}")
     for b in args.batch:
-        for eager in (False, True):
+        for mode, eager, overlap in MODES:
             llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=b, max_model_len=args.prompt_len + 1024,
-                      max_num_batched_tokens=b * args.prompt_len, enforce_eager=eager)
+                      max_num_batched_tokens=b * args.prompt_len, enforce_eager=eager, async_scheduling=overlap)
             steady(llm, b, args.prompt_len, llm.vocab_size)
             sync(args.device)
             t0 = time.perf_counter()
@@ -140,7 +145,7 @@ def main() -> None:
                 sync(args.device)
             kernels = [e for e in prof.events() if cuda and e.device_type == torch.autograd.DeviceType.CUDA]
             gpu = sum(e.device_time for e in kernels) / 1e3 / args.steps  # us -> ms
-            print(f"{b:>5} {'eager' if eager else 'graph':>6} {wall * 1e3:>8.2f} {gpu:>7.2f} {gpu / (wall * 1e3):>5.0%} "
+            print(f"{b:>5} {mode:>10} {wall * 1e3:>8.2f} {gpu:>7.2f} {gpu / (wall * 1e3):>5.0%} "
                   f"{len(kernels) / args.steps:>9.0f} {b / wall:>8.0f}")
             if eager and args.by_module:
                 by_module(llm, args.device, min(args.steps, 5))

@@ -51,12 +51,14 @@ class Entry:
     host_pages: list[int] = field(default_factory=list)
     fresh: bool = False  # took its slot since the last planned step: the slot must be zeroed first
     # prefix caching (cache/prefix_cache.py): a pinned snapshot id its first step restores (-1: none), the
-    # token counts at which it saves a snapshot while in CONTEXT, its page hashes so far, and the node of
-    # the last snapshot it saved while generating
+    # token counts at which it saves a snapshot while in CONTEXT and which of them are branch points, its
+    # page hashes so far, and the node of its latest tail snapshot (saved or restored; not a branch point),
+    # which its next tail snapshot replaces
     restore: int = -1
     keeps: tuple[int, ...] = ()
+    branches: tuple[int, ...] = ()
     hashes: list[bytes] = field(default_factory=list)
-    gen_node: object = None
+    tail_node: object = None
 
     @property
     def num_tokens(self) -> int:

@@ -40,11 +40,12 @@ def check_integrity(mgr: "Planner") -> None:
                 raise IntegrityError(f"device request {e.req_id!r} holds slot {e.slot} / host state")
             if len(e.pages) < pages_for(e.num_tokens, mgr.page_size) and mgr.has_pages:
                 raise IntegrityError(f"request {e.req_id!r}: {e.num_tokens} tokens on {len(e.pages)} pages")
-        if e.status == Status.SUSPENDED:
-            if holds_device or e.host_slot < 0:
-                raise IntegrityError(f"suspended request {e.req_id!r} holds device state or no host slot")
-            if len(e.host_pages) != mgr.live_pages(e):
-                raise IntegrityError(f"suspended request {e.req_id!r}: {len(e.host_pages)} host pages")
+        if e.status == Status.SUSPENDED:  # its shared pages stay on the device, the rest on the host
+            if e.slot >= 0 or e.host_slot < 0:
+                raise IntegrityError(f"suspended request {e.req_id!r} holds a device slot or no host slot")
+            if len(e.pages) + len(e.host_pages) != mgr.live_pages(e):
+                raise IntegrityError(f"suspended request {e.req_id!r}: {len(e.pages)} device and "
+                                     f"{len(e.host_pages)} host pages for {e.num_tokens} tokens")
         if e.status == Status.DUMMY:
             if not 0 <= e.slot < mgr.slot_pool.permanent or e.pages or holds_host:
                 raise IntegrityError(f"dummy {e.req_id!r} must hold exactly one permanent slot")

@@ -24,6 +24,8 @@ def read_live_state(store: CacheStore, e: Entry, live_pages: int) -> dict[str, t
         for r in store.slot_roles:
             out[r.name] = record_view(rec, r, host.slot_layout)[0].clone()
         prec = host.page_records[torch.tensor(e.host_pages, dtype=torch.long)]
+        kept = torch.tensor(e.pages, dtype=torch.long, device=store.device)  # shared pages stay on the device
         for r in store.page_roles:
-            out[r.name] = record_view(prec, r, host.page_layout).transpose(0, 1).clone()
+            moved = record_view(prec, r, host.page_layout).transpose(0, 1)
+            out[r.name] = torch.cat([store.device_tier.pages[r.name][:, kept].cpu(), moved], 1).clone()
     return out

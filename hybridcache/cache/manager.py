@@ -247,6 +247,36 @@ class HybridCacheManager:
         self.planner.commit_rebalance(plan)
         return moved
 
+    # ------------------------------------------------------------------ transfer between engines
+    def export_records(self, req_id: Hashable) -> tuple[torch.Tensor, torch.Tensor]:
+        """A generating request's live bytes as a suspend would save them, changing nothing: its slot record
+        `[slot nbytes]` and the page records of its committed tokens `[live pages, page nbytes]` (uint8,
+        host memory; layouts `host_tier.slot_layout` / `page_layout`)."""
+        e = self.planner.entry(req_id)
+        if e.status != Status.GENERATION:
+            raise InvalidTransitionError(f"request {req_id!r} is {e.status.name}; only GENERATION can be exported")
+        rec = self.store.read_records(e.slot, e.pages[: self.planner.live_pages(e)])
+        return rec.slot_records[0], rec.page_records
+
+    def adopt(self, req_id: Hashable, num_tokens: int, slot_record: torch.Tensor, page_records: torch.Tensor) -> None:
+        """Register a request suspended elsewhere (`export_records` of an engine with the same layouts): it
+        becomes SUSPENDED here with `num_tokens` committed, and `resume` brings it to the device. Raises
+        (changing nothing) on a duplicate id, records of the wrong shape, or a full host tier."""
+        plan = self.planner.plan_adopt(req_id, num_tokens)
+        host = self.store.host_tier
+        try:
+            if (tuple(slot_record.shape) != (host.slot_layout.nbytes,) or slot_record.dtype != torch.uint8
+                    or tuple(page_records.shape) != (len(plan.host_pages), host.page_layout.nbytes)
+                    or page_records.dtype != torch.uint8):
+                raise LayoutError(
+                    f"records {tuple(slot_record.shape)} / {tuple(page_records.shape)} do not fit {num_tokens} tokens: "
+                    f"a slot record is {host.slot_layout.nbytes} B, a page record {host.page_layout.nbytes} B")
+            self.store.write_host(plan.host_slots[0], plan.host_pages, slot_record, page_records)
+        except BaseException:
+            self.planner.cancel_move(plan)
+            raise
+        self.planner.commit_adopt(plan, num_tokens)
+
     # ------------------------------------------------------------------ inspection
     def live_state(self, req_id: Hashable) -> dict[str, torch.Tensor]:
         """A copy of the request's live bytes by role: slot roles `[layers, *live_shape]`, page roles

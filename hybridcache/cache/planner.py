@@ -114,9 +114,18 @@ class Planner:
         return max(0, pages_for(e.num_tokens + num_new, self.page_size) - len(e.pages))
 
     def live_counts(self) -> tuple[int, int]:
-        """(requests on the device, pages they hold): what a rebalance must place."""
+        """(requests on the device, device pages held by requests, suspended ones' shared pages included):
+        what a rebalance must place."""
         live = [e for e in self._entries.values() if e.on_device]
-        return len(live), len({p for e in live for p in e.pages})
+        return len(live), len({p for e in self._entries.values() if e.status != Status.DUMMY for p in e.pages})
+
+    def kept_pages(self, e: Entry) -> int:
+        """How many of a generating request's first pages are shared (another holder: the prefix index or a
+        request): suspending it keeps its references to those on the device and copies only the rest."""
+        k, live = 0, self.live_pages(e)
+        while k < live and self.page_pool.refcount(e.pages[k]) > 1:
+            k += 1
+        return k
 
     # ------------------------------------------------------------------ lifecycle
     def add(self, req_id: Hashable) -> None:
@@ -200,8 +209,12 @@ class Planner:
         return self.prefix.match(e, tokens, context_len)
 
     def next_keep(self, req_id: Hashable) -> int | None:
-        """The next token count past the committed ones where the request saves a snapshot (None: none)."""
+        """The next token count past the committed ones where the request saves a snapshot (None: none):
+        a keep while in CONTEXT, the next interval boundary while generating (a verify step must not
+        commit past it, or that boundary's state is never saved)."""
         e = self.entry(req_id)
+        if self.prefix is not None and e.status == Status.GENERATION:
+            return (e.num_tokens // self.prefix.interval + 1) * self.prefix.interval
         return next((b for b in e.keeps if b > e.num_tokens), None)
 
     def plan_snapshots(self, tokens_of) -> SnapshotPlan | None:
@@ -360,7 +373,7 @@ class Planner:
             if e.status != Status.GENERATION:
                 what = "a dummy; dummies are never suspended" if e.status == Status.DUMMY else e.status.name
                 raise InvalidTransitionError(f"request {e.req_id!r} is {what}; only GENERATION can suspend")
-        live = [e.pages[: self.live_pages(e)] for e in entries]
+        live = [e.pages[self.kept_pages(e) : self.live_pages(e)] for e in entries]  # shared pages stay
         need = sum(map(len, live))
         hs, hp = self.host_slot_pool, self.host_page_pool
         if len(entries) > hs.num_free or need > hp.num_free:
@@ -405,14 +418,15 @@ class Planner:
         pages = _split(plan.pages, plan.page_counts)
         host_pages = _split(plan.host_pages, plan.page_counts)
         for e, s, hs, ps, hps in zip(entries, plan.slots, plan.host_slots, pages, host_pages):
-            if plan.to_host:
+            if plan.to_host:  # it keeps its shared pages (the first live - copied ones) on the device
+                kept = self.live_pages(e) - len(hps)
                 self.slot_pool.release([e.slot])
-                self.page_pool.release(e.pages)
-                e.slot, e.pages, e.host_slot, e.host_pages, e.status = -1, [], hs, hps, Status.SUSPENDED
+                self.page_pool.release(e.pages[kept:])
+                e.slot, e.pages, e.host_slot, e.host_pages, e.status = -1, e.pages[:kept], hs, hps, Status.SUSPENDED
             else:
                 self.host_slot_pool.release([e.host_slot])
                 self.host_page_pool.release(e.host_pages)
-                e.slot, e.pages, e.host_slot, e.host_pages, e.status = s, ps, -1, [], Status.GENERATION
+                e.slot, e.pages, e.host_slot, e.host_pages, e.status = s, e.pages + ps, -1, [], Status.GENERATION
         key = ("suspensions", "bytes_to_host") if plan.to_host else ("resumes", "bytes_to_device")
         self.stats[key[0]] += len(entries)
         self.stats[key[1]] += nbytes
@@ -427,6 +441,36 @@ class Planner:
         dst_pages.release(list(plan.host_pages if plan.to_host else plan.pages))
         self._moving = None
 
+    def plan_adopt(self, req_id: Hashable, num_tokens: int) -> MovePlan:
+        """Reserve a host slot and the host pages of `num_tokens` committed tokens for a request whose live
+        bytes come from another engine (disaggregated prefill); the store writes them, then `commit_adopt`
+        registers the request SUSPENDED (or `cancel_move` releases the ids). Raises DuplicateRequestError,
+        InvalidCountError or HostTierFullError, changing nothing."""
+        self._require_idle()
+        if req_id in self._entries:
+            raise DuplicateRequestError(f"request {req_id!r} already exists")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 < num_tokens <= MAX_TOKENS:
+            raise InvalidCountError(f"an adopted request holds 1..{MAX_TOKENS} tokens, got {num_tokens!r}")
+        need = pages_for(num_tokens, self.page_size) if self.has_pages else 0
+        hs, hp = self.host_slot_pool, self.host_page_pool
+        if hs.num_free < 1 or need > hp.num_free:
+            raise HostTierFullError(f"host tier has {hs.num_free} slots and {hp.num_free} pages free; adopting needs 1 and {need}")
+        plan = MovePlan(req_ids=(req_id,), to_host=True, slots=(), host_slots=tuple(hs.allocate(1)), pages=(),
+                        host_pages=tuple(hp.allocate(need)), page_counts=(need,))
+        self._moving = plan
+        return plan
+
+    def commit_adopt(self, plan: MovePlan, num_tokens: int) -> None:
+        """The adopted request's bytes are in its host records: it is SUSPENDED with `num_tokens` committed."""
+        self._require_moving(plan)
+        (req_id,) = plan.req_ids
+        self._freed.pop(req_id, None)
+        e = Entry(req_id, Status.SUSPENDED, self._tokens, self._tokens.take(), host_slot=plan.host_slots[0],
+                  host_pages=list(plan.host_pages))
+        e.num_tokens = num_tokens
+        self._entries[req_id] = e
+        self._moving = None
+
     # ------------------------------------------------------------------ rebalance
     def plan_rebalance(self, num_slots: int, num_pages: int) -> RecarvePlan:
         """Where every live request's slot and pages go in a carving of `num_slots` request slots and
@@ -435,7 +479,7 @@ class Planner:
         OutOfDeviceMemoryError when they do not fit."""
         self._require_idle()
         live = [e for e in self._entries.values() if e.on_device]
-        held = len({p for e in live for p in e.pages})
+        _, held = self.live_counts()
         if num_slots < 1 or len(live) > num_slots or held > num_pages:
             raise OutOfDeviceMemoryError(
                 f"{len(live)} live requests holding {held} pages do not fit {num_slots} slots and {num_pages} pages"
@@ -446,6 +490,7 @@ class Planner:
                 self.prefix.drop_all_unpinned()  # pinned chains are held by their requests: none is left over
             extra = self.prefix.index_only_pages()
             fixed_rows = [self.prefix.row(i) for i in self.prefix.snap_pool.owned_ids()]
+        extra = self._suspended_pages(live) + extra  # suspended requests' shared pages move too
         plan = RecarvePlan.compacting(
             (self.slot_pool.total, self.page_pool.total), num_slots, num_pages, self.num_dummies,
             [e.slot for e in live], [e.pages for e in live], [self.live_pages(e) for e in live],
@@ -465,6 +510,8 @@ class Planner:
         for e in live:  # the order RecarvePlan.compacting numbered the distinct pages in
             for p in e.pages:
                 new_id.setdefault(p, len(new_id))
+        for p in self._suspended_pages(live):
+            new_id.setdefault(p, len(new_id))
         nodes = list(self.prefix.index.nodes.values()) if self.prefix is not None else []
         for n in nodes:
             if n.page >= 0:
@@ -473,6 +520,10 @@ class Planner:
         for e, slot in zip(live, slots):
             e.slot, e.pages = slot, [new_id[p] for p in e.pages]
             page_pool.share(e.pages)
+        for e in self._entries.values():
+            if e.status == Status.SUSPENDED:
+                e.pages = [new_id[p] for p in e.pages]
+                page_pool.share(e.pages)
         for n in nodes:
             if n.page >= 0:
                 n.page = new_id[n.page]
@@ -491,8 +542,8 @@ class Planner:
         if not state_lost:
             return []
         dropped = []
-        for e in self._entries.values():
-            if e.on_device:
+        for e in self._entries.values():  # a suspended request's shared pages were on the device too
+            if e.on_device or (e.status == Status.SUSPENDED and e.pages):
                 self._release(e)
                 e.status, e.num_tokens = Status.WAITING, 0
                 dropped.append(e.req_id)
@@ -506,6 +557,15 @@ class Planner:
         return dropped
 
     # ------------------------------------------------------------------ internals
+    def _suspended_pages(self, live: list[Entry]) -> list[int]:
+        """The device pages suspended requests keep (always full) that no live request holds, in entry order."""
+        held = {p for e in live for p in e.pages}
+        out: dict[int, None] = {}
+        for e in self._entries.values():
+            if e.status == Status.SUSPENDED:
+                out.update((p, None) for p in e.pages if p not in held)
+        return list(out)
+
     def _room(self, pages: int) -> bool:
         """Whether `pages` pages are free, evicting cached ones only the prefix index holds if that makes room."""
         short = pages - self.page_pool.num_free

@@ -28,7 +28,7 @@ import numpy as np
 from .entries import Entry, Status
 from .id_pool import IdPool
 from .plans import SnapshotPlan
-from .prefix_index import Node, PrefixIndex, chain_hashes
+from .prefix_index import BRANCH, GEN, PROMPT, Node, PrefixIndex, chain_hashes
 
 if TYPE_CHECKING:
     from .planner import Planner
@@ -94,6 +94,8 @@ class PrefixCache:
             if leader.status == Status.CONTEXT and leader.num_tokens < branch:
                 if branch not in leader.keeps:
                     leader.keeps = tuple(sorted((*leader.keeps, branch)))
+                if branch not in leader.branches:
+                    leader.branches = (*leader.branches, branch)
                 defer = True
         return PrefixMatch(e.req_id, hit * P, tuple(nodes[:hit]), nodes[hit - 1].snapshot if hit else -1,
                            keeps, context_len, defer, leader.req_id if defer else None, branch)
@@ -105,13 +107,14 @@ class PrefixCache:
         if m.snapshot >= 0:
             self.snap_pool.share([m.snapshot])
         e.pages, e.restore, e.keeps = pages, m.snapshot, m.keeps
+        e.branches = (m.branch,) if m.branch in m.keeps else ()
         e.num_tokens = m.tokens
 
     def undo_admit(self, e: Entry) -> None:
         self.page_pool.release(e.pages)
         if e.restore >= 0:
             self.snap_pool.release([e.restore])
-        e.pages, e.restore, e.keeps, e.num_tokens = [], -1, (), 0
+        e.pages, e.restore, e.keeps, e.branches, e.num_tokens = [], -1, (), (), 0
 
     def admitted(self, e: Entry, m: PrefixMatch) -> None:
         """The allocation went through: count the query and hit, mark the chain used, and list the
@@ -121,6 +124,12 @@ class PrefixCache:
         t = self.index.tick()
         for n in m.nodes:
             n.last_used = t
+        if m.snapshot >= 0:
+            node = m.nodes[-1]
+            node.hits += 1
+            if node.hits > 1:
+                node.kind = BRANCH
+            e.tail_node = node if node.kind == GEN else None
         for h in e.hashes[: m.context_len // self.planner.page_size]:
             self.inflight.setdefault(h, e)
 
@@ -129,7 +138,7 @@ class PrefixCache:
         for h in e.hashes:
             if self.inflight.get(h) is e:
                 del self.inflight[h]
-        e.keeps = ()
+        e.keeps, e.branches = (), ()
 
     def released(self, e: Entry) -> None:
         """`e` dropped what it holds: its pin and in-flight marks go too."""
@@ -137,7 +146,7 @@ class PrefixCache:
             self.snap_pool.release([e.restore])
             e.restore = -1
         self.left_context(e)
-        e.gen_node = None
+        e.tail_node = None
 
     # ------------------------------------------------------------------ saving snapshots
     def after_commit(self, entries: list[Entry], counts: np.ndarray, committed: np.ndarray) -> None:
@@ -185,10 +194,11 @@ class PrefixCache:
                 self.snap_pool.release([sid])
                 continue
             node.snapshot, node.last_used = sid, self.index.tick()
+            node.kind = GEN if e.status == Status.GENERATION else BRANCH if b in e.branches else PROMPT
             self.stats["snapshots_saved"] += 1
-            if e.status == Status.GENERATION:
-                old, e.gen_node = e.gen_node, node
-                if (old is not None and old is not node and self.index.nodes.get(old.key) is old
+            if node.kind != BRANCH:  # a later state of the request replaces its last GEN one (an ancestor)
+                old, e.tail_node = e.tail_node, (node if node.kind == GEN else None)
+                if (old is not None and old is not node and old.kind == GEN and self.index.nodes.get(old.key) is old
                         and old.snapshot >= 0 and self.snap_pool.refcount(old.snapshot) == 1):
                     self._drop(old, evicted=False)
 
@@ -209,7 +219,7 @@ class PrefixCache:
         if pool.num_free + freeable < pool.num_free + need:
             return False
         target = pool.num_free + need
-        for n in sorted(self._evictable(), key=lambda n: n.last_used):
+        for n in sorted(self._evictable(), key=_victim_order):
             self._drop(n, evicted=True)
             if pool.num_free >= target:
                 break
@@ -232,7 +242,7 @@ class PrefixCache:
             victims = self._evictable()
             if not victims:
                 return None
-            self._drop(min(victims, key=lambda n: n.last_used), evicted=True)
+            self._drop(min(victims, key=_victim_order), evicted=True)
         return self.snap_pool.allocate(1)[0] if self.snap_pool.num_free else None
 
     def _drop(self, node: Node, evicted: bool) -> None:
@@ -265,3 +275,14 @@ class PrefixCache:
                 node = self.index.add(h, parent, page)
             parent = node
         return parent
+
+
+_KIND_ORDER = {PROMPT: 1, GEN: 2, BRANCH: 3}
+
+
+def _victim_order(n: Node) -> tuple[int, int]:
+    """Eviction order (Marconi-like, by the prefill a snapshot is likely to save): a PROMPT snapshot that a
+    later one of its chain supersedes first, then other PROMPT ones (a prompt's end rarely starts another
+    request), then GEN ones (a conversation's next turn), then BRANCH points (every request of a group);
+    least recently used first within each."""
+    return (0 if n.kind == PROMPT and n.children else _KIND_ORDER.get(n.kind, 0), n.last_used)

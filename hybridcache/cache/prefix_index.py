@@ -18,6 +18,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 ROOT = b""
+BRANCH, PROMPT, GEN = "branch", "prompt", "gen"
 
 
 def chain_hashes(tokens: Sequence[int], page_size: int, parent: bytes = ROOT, first_page: int = 0) -> list[bytes]:
@@ -43,6 +44,11 @@ class Node:
     snapshot: int = -1
     children: int = 0
     last_used: int = 0
+    # why its snapshot was saved: BRANCH (requests' prompts part there), PROMPT (a prompt's last boundary) or
+    # GEN (a generating request's latest state: its next save replaces it, and so does the save of a
+    # request restored from it, such as a conversation's next turn)
+    kind: str = ""
+    hits: int = 0  # admissions that restored its snapshot (a second one makes it a BRANCH)
 
 
 class PrefixIndex:

@@ -133,6 +133,23 @@ class CacheStore:
     def synchronize(self) -> None:
         self.copies.synchronize()
 
+    # ------------------------------------------------------------------ transfer between engines
+    def read_records(self, slot: int, pages: Sequence[int]) -> HostTier:
+        """The live bytes of device `slot` and `pages` in new (unpinned) host records, record i of
+        `page_records` for `pages[i]`: the saved form a suspend writes."""
+        rec = HostTier(self.slot_roles, self.page_roles, 1, len(pages), pin=False)
+        self._copy_out(rec, [slot], list(pages), [0], list(range(len(pages))))
+        self.copies.synchronize()
+        return rec
+
+    def write_host(self, host_slot: int, host_pages: Sequence[int], slot_record: torch.Tensor,
+                   page_records: torch.Tensor) -> None:
+        """Write a saved slot record `[slot nbytes]` and page records `[n, page nbytes]` (uint8) at host ids."""
+        host = self.host_tier
+        host.slot_records[host_slot].copy_(slot_record)
+        if len(host_pages):
+            host.page_records[torch.tensor(list(host_pages), dtype=torch.long)] = page_records
+
     def _copy_out(self, host: HostTier, slots, pages, host_slots, host_pages) -> int:
         tier, copies = self.device_tier, self.copies
         return (copies.to_host(self.slot_roles, tier.slots, list(slots), host.slot_layout, host.slot_records, list(host_slots))

@@ -22,10 +22,11 @@ from .drafter import NgramDrafter
 from .errors import InvalidParamsError, InvalidRequestError, RequestTooLargeError
 from .params import SamplingParams, SpeculativeConfig
 from .interrupts import deferred_interrupts
+from .prefilled import PrefilledRequest
 from .policy import DemandSplit, PreemptionPolicy, snapshot_interval, snapshot_rows
 from .request import Request, RequestDelta, RequestOutput, TokenLogprob
 from .stats import Stats
-from .step_tokens import choose_tokens
+from .step_tokens import PendingTokens, choose_tokens, sample_plain
 from .runner import ModelRunner
 from .cpu_threads import tune_cpu_threads
 from .scheduler import ScheduledStep, Scheduler
@@ -55,6 +56,10 @@ class LLM:
     restarts its rows from their tokens; `generate` then aborts its requests and re-raises, and the LLM
     stays usable.
 
+    `async_scheduling` (on by default on CUDA): a plain decode step is planned and launched before the tokens
+    of the step before are read back, so the host's work overlaps the device's; outputs then come back one
+    `step()` later. Speculative decoding, logprobs, prefix caching and tensor parallelism take synchronous steps.
+
     `tensor_parallel_size=N` shards the model and the cache over N ranks (docs/parallel.md): this process
     is rank 0 (it plans, samples and broadcasts each step) and starts the N-1 others itself; a worker
     that dies, or hangs past `parallel_timeout_s`, raises TensorParallelError. `device_cache_bytes` is then
@@ -82,6 +87,7 @@ class LLM:
         parallel_timeout_s: float = 120.0,
         enable_prefix_caching: bool = False,
         prefix_snapshot_interval: int | None = None,
+        async_scheduling: bool | None = None,
     ) -> None:
         if dtype not in DTYPES and dtype != "auto":
             raise InvalidParamsError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
@@ -175,6 +181,11 @@ class LLM:
         self._generate_lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()  # a fast tokenizer used from two threads can fail ("Already borrowed")
         self.step_hook: Callable[[], None] | None = None  # tests call check_integrity() here
+        if async_scheduling is None:  # where the device runs ahead of the host; prefix snapshots hash tokens at commit
+            async_scheduling = self.device.type == "cuda"
+        self.async_scheduling = (async_scheduling and self.drafter is None and self.workers is None
+                                 and not enable_prefix_caching)
+        self._inflight: tuple[list[Request], PendingTokens] | None = None  # a launched step whose tokens are unread
 
     # ---------------------------------------------------------------------------------- public
     @property
@@ -287,10 +298,44 @@ class LLM:
             self._next_id += 1
         return rid
 
+    def take_prefilled(self, request_id: int) -> PrefilledRequest | None:
+        """Hand over a request whose prompt is in the cache and whose first token is sampled (status
+        GENERATION): its tokens and live cache state leave this LLM, which forgets it (disaggregated prefill,
+        `hybridcache.disagg`). None when it is not at that point (unknown and finished ids included)."""
+        req = self._requests.get(request_id)
+        if (req is None or req.finished or self.manager.status(request_id) != Status.GENERATION
+                or len(req.output) != 1 or self.manager.entry(request_id).num_tokens != len(req.prompt)):
+            return None  # not there yet, or past it (a decode step ran)
+        with deferred_interrupts():
+            slot_record, page_records = self.manager.export_records(request_id)
+            out = PrefilledRequest(list(req.prompt), list(req.output), req.params, req.seed, slot_record,
+                                   page_records, None if req.logprobs is None else list(req.logprobs))
+            self._requests.pop(request_id)
+            self.scheduler.finish(req)
+        return out
+
+    def add_prefilled(self, p: PrefilledRequest) -> int:
+        """Queue a request another engine prefilled (`take_prefilled` there, with the same cache layouts): it
+        joins as a suspended request and resumes like one. Raises (queueing nothing) on bad input."""
+        ids = self._encode(p.prompt)
+        self._validate(ids, p.params)
+        with deferred_interrupts():
+            rid = self._next_id
+            req = Request(rid, ids, p.params, tuple(self.eos_token_ids), arrival=rid, seed=_int64(p.seed),
+                          output=[int(t) for t in p.output], num_prefilled=len(ids),
+                          logprobs=None if p.logprobs is None else list(p.logprobs))
+            self.manager.adopt(rid, len(ids), p.slot_record, p.page_records)
+            self.scheduler.suspended.append(req)  # the newest arrival: the queue stays in arrival order
+            self._requests[rid] = req
+            self._next_id += 1
+        return rid
+
     def abort_request(self, request_id: int) -> None:
         """Stop a request and release everything it holds; unknown or finished ids are ignored."""
         with deferred_interrupts():
             req = self._requests.pop(request_id, None)
+            if req is not None:
+                req.num_pending = 0  # tokens still on their way back are discarded
             if req is not None and not req.finished:
                 self.scheduler.finish(req)
                 req.finish("abort")
@@ -311,12 +356,15 @@ class LLM:
         return ids
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._inflight is not None
 
     def step(self) -> list[RequestOutput]:
-        """One scheduler step and one forward; returns the requests that finished in it. If it raises,
-        the step's rows restart from their tokens and stay queued."""
+        """One scheduler step and one forward; returns the requests that finished in it (with asynchronous
+        decode, those that finished in the step before). If it raises, the step's rows restart from their
+        tokens and stay queued."""
         start = time.perf_counter()
+        if self._inflight is not None and not self._steady():
+            self._read_inflight()  # who runs next may depend on those tokens
         with deferred_interrupts():
             try:
                 step = self.scheduler.schedule()
@@ -324,7 +372,26 @@ class LLM:
                 self._restart_lost()
                 raise
         if step.empty:
+            self._read_inflight()
             return self._take_ready()
+        if self._inflight is not None and not self._async_step(step):
+            self._read_inflight()
+            step = ScheduledStep([(r, c) for r, c in step.context if not r.finished],
+                                 [r for r in step.generation if not r.finished])
+        if self._async_step(step):
+            self._launch(step)
+        else:
+            self._run_step(step)
+        self._stats.num_steps += 1
+        self._stats.step_seconds += time.perf_counter() - start
+        if not self.scheduler.has_work and self._inflight is None:
+            self.manager.check_integrity()  # idle: every id must be back in its pool
+        if self.step_hook:
+            self.step_hook()
+        return self._take_ready()
+
+    def _run_step(self, step: ScheduledStep) -> None:
+        """Plan, run, sample, read the tokens back and commit: the synchronous step."""
         drafts = self._draft(step)
         longest = max(map(len, drafts.values()), default=0)
         try:
@@ -345,13 +412,78 @@ class LLM:
                 if self.manager.has_pending_step:  # nothing committed: the rows run again (same draws)
                     self.scheduler.restart(self.manager.abort_step(), self._requests)
             raise
-        self._stats.num_steps += 1
-        self._stats.step_seconds += time.perf_counter() - start
-        if not self.scheduler.has_work:
-            self.manager.check_integrity()  # idle: every id must be back in its pool
-        if self.step_hook:
-            self.step_hook()
-        return self._take_ready()
+
+    # ------------------------------------------------------------------ asynchronous plain decode
+    # A plain decode step's tokens are not needed on the host to plan the next one: every row accepts
+    # exactly its one token, so the step commits as soon as it is launched, and the next step feeds the
+    # sampled tokens from the device. The host reads them back only after launching that next step, so
+    # its planning overlaps the device's work. A request that stops on a token computes one more step,
+    # which is discarded; one that reaches max_tokens is released at its last step's commit.
+    def _steady(self) -> bool:
+        """Whether the next schedule can only give generation rows (then it may overlap the in-flight step)."""
+        s = self.scheduler
+        return not s.waiting and not s.suspended and all(s.status(r) == Status.GENERATION for r in s.running)
+
+    def _async_step(self, step: ScheduledStep) -> bool:
+        return (self.async_scheduling and not step.context and bool(step.generation)
+                and all(r.params.logprobs is None for r in step.generation))
+
+    def _launch(self, step: ScheduledStep) -> None:
+        """Plan and launch a plain decode step, commit it, then read the step before it back."""
+        rows, prev = step.generation, self._inflight
+        try:
+            with deferred_interrupts():
+                plan = self.manager.planner.plan_step([r.req_id for r in rows], [1] * len(rows))
+            ids = self._device_inputs(rows, prev)
+            logits = self.runner.run(plan, ids, 0, 1, np.arange(len(rows)))
+            pending = sample_plain(rows, logits, self.device)
+            with deferred_interrupts():
+                accept = self.manager.planner.check_accept(plan, [1] * len(rows))
+                self.manager.store.accept(accept)
+                self.manager.planner.commit_step(plan, accept)
+                for r in rows:
+                    r.num_prefilled += 1  # the fed token is in the cache; the sampled one is on its way
+                    r.num_pending += 1
+                    if len(r.output) + r.num_pending >= r.params.max_tokens:  # its last token: release it now
+                        self.scheduler.finish(r)
+                        r.finish("length")
+                self._inflight = (rows, pending)
+        except BaseException:
+            with deferred_interrupts():
+                if self.manager.has_pending_step:
+                    self.scheduler.restart(self.manager.abort_step(), self._requests)
+                if self._inflight is prev and prev is not None:  # its tokens are committed: keep them
+                    self._inflight = None
+                    self._deliver(*prev)
+            raise
+        if prev is not None:
+            self._deliver(*prev)
+
+    def _device_inputs(self, rows: list[Request], prev) -> torch.Tensor | np.ndarray:
+        """Each row's input token: the last known one, or the in-flight step's sample, read on the device."""
+        known = np.asarray([r.tokens[-1] if not r.num_pending else 0 for r in rows], dtype=np.int64)
+        if prev is None:
+            return known
+        where = {id(r): i for i, r in enumerate(prev[0])}
+        index = np.asarray([where[id(r)] if r.num_pending else -1 for r in rows], dtype=np.int64)
+        both = torch.from_numpy(np.stack([known, index])).to(self.device, non_blocking=True)
+        return torch.where(both[1] >= 0, prev[1].tokens[both[1].clamp(min=0)], both[0])
+
+    def _read_inflight(self) -> None:
+        if self._inflight is not None:
+            rows_pending, self._inflight = self._inflight, None
+            self._deliver(*rows_pending)
+
+    def _deliver(self, rows: list[Request], pending) -> None:
+        """The in-flight step's tokens (its one host sync), appended to the requests still waiting for them."""
+        tokens = pending.read()
+        with deferred_interrupts():
+            new_tokens = {}
+            for r, t in zip(rows, tokens):
+                if r.num_pending:  # 0: aborted, or stopped on an earlier token (this one is discarded)
+                    r.num_pending -= 1
+                    new_tokens[r.req_id] = [t]
+            self._ready += self._finish_rows([r for r in rows if r.req_id in new_tokens], new_tokens, {})
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (nothing to do for one rank); the LLM cannot step afterwards."""
@@ -380,7 +512,8 @@ class LLM:
     def _restart_lost(self) -> None:
         """A rebalance lost the live state and the cache restarted those requests from their tokens
         (WAITING): the scheduler restarts them too."""
-        lost = [r.req_id for r in self.scheduler.running if self.manager.status(r.req_id) == Status.WAITING]
+        lost = [r.req_id for r in self.scheduler.running + self.scheduler.suspended
+                if self.manager.status(r.req_id) == Status.WAITING]  # suspended ones kept shared device pages
         self.scheduler.restart(lost, self._requests)
 
     def _encode(self, prompt: Sequence[int] | str) -> list[int]:
@@ -439,7 +572,14 @@ class LLM:
         only a row's own drafts are judged, so its tokens and random draws never depend on its batch."""
         if self.drafter is None:
             return {}
-        return {r.req_id: self.drafter.propose(r.tokens) for r in step.generation}
+        drafts = {r.req_id: self.drafter.propose(r.tokens) for r in step.generation}
+        if self.manager.planner.prefix is not None:
+            # a greedy row's commit lands on each snapshot boundary, never past it (fewer drafts change no
+            # greedy token; a sampled row's draws depend on its drafts, so it keeps them and may jump one)
+            for r in (r for r in step.generation if r.params.greedy):
+                room = self.manager.planner.next_keep(r.req_id) - r.num_prefilled - 1
+                drafts[r.req_id] = drafts[r.req_id][: max(room, 0)]
+        return drafts
 
     def _plan(self, step: ScheduledStep, drafts: dict[int, list[int]], width: int):
         """The step plan, the flat token ids and the flat positions whose logits are needed: a context
@@ -472,12 +612,17 @@ class LLM:
             req.num_prefilled += len(new_tokens[req.req_id])  # the fed token and the accepted drafts
             self._stats.num_draft_tokens += len(drafts.get(req.req_id, []))
             self._stats.num_accepted_tokens += len(new_tokens[req.req_id]) - 1
+        return self._finish_rows([r for r, _ in step.context] + step.generation, new_tokens, logprobs)
+
+    def _finish_rows(self, reqs: list[Request], new_tokens: dict[int, list[int]],
+                     logprobs: dict[int, list[TokenLogprob]]) -> list[RequestOutput]:
+        """Append each request's new tokens; returns the requests that finished (the cache forgets them)."""
         finished = []
-        for req in [r for r, _ in step.context] + step.generation:
+        for req in reqs:
             toks = new_tokens.get(req.req_id)
             if toks is None:
                 continue
-            before = len(req.output)
+            before, released = len(req.output), req.finished  # released: an asynchronous step's last token
             done = req.append(toks, logprobs.get(req.req_id))
             if self.tokenizer is not None and (done or req.params.stop or self.stream_deltas):
                 with self._tokenizer_lock:
@@ -486,7 +631,9 @@ class LLM:
                     req.finish("stop")
                     done = True
             if done:
-                self.scheduler.finish(req)
+                if not released:
+                    self.scheduler.finish(req)
+                req.num_pending = 0  # a later step's token of a stopped request is discarded
                 self._requests.pop(req.req_id, None)
                 finished.append(RequestOutput(req.req_id, req.prompt, list(req.output),
                                               req.text if self.tokenizer is not None else None,

@@ -28,6 +28,7 @@ class Request:
     arrival: int
     output: list[int] = field(default_factory=list)
     num_prefilled: int = 0  # tokens of `tokens` in the cache
+    num_pending: int = 0  # tokens sampled and committed by asynchronous decode steps, not yet read back
     seed: int = 0  # int64 bits of the sampling seed: draws hash (seed, position), see device_sampler
     finished: bool = False
     finish_reason: str | None = None
@@ -43,8 +44,9 @@ class Request:
 
     @property
     def context_len(self) -> int:
-        """Tokens the context phase must put in the cache: everything but the last generated token."""
-        return len(self.prompt) + max(len(self.output) - 1, 0)
+        """Tokens the context phase must put in the cache: everything but the last generated token (which
+        may still be on its way back from the device: `num_pending`)."""
+        return len(self.prompt) + max(len(self.output) + self.num_pending - 1, 0)
 
     def append(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
         """Add generated tokens, stopping at a stop token or max_tokens; returns True when finished."""

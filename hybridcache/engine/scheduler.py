@@ -142,11 +142,10 @@ class Scheduler:
         rows: list[tuple[Request, int]] = []
         candidates = [r for r in self.running if self.status(r) == Status.CONTEXT] + list(self.waiting)
         reserved = self._pages_still_needed(self.running) if self.policy == "reserve" else 0
-        for req in candidates:
-            if budget <= 0:
-                break
+        for i, req in enumerate(candidates):
             waiting = self.status(req) == Status.WAITING
-            if waiting and len(self.running) >= self.max_num_seqs:
+            if budget <= 0 or (waiting and len(self.running) >= self.max_num_seqs):
+                self._look_ahead(rows, candidates[i:])
                 break
             match = self._match(req) if waiting else None
             if match is not None and match.defer:  # an in-flight request will save the prefix it needs
@@ -173,6 +172,19 @@ class Scheduler:
                 self.waiting.remove(req)
                 _insert_sorted(self.running, req)
         return rows
+
+    def _look_ahead(self, rows: list[tuple[Request, int]], waiting: list[Request]) -> None:
+        """No seat or token is left: still match the next waiting requests (up to `max_num_seqs`), so that an
+        in-flight request of their group is asked to save at their branch point (its chunk in this step
+        is cut there) before it prefills past it."""
+        if self.planner.prefix is None:
+            return
+        for req in waiting[: self.max_num_seqs]:
+            if self.status(req) != Status.WAITING:
+                continue
+            match = self._match(req)
+            if match.defer:
+                _stop_at(rows, match.leader, match.branch)
 
     def _match(self, req: Request):
         """The prefix-cache admission of a waiting request (None when prefix caching is off)."""

@@ -57,3 +57,37 @@ def _logprobs(sampled: list[Request], row_logits: torch.Tensor, tokens: torch.Te
         out[r.req_id] = [TokenLogprob(t, chosen[i][j], tuple(zip(top_ids[i][j][:n], top_lp[i][j][:n])))
                          for j, t in enumerate(new_tokens[r.req_id])]
     return out
+
+
+class PendingTokens:
+    """One plain decode step's sampled tokens, left on the device while the host plans the next step:
+    `tokens` [R] int64 on the device (the next step's inputs read them there), and a copy to the host
+    under way; `read()` waits for that copy (the step's one host sync) and returns them."""
+
+    def __init__(self, tokens: torch.Tensor) -> None:
+        self.tokens = tokens
+        if tokens.is_cuda:
+            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self._host.copy_(tokens, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host, self._ready = tokens.clone(), None
+
+    def read(self) -> list[int]:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
+
+
+def sample_plain(rows: list[Request], logits: torch.Tensor, device: torch.device) -> PendingTokens:
+    """One token per generation row of a plain decode step (no drafts), chosen on the device and not read:
+    logits [R, V]. A row's draw counter counts its tokens still on their way back (`num_pending`), so
+    it draws what the synchronous step draws."""
+    if all(r.params.greedy for r in rows):
+        return PendingTokens(logits.argmax(-1))
+    params = RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
+                              [r.params.top_p for r in rows], [r.seed for r in rows],
+                              [len(r.output) + r.num_pending for r in rows], [[] for _ in rows], 0, device)
+    tokens, _ = sample(logits[:, None], params)
+    return PendingTokens(tokens[:, 0])

@@ -14,7 +14,7 @@ from tests.models import test_qwen3_next as qwen
 from tests.ops.tripwire import HostSyncs, count_host_syncs
 
 SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
-SPECULATIVE = {"plain": None, "ngram": SpeculativeConfig(num_draft_tokens=3)}
+SPECULATIVE = {"plain": None, "ngram": SpeculativeConfig(num_draft_tokens=3), "async": None}
 NUM_REQUESTS = 4
 
 
@@ -52,7 +52,7 @@ def test_steady_decode_step_makes_at_most_one_host_sync(checkpoint, spec: str, d
     dtype = "bfloat16" if device == "cuda" else "float32"
     # eager steps: a graph capture synchronises once per new shape (test_cuda_graphs counts replayed steps)
     llm = LLM(checkpoint, device=device, dtype=dtype, max_num_seqs=NUM_REQUESTS, speculative=SPECULATIVE[spec],
-              max_model_len=128, page_size=4, enforce_eager=True)
+              max_model_len=128, page_size=4, enforce_eager=True, async_scheduling=spec == "async")
     for syncs in steady_steps(llm, 6):
         assert syncs.count <= 1, syncs
         assert all(site.rsplit(":", 1)[0].endswith("hybridcache/engine/step_tokens.py") for _, site in syncs.calls), syncs

@@ -42,7 +42,7 @@ def _softmax_topk_kernel(logits_ptr, index_ptr, weight_ptr, N, stride_n,
     logit = tl.load(logits_ptr + n.to(tl.int64)[:, None] * stride_n + c, mask=valid, other=float("-inf"))
     logit = tl.where(valid, logit.to(tl.float32), 0.0)  # rows past N: zeros, never stored
     ex = tl.where(valid, tl.exp(logit - tl.max(logit, axis=1)[:, None]), 0.0)
-    probs = tl.math.div_rn(ex, tl.sum(ex, axis=1)[:, None])
+    probs = tl.math.div_rn(ex, tl.maximum(tl.sum(ex, axis=1), 1.0)[:, None])  # a real row sums to >= 1
     kk = tl.arange(0, BLOCK_K)[None, :]
     left = valid
     chosen = tl.zeros([ROWS, BLOCK_K], tl.int32)

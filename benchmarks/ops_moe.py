@@ -1,0 +1,137 @@
+"""Routed experts and routers of one MoE layer on the GPU at decode batch sizes: the fused Triton path
+(`ops/moe`, 2 launches for the experts, 1 for the router's selection) vs the grouped-GEMM path
+(`dispatch` with `torch._grouped_mm`: sort, gather, 3 grouped GEMMs, act, mul, index_add) and the torch
+routers, against the roofline of reading the routed experts' weights once.
+
+Shapes: the qwen3_next and kimi_linear 1B checkpoints of benchmarks/families.py (hidden 2048, 8 experts of
+512, top 2; qwen3_next's softmax router, kimi_linear's sigmoid group router with n_group 1), bf16.
+Weight bytes = the distinct experts the batch routes to x 3 matrices x I x D x 2 B (what a path that reads
+each chosen expert once must read); GB/s = those bytes / the time; roofline_us = bytes / the measured
+device copy bandwidth. The fused path past MAX_PAIRS (N = 64 at k = 2) is timed too, to place the limit.
+
+    PYTHONPATH=. python benchmarks/ops_moe.py --json bench-out/ops_moe.json
+
+Each figure is the median of 5 timed runs of `iters` CUDA-graph replays after warm-up (CUDA events).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from benchmarks.families import FAMILIES
+from benchmarks.ops_mamba2 import copy_bandwidth, timed
+from benchmarks.record import Record, add_json_arg
+from benchmarks.timing import graphed
+from hybridcache.models.layers import experts as experts_layer
+from hybridcache.models.layers import routers as routers_layer
+from hybridcache.models.layers.experts import GatedExperts
+from hybridcache.models.layers.routers import SoftmaxTopKRouter, TopKRouter
+from hybridcache.ops.moe import MAX_PAIRS
+
+DEV = "cuda"
+ACT = torch.bfloat16
+BATCHES = (1, 4, 16, 64)
+
+
+def shapes(family: str) -> dict:
+    cfg = FAMILIES[family]["1b"]
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    return dict(D=cfg["hidden_size"], I=cfg["moe_intermediate_size"], E=experts, k=cfg["num_experts_per_tok"],
+                n_group=cfg.get("n_group", 1), topk_group=cfg.get("topk_group", 1))
+
+
+def fill(module: torch.nn.Module) -> torch.nn.Module:
+    for p in module.parameters():
+        p.copy_((torch.randn(p.shape, device=DEV) / p.shape[-1] ** 0.5).to(p.dtype))
+    return module
+
+
+def us(fn, iters: int) -> float:
+    return timed(graphed(fn, DEV, True), DEV, iters) * 1e6
+
+
+def fused_path(on: bool):
+    """A stand-in for a layer module's `runs_triton`: the fused kernels on CUDA tensors (on) or never."""
+    def forced(t: torch.Tensor) -> bool:
+        return on and t.is_cuda
+    return forced
+
+
+def experts_case(family: str, n: int, bandwidth: float, iters: int) -> dict:
+    s = shapes(family)
+    module = fill(GatedExperts(s["E"], s["D"], s["I"], "silu", DEV, ACT))
+    x = torch.randn(n, s["D"], device=DEV).to(ACT)
+    index = torch.stack([torch.randperm(s["E"], device=DEV)[:s["k"]] for _ in range(n)])
+    weight = torch.rand(n, s["k"], device=DEV).to(ACT if family == "qwen3_next" else torch.float32)
+    distinct = int(index.unique().numel())
+    weight_bytes = distinct * 3 * s["I"] * s["D"] * module.up.element_size()
+    row = dict(family=family, batch=n, pairs=n * s["k"], distinct_experts=distinct, weight_bytes=weight_bytes,
+               roofline_us=weight_bytes / bandwidth / 1e3, over_limit=n * s["k"] > MAX_PAIRS)
+    real = experts_layer.runs_triton
+    try:
+        for name, on in (("fused", True), ("grouped", False)):
+            experts_layer.runs_triton = fused_path(on)
+            if name == "fused" and row["over_limit"]:  # the forward would not dispatch: call the kernels
+                from hybridcache.ops.moe.experts_triton import fused_experts_triton
+                fn = lambda: fused_experts_triton(x, index, weight, module.up, module.down, module.gate,  # noqa: E731
+                                                  "silu", ACT)
+            else:
+                fn = lambda: module(x, index, weight)  # noqa: E731
+            row[f"{name}_us"] = us(fn, iters)
+            row[f"{name}_GBps"] = weight_bytes / (row[f"{name}_us"] * 1e-6) / 1e9
+    finally:
+        experts_layer.runs_triton = real
+    return row
+
+
+def router_case(family: str, n: int, iters: int) -> dict:
+    s = shapes(family)
+    if family == "qwen3_next":
+        module = fill(SoftmaxTopKRouter(s["D"], s["E"], s["k"], True, DEV, ACT))
+    else:
+        module = fill(TopKRouter(s["D"], s["E"], s["k"], s["n_group"], s["topk_group"], True, 2.446, DEV))
+    x = torch.randn(n, s["D"], device=DEV).to(ACT)
+    row = dict(family=family, batch=n, router=type(module).__name__)
+    real = routers_layer.runs_triton
+    try:
+        for name, on in (("fused", True), ("torch", False)):
+            routers_layer.runs_triton = fused_path(on)
+            row[f"{name}_us"] = us(lambda: module(x), iters)
+    finally:
+        routers_layer.runs_triton = real
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--families", nargs="+", default=["qwen3_next", "kimi_linear"])
+    add_json_arg(ap)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    bandwidth = copy_bandwidth(DEV)
+    record = Record(args.json, "ops_moe", DEV, dict(iters=args.iters, batches=BATCHES, max_pairs=MAX_PAIRS))
+    record.extra("copy_gbs", bandwidth)
+    print(f"copy bandwidth {bandwidth:.0f} GB/s")
+    print(f"{'family':12} {'N':>3} {'pairs':>5} {'experts':>7} {'roof us':>8} {'fused us':>9} {'GB/s':>6} "
+          f"{'grouped us':>10} {'GB/s':>6}")
+    with torch.no_grad():
+        for family in args.families:
+            for n in BATCHES:
+                r = experts_case(family, n, bandwidth, args.iters)
+                record.add(kind="experts", **r)
+                print(f"{family:12} {n:>3} {r['pairs']:>5} {r['distinct_experts']:>7} {r['roofline_us']:>8.1f} "
+                      f"{r['fused_us']:>9.1f} {r['fused_GBps']:>6.0f} {r['grouped_us']:>10.1f} "
+                      f"{r['grouped_GBps']:>6.0f}{'  (fused past MAX_PAIRS)' if r['over_limit'] else ''}")
+        print(f"{'family':12} {'N':>3} {'router':18} {'fused us':>9} {'torch us':>9}")
+        for family in args.families:
+            for n in BATCHES:
+                r = router_case(family, n, args.iters)
+                record.add(kind="router", **r)
+                print(f"{family:12} {n:>3} {r['router']:18} {r['fused_us']:>9.1f} {r['torch_us']:>9.1f}")
+    record.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""`KVProducer`: the prefill side of a pair. It prefills prompts and hands each one over once its prompt is in
+the cache and its first token sampled; the request then leaves this engine."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..engine.llm import LLM
+from ..engine.params import SamplingParams
+from ..engine.prefilled import PrefilledRequest
+from ..engine.request import RequestOutput
+from .channel import KVChannel
+from .config import KVTransferConfig
+from .errors import TransferLayoutError
+from .layout import cache_layout
+
+REQUEST, FINISHED, END = "request", "finished", "end"
+
+
+class KVProducer:
+    """Sends over `channel` (or one made from a producer `KVTransferConfig`) to a `KVConsumer`, after a
+    handshake that checks both caches lay a request out alike (TransferLayoutError on both sides).
+
+    Messages, in order: `(REQUEST, meta)` then the slot record and the page records (uint8 tensors);
+    `(FINISHED, meta)` for a request that ended at its first token (no state); `(END,)` from `close()`."""
+
+    def __init__(self, llm: LLM, link: KVChannel | KVTransferConfig) -> None:
+        self.llm = llm
+        self._owns_link = not isinstance(link, KVChannel)
+        self.channel = KVChannel(link) if self._owns_link else link
+        if not self.channel.config.is_producer:
+            raise ValueError("a KVProducer needs a kv_producer link")
+        self.channel.send_object(cache_layout(llm))
+        reply = self.channel.recv_object()
+        if reply is not None:
+            raise TransferLayoutError(reply)
+        self.num_sent = 0
+        self.bytes_sent = 0
+
+    def prefill(self, prompts: Sequence[Sequence[int]] | Sequence[str],
+                params: SamplingParams | Sequence[SamplingParams] | None = None) -> int:
+        """Prefill every prompt (batched as the scheduler sees fit) and send each to the consumer as soon as
+        its first token is sampled; returns how many were sent. All prompts are checked first (a bad one
+        raises and nothing is queued); on any error the unsent ones are aborted and the error re-raised."""
+        llm = self.llm
+        plist = list(params) if isinstance(params, Sequence) else [params or llm.default_params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
+        ids = [llm.check_request(p, q) for p, q in zip(prompts, plist)]
+        pending: dict[int, None] = {}
+        try:
+            for i, q in zip(ids, plist):
+                pending[llm.add_request(i, q)] = None
+            while pending:
+                ended = {o.request_id: o for o in llm.step() if o.request_id in pending}  # at its first token
+                for rid in list(pending):  # in arrival order: a batch prefilled together leaves in order
+                    if rid in ended:
+                        del pending[rid]
+                        self._send_finished(ended[rid])
+                    elif (ready := llm.take_prefilled(rid)) is not None:
+                        del pending[rid]
+                        self._send(ready)
+        except BaseException:
+            for rid in pending:
+                llm.abort_request(rid)
+            raise
+        return len(ids)
+
+    def _send(self, p: PrefilledRequest) -> None:
+        meta = {"prompt": p.prompt, "output": p.output, "params": p.params, "seed": p.seed, "logprobs": p.logprobs,
+                "pages": int(p.page_records.shape[0])}
+        self.channel.send_object((REQUEST, meta))
+        self.channel.send(p.slot_record)
+        self.channel.send(p.page_records)
+        self.num_sent += 1
+        self.bytes_sent += p.slot_record.numel() + p.page_records.numel()
+
+    def _send_finished(self, out: RequestOutput) -> None:
+        self.channel.send_object((FINISHED, out))
+        self.num_sent += 1
+
+    def close(self) -> None:
+        """Tell the consumer nothing more comes; drop the link if this producer made it (a channel passed in
+        stays open for the next pair)."""
+        if self.channel.failure is None:
+            self.channel.send_object((END,))
+        if self._owns_link:
+            self.channel.close()

@@ -1,0 +1,227 @@
+"""The fused MoE kernels (`ops/moe`) against the experts' and routers' own torch forwards
+(`models/layers/experts.py`, `routers.py`) and the per-token references (`ops/moe/naive.py`).
+
+The modules' forwards run with the dispatch forced to torch (the reference: `dispatch`'s grouped GEMMs on
+the CPU) and then to Triton (`runs_triton` patched; a spy checks the kernels ran). Runs on CUDA, or on CPU
+tensors in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 where there is no CUDA device).
+Tolerances. Experts, fp32: rtol 1e-5, atol 1e-5 (the same fp32 steps, the dot products summed in another
+order: 2e-6 at most seen here, outputs of magnitude ~5). 16-bit: the kernels round where torch does, so
+only a dot product that lands on a rounding boundary differs: every element within one bf16 ulp of the
+output's largest magnitude (2^-7 relative), at most 1% of elements different at all (0 to 1 of 1152 seen).
+Routers: indices equal; weights rtol 1e-5 / atol 1e-6 in fp32 (exp and the divisions may differ by an ulp),
+one ulp in bf16. Random logits hold no ties; `test_ties_take_the_lowest_index` checks the chosen tie rule.
+"""
+import pytest
+import torch
+
+from hybridcache.ops.triton_support import triton_testable
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if not triton_testable(torch.empty(0, device=DEVICE)):
+    pytest.skip("needs triton with CUDA, or TRITON_INTERPRET=1 (Triton's CPU interpreter)", allow_module_level=True)
+
+from hybridcache.models.layers import experts, routers  # noqa: E402
+from hybridcache.ops.moe import MAX_PAIRS, experts_triton, naive, routers_triton  # noqa: E402
+
+F32, BF16 = torch.float32, torch.bfloat16
+D, I = 72, 80  # hidden and intermediate sizes: neither a power of two, so tiles and inner steps are masked
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape: int, seed: int, scale: float = 1.0, dtype: torch.dtype = F32) -> torch.Tensor:
+    return (scale * torch.randn(*shape, generator=gen(seed))).to(device=DEVICE, dtype=dtype)
+
+
+def filled(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    g = gen(seed)
+    for p in module.parameters():
+        p.copy_((torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5).to(p.dtype))
+    return module
+
+
+def routing(n: int, e: int, k: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """k distinct experts a token and positive weights: index, weight [n, k]."""
+    g = gen(seed)
+    index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).view(n, k)
+    return index.to(DEVICE), torch.rand(n, k, generator=g).to(device=DEVICE, dtype=dtype)
+
+
+def assert_experts_close(out: torch.Tensor, ref: torch.Tensor, weight_dtype: torch.dtype) -> None:
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    if weight_dtype == F32:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        return
+    diff = (out.float() - ref.float()).abs()
+    assert diff.max() <= 2 ** -7 * ref.float().abs().max(), f"off by {diff.max().item()}"
+    assert (diff > 0).float().mean() <= 0.01, f"{int((diff > 0).sum())} of {diff.numel()} elements differ"
+
+
+@pytest.fixture
+def launches(monkeypatch) -> list[str]:
+    """The fused entry points the test's forwards called, by name."""
+    calls: list[str] = []
+    for module, name in ((experts_triton, "fused_experts_triton"), (routers_triton, "softmax_topk_triton"),
+                         (routers_triton, "group_topk_triton")):
+        real = getattr(module, name)
+
+        def spy(*args, _real=real, _name=name, **kw):
+            calls.append(_name)
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+def both(monkeypatch, launches, layer, module: torch.nn.Module, *inputs):
+    """(torch forward, Triton forward) of `module` on the same inputs; asserts which path each took."""
+    monkeypatch.setattr(layer, "runs_triton", lambda t: False)
+    ref = module(*inputs)
+    assert not launches
+    monkeypatch.setattr(layer, "runs_triton", lambda t: True)
+    out = module(*inputs)
+    assert launches, "the forward did not take the Triton path"
+    launches.clear()
+    return ref, out
+
+
+# (gated, dtype, E, k, N): every kind and dtype, k = 1 and 2, several E, N from 1 to 16
+CASES = [(True, F32, 4, 2, 1), (True, F32, 7, 1, 5), (True, BF16, 8, 2, 16), (True, BF16, 5, 2, 3),
+         (False, F32, 6, 2, 4), (False, F32, 3, 1, 1), (False, BF16, 8, 2, 9)]
+
+
+@pytest.mark.parametrize("gated, dtype, e, k, n", CASES)
+def test_experts_match_the_torch_path_and_the_loop(monkeypatch, launches, gated, dtype, e, k, n):
+    """GatedExperts (silu; weights in x's dtype, output in x's dtype) and Experts (relu2; fp32 router
+    weights, fp32 output) through their forwards, and the per-token loop with the same roundings."""
+    if gated:
+        module, weight_dtype = experts.GatedExperts(e, D, I, "silu", DEVICE, dtype), dtype
+    else:
+        module, weight_dtype = experts.Experts(e, D, I, "relu2", DEVICE, dtype), F32
+    filled(module, seed=e)
+    x = randn(n, D, seed=1, dtype=dtype)
+    index, weight = routing(n, e, k, seed=2, dtype=weight_dtype)
+    ref, out = both(monkeypatch, launches, experts, module, x, index, weight)
+    assert_experts_close(out, ref, dtype)
+    loop = naive.fused_experts_naive(x, index, weight, module.up, module.down, getattr(module, "gate", None),
+                                     module.act_name, ref.dtype)
+    assert_experts_close(out, loop, dtype)
+
+
+@pytest.mark.parametrize("gated, act", [(True, "silu"), (True, "gelu"), (False, "relu2"), (False, "relu")])
+def test_small_tiles_and_activations(gated, act):
+    """Tiles of 16 rows x 32 inner (both kernels over several row tiles and inner steps, the last of each
+    masked) against the per-token loop, for every activation the kernels compute."""
+    e, k, n = 5, 2, 3
+    up, down = randn(e, I, D, seed=1, scale=D ** -0.5), randn(e, D, I, seed=2, scale=I ** -0.5)
+    gate = randn(e, I, D, seed=3, scale=D ** -0.5) if gated else None
+    x = randn(n, D, seed=4)
+    index, weight = routing(n, e, k, seed=5, dtype=F32)
+    out = experts_triton.fused_experts_triton(x, index, weight, up, down, gate, act, F32, tiles=(16, 32))
+    ref = naive.fused_experts_naive(x, index, weight, up, down, gate, act, F32)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_strided_input_and_repeated_experts():
+    """x a column slice of a wider tensor; one token routed to the same expert twice (weights summed)."""
+    e = 3
+    up, down, gate = randn(e, I, D, seed=1, scale=0.1), randn(e, D, I, seed=2, scale=0.1), randn(e, I, D, seed=3, scale=0.1)
+    x = randn(2, D + 8, seed=4)[:, 8:]
+    index = torch.tensor([[1, 1], [2, 0]], device=DEVICE)
+    weight = torch.tensor([[0.25, 0.5], [1.0, 2.0]], device=DEVICE)
+    out = experts_triton.fused_experts_triton(x, index, weight, up, down, gate, "silu", F32)
+    torch.testing.assert_close(out, naive.fused_experts_naive(x, index, weight, up, down, gate, "silu", F32),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_large_batches_keep_the_grouped_path(monkeypatch, launches):
+    module = filled(experts.GatedExperts(4, D, I, "silu", DEVICE, F32), seed=0)
+    n = MAX_PAIRS // 2 + 1  # k = 2: one pair over the limit
+    index, weight = routing(n, 4, 2, seed=1, dtype=F32)
+    monkeypatch.setattr(experts, "runs_triton", lambda t: True)
+    module(randn(n, D, seed=2), index, weight)
+    assert not launches
+
+
+def test_tile_choice_for_the_h200(monkeypatch):
+    """qwen3_next / kimi_linear 1B expert shapes on 132 SMs: a power of two of rows between 4 and 64, enough
+    programs for about 4 an SM where the rows allow, a tile of at most TILE weights."""
+    monkeypatch.setattr(experts_triton, "num_sms", lambda device: 132)
+    cuda = torch.device("cuda")
+    for rows, inner in ((512, 2048), (2048, 512)):
+        for others in (1, 2, 8, 32, 128):
+            block_rows, block_in = experts_triton._tiles(rows, inner, others, cuda)
+            assert 4 <= block_rows <= 64 and block_rows & (block_rows - 1) == 0
+            assert block_rows * block_in <= experts_triton.TILE
+            assert others * -(-rows // block_rows) >= min(4 * 132, others * rows // 4)
+
+
+ROUTER_CASES = [(8, 2, True), (12, 3, False), (5, 1, True)]  # (E, k, renormalise); 12, 5: padded tiles
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("e, k, renormalise", ROUTER_CASES)
+def test_softmax_router(monkeypatch, launches, e, k, renormalise, dtype):
+    module = filled(routers.SoftmaxTopKRouter(D, e, k, renormalise, DEVICE, dtype), seed=e)
+    x = randn(7, D, seed=1, dtype=dtype)
+    (ref_index, ref_weight), (index, weight) = both(monkeypatch, launches, routers, module, x)
+    assert torch.equal(index, ref_index) and index.dtype == torch.int64
+    assert weight.dtype == ref_weight.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == F32 else dict(rtol=2 ** -7, atol=0.0)
+    torch.testing.assert_close(weight, ref_weight, **tol)
+    logits = torch.nn.functional.linear(x, module.weight)
+    loop_index, loop_weight = naive.softmax_topk_naive(logits, k, renormalise)
+    assert torch.equal(index, loop_index)
+    torch.testing.assert_close(weight, loop_weight, **tol)
+
+
+GROUP_CASES = [(8, 1, 1, 2, True), (16, 4, 2, 3, True), (12, 3, 2, 4, False), (8, 4, 4, 1, True)]
+
+
+@pytest.mark.parametrize("e, n_group, topk_group, k, renormalise", GROUP_CASES)
+def test_group_router(monkeypatch, launches, e, n_group, topk_group, k, renormalise):
+    """Sigmoid scores, a correction bias large enough to change choices, n_group 1 and > 1."""
+    module = filled(routers.TopKRouter(D, e, k, n_group, topk_group, renormalise, 2.5, DEVICE), seed=e)
+    module.e_score_correction_bias.copy_(randn(e, seed=3, scale=0.3))
+    x = randn(9, D, seed=1, scale=3.0)
+    (ref_index, ref_weight), (index, weight) = both(monkeypatch, launches, routers, module, x)
+    assert torch.equal(index, ref_index) and index.dtype == torch.int64 and weight.dtype == F32
+    torch.testing.assert_close(weight, ref_weight, rtol=1e-5, atol=1e-6)
+    logits = torch.nn.functional.linear(x, module.weight)
+    loop = naive.group_topk_naive(logits, module.e_score_correction_bias, k, n_group, topk_group, renormalise, 2.5)
+    assert torch.equal(index, loop[0])
+    torch.testing.assert_close(weight, loop[1], rtol=1e-5, atol=1e-6)
+
+
+def test_group_limit_changes_the_choice():
+    """The best two experts lie in one group; with one group kept the second pick must come from it, with
+    every group kept it is the global second best (so the group mask is not a no-op)."""
+    logits = torch.tensor([[4.0, 3.0, -4.0, -4.0, 3.5, -5.0, -5.0, -5.0]], device=DEVICE)
+    bias = torch.zeros(8, device=DEVICE)
+    one, _ = routers_triton.group_topk_triton(logits, bias, 2, 2, 1, True, 1.0)
+    every, _ = routers_triton.group_topk_triton(logits, bias, 2, 2, 2, True, 1.0)
+    assert one.tolist() == [[0, 1]] and every.tolist() == [[0, 4]]
+
+
+def test_ties_take_the_lowest_index():
+    """Our rule on ties, in every selection: the lowest index first (torch's CPU topk does not promise an
+    order: topk([1, 3, 3, 2, 3], 2) gives indices [2, 4] here)."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0, 0.0]], device=DEVICE)
+    index, _ = routers_triton.softmax_topk_triton(logits, 2, False)
+    assert index.tolist() == [[1, 2]] == naive.softmax_topk_naive(logits, 2, False)[0].tolist()
+    # groups of 2: {3, 3} (0) ties {3, 3} (1) on its two best, then two equal experts in group 0
+    logits = torch.tensor([[3.0, 3.0, 3.0, 3.0, 1.0, 0.0]], device=DEVICE)
+    index, _ = routers_triton.group_topk_triton(logits, torch.zeros(6, device=DEVICE), 2, 3, 1, False, 1.0)
+    assert index.tolist() == [[0, 1]]
+
+
+def test_no_tokens():
+    e = 4
+    out = experts_triton.fused_experts_triton(torch.empty(0, D, device=DEVICE), torch.empty(0, 2, dtype=torch.int64,
+                                              device=DEVICE), torch.empty(0, 2, device=DEVICE),
+                                              randn(e, I, D, seed=0), randn(e, D, I, seed=1), None, "relu2", F32)
+    assert out.shape == (0, D)
+    index, weight = routers_triton.softmax_topk_triton(torch.empty(0, e, device=DEVICE), 2, True)
+    assert index.shape == weight.shape == (0, 2)
