@@ -18,6 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.families import add_model_args, checkpoint
+from benchmarks.record import Record, add_json_arg
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -120,11 +121,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompt-len", type=int, default=128)
+    add_json_arg(ap)
     ap.add_argument("--by-module", action="store_true", help="eager steps: kernels and time per layer kind")
     args = ap.parse_args()
     from hybridcache import LLM
 
     path = checkpoint(args)
+    record = Record(args.json, "step_profile", args.device, dict(family=args.family, size=args.size, dtype=args.dtype,
+                                                               steps=args.steps, prompt_len=args.prompt_len))
     print(f"{args.family} {args.size} on {args.device} {args.dtype}; {args.steps} steady decode steps")
     print(f"{'batch':>5} {'mode':>10} {'wall ms':>8} {'GPU ms':>7} {'busy':>6} {'launches':>9} {'tok/s':>8}")
     for b in args.batch:
@@ -145,6 +149,8 @@ def main() -> None:
                 sync(args.device)
             kernels = [e for e in prof.events() if cuda and e.device_type == torch.autograd.DeviceType.CUDA]
             gpu = sum(e.device_time for e in kernels) / 1e3 / args.steps  # us -> ms
+            record.add(batch=b, mode=mode, wall_ms=wall * 1e3, gpu_ms=gpu, launches=len(kernels) / args.steps,
+                       tok_s=b / wall)
             print(f"{b:>5} {mode:>10} {wall * 1e3:>8.2f} {gpu:>7.2f} {gpu / (wall * 1e3):>5.0%} "
                   f"{len(kernels) / args.steps:>9.0f} {b / wall:>8.0f}")
             if eager and args.by_module:
@@ -152,6 +158,7 @@ def main() -> None:
             del llm
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
+    record.close()
 
 
 if __name__ == "__main__":
