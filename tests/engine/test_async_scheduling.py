@@ -11,6 +11,7 @@ import pytest
 
 from hybridcache import LLM, SamplingParams
 from tests.faults.helpers import FailOnCall, Injected
+from tests.engine.arrivals import run_with_arrivals
 from tests.models import helpers as nemotron
 from tests.models import test_kimi_linear as kimi
 from tests.models import test_qwen3_next as qwen
@@ -115,22 +116,8 @@ def test_pressure_arrivals_aborts_and_rebalances_equal_the_unconstrained_run(che
     llm = LLM(checkpoint, max_num_seqs=4, max_model_len=64, page_size=4, num_slots=4, device_cache_bytes=budget,
               host_cache_bytes=int(per * 1.5), max_num_batched_tokens=16, async_scheduling=True)
     llm.step_hook = llm.manager.check_integrity
-    rng = random.Random(3)
-    pending, ids, got, rebalances = list(range(len(prompts))), {}, {}, 0
-    while pending or llm.has_unfinished():
-        for _ in range(rng.randint(0, 2)):
-            if pending:
-                i = pending.pop(0)
-                ids[llm.add_request(prompts[i], params[i])] = i
-        if rng.random() < 0.15:
-            try:
-                llm.rebalance(rng.choice([2, 3, 4]))
-                rebalances += 1
-            except ValueError:
-                pass  # that many slots leave no room for one page
-        for out in llm.step():
-            got[ids[out.request_id]] = out.token_ids
-    assert [got[i] for i in range(len(prompts))] == expected
+    got, rebalances = run_with_arrivals(llm, prompts, params, seed=3)
+    assert got == expected
     s = llm.stats
     assert rebalances > 0 and s.num_suspensions + s.num_reprefills > 0, s
     assert_idle_and_empty(llm)

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from hybridcache import LLM, SamplingParams, SpeculativeConfig
+from tests.engine.arrivals import run_with_arrivals
 from tests.models import helpers as nemotron
 from tests.models import test_kimi_linear as kimi
 from tests.models import test_qwen3_next as qwen
@@ -41,23 +42,8 @@ def test_random_arrivals_rebalances_and_pressure_equal_the_unconstrained_run(che
     llm = LLM(checkpoint, max_num_seqs=4, speculative=SPEC, max_model_len=64, page_size=4, num_slots=4,
               device_cache_bytes=budget, host_cache_bytes=int(per * 1.5), max_num_batched_tokens=16)
     llm.step_hook = llm.manager.check_integrity
-    rng = random.Random(2)
-    pending, ids, outputs, rebalances = list(range(len(prompts))), {}, {}, 0
-    while pending or llm.has_unfinished():
-        for _ in range(rng.randint(0, 2)):
-            if pending:
-                i = pending.pop(0)
-                ids[llm.add_request(prompts[i], params[i])] = i
-        if rng.random() < 0.15:
-            try:
-                llm.rebalance(rng.choice([2, 3, 4]))
-                rebalances += 1
-            except ValueError:
-                pass  # that many slots leave no room for one page
-            llm.manager.check_integrity()
-        for out in llm.step():
-            outputs[ids[out.request_id]] = out.token_ids
-    assert [outputs[i] for i in range(len(prompts))] == expected
+    got, rebalances = run_with_arrivals(llm, prompts, params, seed=2)
+    assert got == expected
     s = llm.stats
     assert rebalances > 0 and s.num_suspensions + s.num_reprefills > 0, s
     assert llm.manager.requests() == []
