@@ -13,6 +13,10 @@ minus the hits (no request is preempted at this budget).
 
     PYTHONPATH=. python benchmarks/prefix_cache.py --quick                                               # CPU smoke
     PYTHONPATH=. python benchmarks/prefix_cache.py --json out/prefix_cache_cpu.json                      # issue sizes
+    PYTHONPATH=. python benchmarks/prefix_cache.py --workloads multiturn --cache-scale 1 2               # budget sweep
+
+Wall times on a shared CPU box vary up to 2x between identical runs; compare step counts and prefill
+tokens there, times on an idle machine.
 """
 from __future__ import annotations
 
@@ -86,6 +90,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="small sizes (4 groups of 8, 512 shared; 12 conversations of 4 turns; 6 seqs; 32 new tokens)")
     ap.add_argument("--workloads", nargs="+", default=["shared", "multiturn"], choices=["shared", "multiturn"])
+    ap.add_argument("--cache-scale", type=float, nargs="+", default=[1.0],
+                    help="device cache budgets to run, as multiples of the LLM's default (max_num_seqs requests at "
+                         "full length, plus snapshot rows); conversations / max_num_seqs holds every conversation")
     add_json_arg(ap)
     args = ap.parse_args()
     if args.quick:
@@ -102,31 +109,41 @@ def main() -> None:
         else:
             waves = [[[rng.randrange(3, 1000) for _ in range(rng.randint(16, 64))] for _ in range(args.conversations)]]
             turns = args.turns
-        figures = {}
-        for on in (False, True):
-            llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                      max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
-                      max_model_len=longest, enable_prefix_caching=on)
-            interval = llm.manager.planner.prefix.interval if on else 1
-            f = measure(llm, waves, turns, params, interval)
-            if name == "shared":
-                f["ceiling"] = len(waves[0]) * (args.shared_len // interval * interval)
-            f["device_cache_bytes"] = llm.manager.config.device_bytes
-            figures[on] = f
-        off, on_ = figures[False], figures[True]
-        row = {
-            "workload": name, "interval": interval, "hits": on_["hits"], "ceiling": on_["ceiling"],
-            "hit_ratio_of_ceiling": on_["hits"] / max(on_["ceiling"], 1),
-            "prefill_tokens_off": off["prefill_tokens"], "prefill_tokens_on": on_["prefill_tokens"],
-            "prefill_reduction_x": off["prefill_tokens"] / max(on_["prefill_tokens"], 1),
-            "ttft_mean_s_off": off["ttft_mean_s"], "ttft_mean_s_on": on_["ttft_mean_s"],
-            "total_s_off": off["total_s"], "total_s_on": on_["total_s"],
-            "snapshot_share_of_cache_peak": on_["snapshot_bytes_peak"] / on_["device_cache_bytes"],
-            "evictions": on_["evictions"], "outputs_equal": off["outputs"] == on_["outputs"],
-        }
-        rec.add(**row)
-        print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+        for scale in args.cache_scale:
+            run_pair(args, path, name, waves, turns, params, longest, scale, rec)
     rec.close()
+
+
+def run_pair(args, path, name: str, waves, turns: int, params: SamplingParams, longest: int, scale: float,
+             rec: Record) -> None:
+    """One workload with caching off, then on, at `scale` times the LLM's default device cache (each its own)."""
+    figures = {}
+    for on in (False, True):
+        kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs, page_size=args.page_size,
+                  max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=longest, enable_prefix_caching=on)
+        llm = LLM(path, **kw)
+        if scale != 1.0:
+            llm = LLM(path, **kw, device_cache_bytes=int(llm.manager.config.device_bytes * scale))
+        interval = llm.manager.planner.prefix.interval if on else 1
+        f = measure(llm, waves, turns, params, interval)
+        if name == "shared":
+            f["ceiling"] = len(waves[0]) * (args.shared_len // interval * interval)
+        f["device_cache_bytes"] = llm.manager.config.device_bytes
+        figures[on] = f
+    off, on_ = figures[False], figures[True]
+    row = {
+        "workload": name, "cache_scale": scale, "device_cache_bytes_on": on_["device_cache_bytes"],
+        "interval": interval, "hits": on_["hits"], "ceiling": on_["ceiling"],
+        "hit_ratio_of_ceiling": on_["hits"] / max(on_["ceiling"], 1),
+        "prefill_tokens_off": off["prefill_tokens"], "prefill_tokens_on": on_["prefill_tokens"],
+        "prefill_reduction_x": off["prefill_tokens"] / max(on_["prefill_tokens"], 1),
+        "ttft_mean_s_off": off["ttft_mean_s"], "ttft_mean_s_on": on_["ttft_mean_s"],
+        "total_s_off": off["total_s"], "total_s_on": on_["total_s"],
+        "snapshot_share_of_cache_peak": on_["snapshot_bytes_peak"] / on_["device_cache_bytes"],
+        "evictions": on_["evictions"], "outputs_equal": off["outputs"] == on_["outputs"],
+    }
+    rec.add(**row)
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
 
 
 if __name__ == "__main__":

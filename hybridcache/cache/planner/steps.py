@@ -1,0 +1,162 @@
+"""The planner's steps: `allocate` (decide and take, or nothing), `plan_step` (the immutable plan the store
+executes), then `check_accept` and `commit_step`, or `abort_step` (its rows restart from their tokens)."""
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from ..entries import Status, pages_for
+from ..errors import InvalidCountError, InvalidTransitionError, OutOfDeviceMemoryError
+from ..counts import MAX_TOKENS, int_array, token_counts
+from ..layout import Layout
+from ..plans import AcceptPlan, StepPlan, frozen
+from ..prefix_cache import PrefixMatch
+from .core import PlannerCore
+
+
+class Steps(PlannerCore):
+    def allocate(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int,
+                 prefix: PrefixMatch | None = None) -> bool:
+        """Give each request what it needs for `num_new` more tokens — a zeroed slot for a WAITING one
+        (it becomes CONTEXT), the pages past its current ones — or nothing at all and return False.
+        `prefix` (from `match_prefix`, for one WAITING request) admits it at the cached prefix: it shares
+        those pages, starts from the snapshot, and `num_new` counts the tokens after the prefix. Cached
+        pages that only the prefix index holds are evicted when that makes room.
+
+        What is allocated belongs to the request at once, whether or not a step runs it.
+        """
+        self._require_idle()
+        key = tuple(req_ids)
+        layout = self._layout
+        if layout is not None and layout.key == key:  # the last step's rows again: on the device or dummies
+            n = token_counts(num_new, len(key))
+            grow = self._growth(layout.held, self._tokens.counts[layout.handles], n, layout.dummy)
+            if not self._room(int(grow.sum())):
+                return False
+            self._take_pages(layout.entries, grow)
+            layout.grew(grow)
+            return True
+        entries = self._distinct(key)
+        n = token_counts(num_new, len(entries))
+        for e in entries:
+            if e.status == Status.SUSPENDED:
+                raise InvalidTransitionError(f"request {e.req_id!r} is suspended; resume it first")
+        if prefix is not None:
+            if self.prefix is None or len(entries) != 1 or entries[0].status != Status.WAITING or prefix.req_id != key[0]:
+                raise InvalidTransitionError("a prefix match admits the one WAITING request it was made for")
+            if entries[0].num_tokens or entries[0].pages:
+                raise InvalidTransitionError(f"request {key[0]!r} already holds state")
+            self.prefix.admit(entries[0], prefix)
+        fresh = [e for e in entries if e.status == Status.WAITING]
+        held = np.array([len(e.pages) for e in entries], dtype=np.int64)
+        cached = self._tokens.counts[[e.handle for e in entries]]
+        dummy = np.array([e.status == Status.DUMMY for e in entries], dtype=bool)
+        grow = self._growth(held, cached, n, dummy)
+        if len(fresh) > self.slot_pool.num_free or not self._room(int(grow.sum())):
+            if prefix is not None:
+                self.prefix.undo_admit(entries[0])
+            return False
+        for e, slot in zip(fresh, self.slot_pool.allocate(len(fresh))):
+            e.slot, e.status, e.fresh = slot, Status.CONTEXT, e.restore < 0
+        if prefix is not None:
+            self.prefix.admitted(entries[0], prefix)
+        if self._take_pages(entries, grow) and layout is not None:
+            layout.recount()
+        return True
+
+    def plan_step(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int) -> StepPlan:
+        """The step plan of rows already allocated for `num_new` tokens; it stays pending until
+        `commit_step` or `abort_step`. Rows that changed since the last plan are the only page-table
+        writes when the rows are the same."""
+        self._require_idle()
+        key = tuple(req_ids)
+        layout = self._layout
+        if layout is None or layout.key != key:
+            entries = self._distinct(key)
+            for e in entries:
+                if not (e.on_device or e.status == Status.DUMMY):
+                    raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}: allocate it first")
+            self._version += 1
+            layout = Layout(key, entries, self._version)
+        n = token_counts(num_new, len(key))
+        cached = self._tokens.counts[layout.handles]
+        if (cached + n > MAX_TOKENS).any():
+            raise InvalidCountError(f"a row would pass {MAX_TOKENS} tokens")
+        if self.has_pages:
+            short = ~layout.dummy & (pages_for(cached + n, self.page_size) > layout.held)
+            if short.any():
+                i = int(np.flatnonzero(short)[0])
+                raise OutOfDeviceMemoryError(f"request {key[i]!r} is not allocated for {n[i]} more tokens")
+        writes = layout.take_writes()
+        fresh = layout.take_fresh()
+        restore, restore_ids = self._take_restores(layout) if self.prefix is not None else ((), ())
+        self._layout = layout
+        self.pending = StepPlan(
+            req_ids=key, version=layout.version, slots=layout.slots, generation=layout.generation,
+            cached_lens=frozen(cached), num_new=frozen(n), fresh=fresh, table_width=layout.width,
+            table_writes=writes, dummy=layout.dummy, **({"restore": restore, "restore_ids": restore_ids} if restore_ids else {}),
+        )
+        return self.pending
+
+    def _take_restores(self, layout: Layout):
+        """(slots, rows) of the rows whose first step restores a snapshot, and the pinned ids (the plan
+        now holds the pins until commit or abort)."""
+        rows = [e for e in layout.entries if e.restore >= 0]
+        if not rows:
+            return (), ()
+        ids = tuple(e.restore for e in rows)
+        for e in rows:
+            e.restore = -1
+        slots = frozen(np.array([e.slot for e in rows], dtype=np.int64))
+        return (slots, frozen(np.array([self.prefix.row(i) for i in ids], dtype=np.int64))), ids
+
+    def check_accept(self, plan: StepPlan, num_valid: Sequence[int] | np.ndarray | None) -> AcceptPlan:
+        """Validate a step's acceptance without changing anything: context rows commit all their tokens,
+        generation rows `num_valid[i]` in 1..num_new (the fed token plus accepted drafts)."""
+        self._require_pending(plan)
+        n = plan.num_new
+        if num_valid is None:
+            valid = n
+        else:
+            valid = int_array(num_valid, "accept counts")
+            if valid.shape != n.shape:
+                raise InvalidCountError(f"{n.size} rows but {valid.size} accept counts")
+            bad = plan.generation & ((valid < 1) | (valid > n))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise InvalidCountError(f"request {plan.req_ids[i]!r}: {valid[i]} valid tokens of {n[i]}")
+        rows = plan.gen_rows
+        return AcceptPlan(plan.slots[rows], n[rows], np.where(plan.generation, valid, n)[rows])
+
+    def commit_step(self, plan: StepPlan, accept: AcceptPlan) -> None:
+        """The step's tokens are in the cache: context rows all of them, generation rows `accept.num_valid`."""
+        self._require_pending(plan)
+        commit = plan.num_new.copy()
+        commit[plan.gen_rows] = accept.num_valid
+        commit[plan.dummy] = 0
+        self._tokens.counts[self._layout.handles] += commit
+        self.pending = None
+        if self.prefix is not None:
+            self.prefix.snap_pool.release(list(plan.restore_ids))
+            self.prefix.after_commit(self._layout.entries, self._tokens.counts[self._layout.handles], commit)
+
+    def abort_step(self, plan: StepPlan) -> list[Hashable]:
+        """A step failed after it may have written its rows: every request in it drops what it holds and
+        restarts from its tokens (re-prefill). Returns those requests; dummies keep their slots (the
+        store zeroes them)."""
+        self._require_pending(plan)
+        self.pending = None
+        if self.prefix is not None:
+            self.prefix.snap_pool.release(list(plan.restore_ids))
+        dropped = []
+        for rid, dummy in zip(plan.req_ids, plan.dummy):
+            e = self._entries.get(rid)
+            if e is None or dummy or e.status == Status.WAITING:
+                continue
+            self._release(e)
+            e.status, e.num_tokens = Status.WAITING, 0
+            dropped.append(rid)
+        self.stats["aborted_rows"] += len(dropped)
+        self._layout = None
+        return dropped
