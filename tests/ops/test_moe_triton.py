@@ -112,16 +112,20 @@ def test_experts_match_the_torch_path_and_the_loop(monkeypatch, launches, gated,
     assert_experts_close(out, loop, dtype)
 
 
-@pytest.mark.parametrize("gated, act", [(True, "silu"), (True, "gelu"), (False, "relu2"), (False, "relu")])
-def test_small_tiles_and_activations(gated, act):
-    """Tiles of 16 rows x 32 inner (both kernels over several row tiles and inner steps, the last of each
-    masked) against the per-token loop, for every activation the kernels compute."""
+@pytest.mark.parametrize("gated, act, tiles", [
+    (True, "silu", None), (True, "gelu", None), (False, "relu2", None), (False, "relu", None),
+    (True, "gelu", (1, 32, 32)), (False, "relu", (4, 32, 32))])
+def test_activations_and_tiles(gated, act, tiles):
+    """Every activation the kernels compute against the per-token loop: in the interpreter's arrangement (one
+    program for every pair or token, all rows, the whole inner width), and with `tiles` (BLOCK, rows, inner):
+    one pair (token) a program as on CUDA, or blocks of 4 with the last part empty; either way 3 row tiles
+    and 3 inner steps, the last of each masked."""
     e, k, n = 5, 2, 3
     up, down = randn(e, I, D, seed=1, scale=D ** -0.5), randn(e, D, I, seed=2, scale=I ** -0.5)
     gate = randn(e, I, D, seed=3, scale=D ** -0.5) if gated else None
     x = randn(n, D, seed=4)
     index, weight = routing(n, e, k, seed=5, dtype=F32)
-    out = experts_triton.fused_experts_triton(x, index, weight, up, down, gate, act, F32, tiles=(16, 32))
+    out = experts_triton.fused_experts_triton(x, index, weight, up, down, gate, act, F32, tiles=tiles)
     ref = naive.fused_experts_naive(x, index, weight, up, down, gate, act, F32)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -148,16 +152,16 @@ def test_large_batches_keep_the_grouped_path(monkeypatch, launches):
 
 
 def test_tile_choice_for_the_h200(monkeypatch):
-    """qwen3_next / kimi_linear 1B expert shapes on 132 SMs: a power of two of rows between 4 and 64, enough
-    programs for about 4 an SM where the rows allow, a tile of at most TILE weights."""
+    """qwen3_next / kimi_linear 1B expert shapes on 132 SMs: one pair (token) a program, a power of two of rows
+    between 4 and 64, enough programs for about 4 an SM where the rows allow, a tile of at most TILE weights."""
     monkeypatch.setattr(experts_triton, "num_sms", lambda device: 132)
     cuda = torch.device("cuda")
     for rows, inner in ((512, 2048), (2048, 512)):
-        for others in (1, 2, 8, 32, 128):
-            block_rows, block_in = experts_triton._tiles(rows, inner, others, cuda)
-            assert 4 <= block_rows <= 64 and block_rows & (block_rows - 1) == 0
-            assert block_rows * block_in <= experts_triton.TILE
-            assert others * -(-rows // block_rows) >= min(4 * 132, others * rows // 4)
+        for count in (1, 2, 8, 32, 64):
+            block, block_rows, block_in = experts_triton._tiles(count, rows, inner, cuda)
+            assert block == 1 and 4 <= block_rows <= 64 and block_rows & (block_rows - 1) == 0
+            assert block_rows * block_in <= experts_triton.TILE and block_in >= 16
+            assert count * -(-rows // block_rows) >= min(4 * 132, count * rows // 4)
 
 
 ROUTER_CASES = [(8, 2, True), (12, 3, False), (5, 1, True)]  # (E, k, renormalise); 12, 5: padded tiles

@@ -2,9 +2,9 @@
 
 With x [N, D], index / weight [N, k] from a router and P = N·k token copies ("pairs", p = n·k + j):
 
-  kernel 1, grid (P, ⌈I / BLOCK_ROWS⌉):  e = index[p];  u = rnd_W(up[e] · x[n]),  g = rnd_W(gate[e] · x[n])
+  kernel 1, grid (⌈P / BLOCK_P⌉, ⌈I / BLOCK_ROWS⌉):  e = index[p];  u = rnd_W(up[e] · x[n]),  g = rnd_W(gate[e] · x[n])
            gated:      h[p] = rnd_W(rnd_W(act(g)) · u)        non-gated:  h[p] = rnd_W(act(u))
-  kernel 2, grid (N, ⌈D / BLOCK_ROWS⌉):  for j in 0..k-1, in order (one program, no atomics):
+  kernel 2, grid (⌈N / BLOCK_N⌉, ⌈D / BLOCK_ROWS⌉):  for j in 0..k-1, in order (one program, no atomics):
            y = rnd_O(rnd_W(down[e_j] · h[n·k + j]));  total = rnd_O(total + rnd_O(rnd_M(y · weight[n, j])))
 
 W is the weights' (and x's) dtype, O the output dtype, M = promote(O, weight's dtype); act runs in fp32.
@@ -17,6 +17,7 @@ copies are the same adds). The dot products accumulate in fp32 in another order 
 Pairs run on grid axis 0, so the programs of one weight tile for every pair are launched together: pairs
 that share an expert then read that tile from L2 once it is there. Each pair still costs its expert's full
 weight read in the worst case, which is why the forwards use this path only up to `MAX_PAIRS` copies.
+On CUDA BLOCK_P = BLOCK_N = 1; Triton's CPU interpreter, which pays per operation, takes them all at once.
 """
 from __future__ import annotations
 
@@ -30,32 +31,39 @@ from ..triton_support import num_sms
 
 RELU2, RELU, SILU, GELU = (tl.constexpr(a) for a in range(4))  # the kernels' ACT
 _ACT = {"relu2": RELU2, "relu": RELU, "silu": SILU, "gelu": GELU}
+# tl.reduce(v, axis, _SUM) is tl.sum(v, axis) on fp32 without the nested jit call that costs the interpreter ~1 ms
+# (tl.sum and tl.zeros are jit functions, tl.reduce and tl.full builtins)
+_SUM = tl.standard._sum_combine
 TILE = 4096  # weight elements a program reads per loop step (32 fp32 products a thread at 4 warps)
 MIN_ROWS, MAX_ROWS = 4, 64  # output rows a program
+INTERPRETER_BLOCK = 1 << 20  # weight elements a program gathers at once in the interpreter
 
 
 @triton.jit
-def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, h_ptr, stride_xn, stride_we, stride_wi,
+def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, h_ptr, P, stride_xn, stride_we, stride_wi,
                K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr,
-               BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
-    p = tl.program_id(0)
+               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BLOCK_P] pairs
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    live = p < P
     n = (p // K).to(tl.int64)
-    e = tl.load(index_ptr + p).to(tl.int64)
-    w_rows = e * stride_we + rows.to(tl.int64)[:, None] * stride_wi
-    acc_u = tl.zeros([BLOCK_ROWS, BLOCK_IN], tl.float32)
-    acc_g = tl.zeros([BLOCK_ROWS, BLOCK_IN], tl.float32)
+    e = tl.load(index_ptr + p, mask=live, other=0).to(tl.int64)
+    w_rows = (e * stride_we)[:, None, None] + (rows.to(tl.int64) * stride_wi)[None, :, None]  # [BLOCK_P, R, 1]
+    row_ok = live[:, None, None] & (rows < I)[None, :, None]
+    acc_u = tl.full([BLOCK_P, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
+    acc_g = tl.full([BLOCK_P, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
     for c0 in range(0, D, BLOCK_IN):
         c = c0 + tl.arange(0, BLOCK_IN)
-        xv = tl.load(x_ptr + n * stride_xn + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
-        mask = (rows < I)[:, None] & (c < D)[None, :]
-        acc_u += tl.load(up_ptr + w_rows + c[None, :], mask=mask, other=0.0).to(tl.float32) * xv
+        xv = tl.load(x_ptr + n[:, None] * stride_xn + c[None, :], mask=live[:, None] & (c < D)[None, :], other=0.0)
+        xv = xv.to(tl.float32)[:, None, :]
+        mask = row_ok & (c < D)[None, None, :]
+        acc_u += tl.load(up_ptr + w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * xv
         if GATED:
-            acc_g += tl.load(gate_ptr + w_rows + c[None, :], mask=mask, other=0.0).to(tl.float32) * xv
-    # rounding by `_round` only where W is narrower than fp32 (a nested call costs the interpreter ~2 ms)
+            acc_g += tl.load(gate_ptr + w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * xv
+    # rounding by `_round` only where W is narrower than fp32 (a nested call costs the interpreter ~1 ms)
     W: tl.constexpr = up_ptr.dtype.element_ty
     NARROW: tl.constexpr = W != tl.float32
-    v = tl.sum(acc_g if GATED else acc_u, axis=1)
+    v = tl.reduce(acc_g if GATED else acc_u, 2, _SUM)  # [BLOCK_P, R]
     if NARROW:
         v = _round(v, W)
     if ACT == RELU2:  # the activation, in fp32 as torch computes it on a float tensor
@@ -69,57 +77,67 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, h_ptr, stride_xn, stride_we, 
     if NARROW:
         v = _round(v, W)
     if GATED:
-        u = tl.sum(acc_u, axis=1)
+        u = tl.reduce(acc_u, 2, _SUM)
         if NARROW:
             v = _round(v * _round(u, W), W)
         else:
             v = v * u
-    tl.store(h_ptr + p.to(tl.int64) * I + rows, v.to(W), mask=rows < I)
+    out = p.to(tl.int64)[:, None] * I + rows[None, :]
+    tl.store(h_ptr + out, v.to(W), mask=live[:, None] & (rows < I)[None, :])
 
 
 @triton.jit
-def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, out_ptr, stride_we, stride_wd,
+def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, out_ptr, N, stride_we, stride_wd,
                  K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
-                 BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
+                 BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] tokens
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    live = n < N
+    n = n.to(tl.int64)
+    row_ok = live[:, None, None] & (rows < D)[None, :, None]
     W: tl.constexpr = down_ptr.dtype.element_ty
     O: tl.constexpr = out_ptr.dtype.element_ty
-    total = tl.zeros([BLOCK_ROWS], tl.float32)
+    total = tl.full([BLOCK_N, BLOCK_ROWS], 0.0, tl.float32)
     for j in tl.static_range(K):
         p = n * K + j
-        e = tl.load(index_ptr + p).to(tl.int64)
-        w_rows = e * stride_we + rows.to(tl.int64)[:, None] * stride_wd
-        acc = tl.zeros([BLOCK_ROWS, BLOCK_IN], tl.float32)
+        e = tl.load(index_ptr + p, mask=live, other=0).to(tl.int64)
+        w_rows = (e * stride_we)[:, None, None] + (rows.to(tl.int64) * stride_wd)[None, :, None]
+        acc = tl.full([BLOCK_N, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
         for c0 in range(0, I, BLOCK_IN):
             c = c0 + tl.arange(0, BLOCK_IN)
-            hv = tl.load(h_ptr + p * I + c, mask=c < I, other=0.0).to(tl.float32)[None, :]
-            mask = (rows < D)[:, None] & (c < I)[None, :]
-            acc += tl.load(down_ptr + w_rows + c[None, :], mask=mask, other=0.0).to(tl.float32) * hv
-        y = tl.sum(acc, axis=1)
+            hv = tl.load(h_ptr + p[:, None] * I + c[None, :], mask=live[:, None] & (c < I)[None, :], other=0.0)
+            mask = row_ok & (c < I)[None, None, :]
+            acc += tl.load(down_ptr + w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * \
+                hv.to(tl.float32)[:, None, :]
+        y = tl.reduce(acc, 2, _SUM)  # [BLOCK_N, R]
         if W != tl.float32:  # the GEMM's output in W, then in O (`_round` only where narrower than fp32)
             y = _round(y, W)
         if O != tl.float32 and O != W:
             y = _round(y, O)
-        y = y * tl.load(weight_ptr + p).to(tl.float32)  # promote(O, weight's dtype) is O or fp32: no rounding
+        # promote(O, weight's dtype) is O or fp32: no rounding
+        y = y * tl.load(weight_ptr + p, mask=live, other=0.0).to(tl.float32)[:, None]
         if O != tl.float32:
             total = _round(total + _round(y, O), O)
         else:
             total = total + y
-    tl.store(out_ptr + n * D + rows, total.to(O), mask=rows < D)
+    out = n[:, None] * D + rows[None, :]
+    tl.store(out_ptr + out, total.to(O), mask=live[:, None] & (rows < D)[None, :])
 
 
-def _tiles(rows: int, inner: int, others: int, device: torch.device) -> tuple[int, int]:
-    """(BLOCK_ROWS, BLOCK_IN) for an output of `rows` per program column and `others` program columns.
+def _tiles(count: int, rows: int, inner: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK, BLOCK_ROWS, BLOCK_IN) for `count` programs' worth of pairs (or tokens), each an output of `rows`.
 
-    CUDA: rows a program as few as keeps about 4 programs an SM busy (a power of two between MIN_ROWS and
-    MAX_ROWS, so only a handful of variants compile), the inner step filling a TILE-element tile. The CPU
-    interpreter runs programs one by one at a fixed cost each: one program covers all rows in one step."""
+    CUDA: one pair (token) a program; rows a program as few as keeps about 4 programs an SM busy (a power of
+    two between MIN_ROWS and MAX_ROWS, so only a handful of variants compile), the inner step filling a
+    TILE-element tile. The CPU interpreter pays per operation, not per element: one program takes every
+    pair (token), all rows and the whole inner width in one step, up to INTERPRETER_BLOCK elements."""
     if device.type != "cuda":
-        return triton.next_power_of_2(rows), triton.next_power_of_2(inner)
-    want = max(1, others * rows // (4 * num_sms(device)))
+        block_rows, block_in = triton.next_power_of_2(rows), triton.next_power_of_2(inner)
+        fit = max(1, INTERPRETER_BLOCK // (block_rows * block_in))
+        return min(triton.next_power_of_2(count), 1 << (fit.bit_length() - 1)), block_rows, block_in
+    want = max(1, count * rows // (4 * num_sms(device)))
     block_rows = max(MIN_ROWS, min(MAX_ROWS, triton.next_power_of_2(rows), 1 << (want.bit_length() - 1)))
-    return block_rows, max(16, min(triton.next_power_of_2(inner), TILE // block_rows))
+    return 1, block_rows, max(16, min(triton.next_power_of_2(inner), TILE // block_rows))
 
 
 def _check(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, down: Tensor, gate: Tensor | None,
@@ -137,11 +155,12 @@ def _check(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, down: Tensor, g
 
 def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, down: Tensor,
                          gate: Tensor | None, act: str, out_dtype: torch.dtype,
-                         tiles: tuple[int, int] | None = None) -> Tensor:
+                         tiles: tuple[int, int, int] | None = None) -> Tensor:
     """`sum_j weight[:, j] * expert(index[:, j], x)` with expert e = `down[e] · act(gate[e] · x) * (up[e] · x)`
     (gated) or `down[e] · act(up[e] · x)` (gate None). x: [N, D]; index (int), weight: [N, k];
     up, gate: [E, I, D]; down: [E, D, I] -> [N, D] in out_dtype. Two launches, whatever the index holds.
-    `tiles` (tests): (BLOCK_ROWS, BLOCK_IN) for both kernels instead of `_tiles`' choice."""
+    `tiles` (tests): (BLOCK, BLOCK_ROWS, BLOCK_IN) for both kernels instead of `_tiles`' choice, BLOCK the
+    pairs (up) and tokens (down) a program."""
     _check(x, index, weight, up, down, gate, act)
     (N, K), (_, I, D) = index.shape, up.shape
     out = torch.empty(N, D, device=x.device, dtype=out_dtype)
@@ -151,12 +170,13 @@ def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, d
         x = x.contiguous()
     index, weight = index.contiguous(), weight.contiguous()
     h = torch.empty(N * K, I, device=x.device, dtype=x.dtype)
-    rows, inner = tiles or _tiles(I, D, N * K, x.device)
-    _up_kernel[(N * K, triton.cdiv(I, rows))](
-        x, index, up if gate is None else gate, up, h, x.stride(0), up.stride(0), up.stride(1),
-        K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=4)
-    rows, inner = tiles or _tiles(D, I, N, x.device)
-    _down_kernel[(N, triton.cdiv(D, rows))](
-        h, index, weight, down, out, down.stride(0), down.stride(1),
-        K=K, I=I, D=D, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=4)
+    block, rows, inner = tiles or _tiles(N * K, I, D, x.device)
+    _up_kernel[(triton.cdiv(N * K, block), triton.cdiv(I, rows))](
+        x, index, up if gate is None else gate, up, h, N * K, x.stride(0), up.stride(0), up.stride(1),
+        K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner,
+        num_warps=4)
+    block, rows, inner = tiles or _tiles(N, D, I, x.device)
+    _down_kernel[(triton.cdiv(N, block), triton.cdiv(D, rows))](
+        h, index, weight, down, out, N, down.stride(0), down.stride(1),
+        K=K, I=I, D=D, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=4)
     return out

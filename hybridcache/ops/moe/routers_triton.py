@@ -24,12 +24,9 @@ from ..rms_norm_triton import _round
 from . import ROUTER_MAX_EXPERTS
 
 
-@triton.jit
-def _pick(vals, left, order, NONE: tl.constexpr):
-    """Per row of `vals` [R, X]: (the largest value where `left`, the lowest `order` that holds it); NONE
-    where nothing is left. -inf values are picked too (after every finite one)."""
-    best = tl.max(tl.where(left, vals, float("-inf")), axis=1)
-    return best, tl.min(tl.where(left & (vals == best[:, None]), order, NONE), axis=1)
+# tl.reduce with these is tl.max / tl.min / tl.sum on fp32 and int32 without a nested jit call (each costs the
+# interpreter ~1 ms): the kernels below call only builtins (tl.full, not tl.zeros) and inline their selection
+_MAX, _MIN, _SUM = tl.standard._elementwise_max, tl.standard._elementwise_min, tl.standard._sum_combine
 
 
 @triton.jit
@@ -41,24 +38,25 @@ def _softmax_topk_kernel(logits_ptr, index_ptr, weight_ptr, N, stride_n,
     valid = (n < N)[:, None] & (c < E)
     logit = tl.load(logits_ptr + n.to(tl.int64)[:, None] * stride_n + c, mask=valid, other=float("-inf"))
     logit = tl.where(valid, logit.to(tl.float32), 0.0)  # rows past N: zeros, never stored
-    ex = tl.where(valid, tl.exp(logit - tl.max(logit, axis=1)[:, None]), 0.0)
-    probs = tl.math.div_rn(ex, tl.maximum(tl.sum(ex, axis=1), 1.0)[:, None])  # a real row sums to >= 1
+    ex = tl.where(valid, tl.exp(logit - tl.reduce(logit, 1, _MAX)[:, None]), 0.0)
+    probs = tl.math.div_rn(ex, tl.maximum(tl.reduce(ex, 1, _SUM), 1.0)[:, None])  # a real row sums to >= 1
     kk = tl.arange(0, BLOCK_K)[None, :]
+    done = (n < N)[:, None] & (kk < K)
     left = valid
-    chosen = tl.zeros([ROWS, BLOCK_K], tl.int32)
-    weights = tl.zeros([ROWS, BLOCK_K], tl.float32)
-    for j in tl.static_range(K):
-        best, at = _pick(probs, left, c, BLOCK_E)
+    chosen = tl.full([ROWS, BLOCK_K], 0, tl.int32)
+    weights = tl.full([ROWS, BLOCK_K], 0.0, tl.float32)
+    for j in tl.static_range(K):  # the largest probability left, the lowest index among equal ones
+        best = tl.reduce(tl.where(left, probs, float("-inf")), 1, _MAX)
+        at = tl.reduce(tl.where(left & (probs == best[:, None]), c, BLOCK_E), 1, _MIN)
         left = left & (c != at[:, None])
         chosen = tl.where(kk == j, at[:, None], chosen)
-        weights = tl.where(kk == j, best[:, None], weights)
+        weights = tl.where((kk == j) & done, best[:, None], weights)  # rows past N keep 0 (no 0 / 0 below)
     if NORM:
-        weights = tl.math.div_rn(weights, tl.sum(weights, axis=1)[:, None])
+        weights = tl.math.div_rn(weights, tl.maximum(tl.reduce(weights, 1, _SUM), 1e-30)[:, None])
     O: tl.constexpr = weight_ptr.dtype.element_ty
     if O != tl.float32:
         weights = _round(weights, O)
     out = n.to(tl.int64)[:, None] * K + kk
-    done = (n < N)[:, None] & (kk < K)
     tl.store(index_ptr + out, chosen.to(tl.int64), mask=done)
     tl.store(weight_ptr + out, weights.to(O), mask=done)
 
@@ -80,14 +78,15 @@ def _group_topk_kernel(logits_ptr, bias_ptr, index_ptr, weight_ptr, N, stride_n,
                        float("-inf"))
 
     # a group's score: its best choice plus its second best (the lowest-index best taken out once)
-    best1 = tl.max(choice3, axis=2)  # [ROWS, BLOCK_G]
-    first = tl.min(tl.where(choice3 == best1[:, :, None], c[None, None, :], BLOCK_EG), axis=2)
-    best2 = tl.max(tl.where(c[None, None, :] == first[:, :, None], float("-inf"), choice3), axis=2)
+    best1 = tl.reduce(choice3, 2, _MAX)  # [ROWS, BLOCK_G]
+    first = tl.reduce(tl.where(choice3 == best1[:, :, None], c[None, None, :], BLOCK_EG), 2, _MIN)
+    best2 = tl.reduce(tl.where(c[None, None, :] == first[:, :, None], float("-inf"), choice3), 2, _MAX)
     group_score = best1 + best2
     real = (n < N)[:, None] & (g < G)[None, :]
     left = real
-    for _ in tl.static_range(TOPG):
-        _, at = _pick(group_score, left, g[None, :], BLOCK_G)
+    for _ in tl.static_range(TOPG):  # the best group left, the lowest index among equal ones
+        best = tl.reduce(tl.where(left, group_score, float("-inf")), 1, _MAX)
+        at = tl.reduce(tl.where(left & (group_score == best[:, None]), g[None, :], BLOCK_G), 1, _MIN)
         left = left & (g[None, :] != at[:, None])
     keep3 = (real & ~left)[:, :, None]  # the groups picked
 
@@ -98,16 +97,17 @@ def _group_topk_kernel(logits_ptr, bias_ptr, index_ptr, weight_ptr, N, stride_n,
     expert = tl.reshape(tl.broadcast_to(expert3, [ROWS, BLOCK_G, BLOCK_EG]), [ROWS, FLAT])
     left = tl.reshape(valid3, [ROWS, FLAT])
     kk = tl.arange(0, BLOCK_K)[None, :]
-    chosen = tl.zeros([ROWS, BLOCK_K], tl.int32)
-    weights = tl.zeros([ROWS, BLOCK_K], tl.float32)
-    for j in tl.static_range(K):
-        _, at = _pick(choice, left, expert, G * EG)
+    chosen = tl.full([ROWS, BLOCK_K], 0, tl.int32)
+    weights = tl.full([ROWS, BLOCK_K], 0.0, tl.float32)
+    for j in tl.static_range(K):  # the best choice left (-inf ones after every finite one), the lowest index first
+        best = tl.reduce(tl.where(left, choice, float("-inf")), 1, _MAX)
+        at = tl.reduce(tl.where(left & (choice == best[:, None]), expert, G * EG), 1, _MIN)
         hit = expert == at[:, None]
         left = left & ~hit
         chosen = tl.where(kk == j, at[:, None], chosen)
-        weights = tl.where(kk == j, tl.sum(tl.where(hit, scores, 0.0), axis=1)[:, None], weights)
+        weights = tl.where(kk == j, tl.reduce(tl.where(hit, scores, 0.0), 1, _SUM)[:, None], weights)
     if NORM:
-        weights = tl.math.div_rn(weights, tl.sum(weights, axis=1)[:, None] + 1e-20)
+        weights = tl.math.div_rn(weights, tl.reduce(weights, 1, _SUM)[:, None] + 1e-20)
     out = n.to(tl.int64)[:, None] * K + kk
     done = (n < N)[:, None] & (kk < K)
     tl.store(index_ptr + out, chosen.to(tl.int64), mask=done)
