@@ -61,10 +61,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from .cache.errors import BudgetTooSmallError, LayoutError
     from .engine.errors import InvalidParamsError, InvalidRequestError, SchedulerStuckError
     from .models.errors import ModelLoadError
+    from .disagg.errors import KVTransferError, TransferLayoutError
     from .parallel.errors import ShardingError
 
     return (UsageError, InvalidParamsError, InvalidRequestError, ModelLoadError, BudgetTooSmallError, LayoutError,
-            SchedulerStuckError, ShardingError)
+            SchedulerStuckError, ShardingError, KVTransferError, TransferLayoutError)
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -192,10 +193,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else ensure_default_model(default_model_dir())
     check_model(model_dir)  # the LLM picks torch threads for a tiny model on the CPU
     reference = LLM(model_dir, device=args.device, max_num_seqs=args.num_requests, speculative=None,
-                    max_num_batched_tokens=4096, tensor_parallel_size=args.tensor_parallel_size)
+                    max_num_batched_tokens=4096, tensor_parallel_size=args.tensor_parallel_size,
+                    pipeline_parallel_size=args.pipeline_parallel_size)
     prompts = make_prompts(args.num_requests, reference.vocab_size, seed=args.seed)
     longest = max(map(len, prompts)) + args.max_tokens + args.num_draft_tokens + 1
     model = reference.model  # the speculative run's cache is sized from the same layers (this rank's), with drafts
+    if reference.stages is not None:  # pipeline stages: the budget covers every stage's layers
+        from .models.loader import model_on_meta
+        model = model_on_meta(model_dir, reference.dtype)
     sizing = sizing_of(model.state_modules(args.num_draft_tokens), model.page_roles(16))
     # a slot for every sequence but pages for about a third of the batch at full length: growth forces
     # suspensions; a host tier of a few requests forces re-prefills too
@@ -205,7 +210,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     host_bytes = int(per_request * args.host_requests)
     llm = LLM(model_dir, device=args.device, max_num_seqs=args.max_num_seqs, speculative=spec,
               device_cache_bytes=device_bytes, host_cache_bytes=host_bytes, max_num_batched_tokens=256,
-              num_slots=args.max_num_seqs, tensor_parallel_size=args.tensor_parallel_size)
+              num_slots=args.max_num_seqs, tensor_parallel_size=args.tensor_parallel_size,
+              pipeline_parallel_size=args.pipeline_parallel_size)
     bar = tqdm(total=len(prompts), desc="requests", unit="req", disable=args.quiet)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, progress=lambda done, total: bar.update(done - bar.n))
@@ -258,9 +264,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
               device_cache_bytes=args.device_cache_bytes, host_cache_bytes=args.host_cache_bytes,
               page_size=args.page_size, enforce_eager=args.enforce_eager,
-              tensor_parallel_size=args.tensor_parallel_size)
-    for out in llm.generate(prompts, params):
-        print(out.text if out.text is not None else " ".join(map(str, out.token_ids)))
+              tensor_parallel_size=args.tensor_parallel_size,
+              pipeline_parallel_size=args.pipeline_parallel_size)
+    try:
+        for out in llm.generate(prompts, params):
+            print(out.text if out.text is not None else " ".join(map(str, out.token_ids)))
+    finally:
+        llm.close()  # stops tensor-parallel workers
     return 0
 
 
@@ -281,9 +291,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
               device_cache_bytes=args.device_cache_bytes, host_cache_bytes=args.host_cache_bytes,
               enforce_eager=args.enforce_eager, enable_prefix_caching=args.enable_prefix_caching,
-              tensor_parallel_size=args.tensor_parallel_size)
+              tensor_parallel_size=args.tensor_parallel_size,
+              pipeline_parallel_size=args.pipeline_parallel_size)
+    if args.role is not None:
+        return serve_pair_side(args, llm, serve, Path(model_dir).resolve().name)
     name = args.served_model_name or Path(model_dir).resolve().name
     serve(llm, name, host=args.host, port=args.port, max_queued=args.max_queued)
+    return 0
+
+
+def serve_pair_side(args: argparse.Namespace, llm: Any, serve: Callable[..., None], default_name: str) -> int:
+    """`serve --role prefill`: serve one decode server over the link until it ends the pair (no HTTP).
+    `serve --role decode`: the front door, prefilling at the prefill server."""
+    from .disagg import KVTransferConfig
+    from .disagg.remote import PrefillServer, RemotePrefill
+
+    logging = __import__("logging").getLogger("hybridcache.serve")
+    if args.role == "prefill":
+        link = KVTransferConfig("kv_producer", kv_ip=args.kv_ip, kv_port=args.kv_port, kv_timeout_s=args.kv_timeout_s)
+        logging.info("prefill server: waiting for a decode server on %s:%d", args.kv_ip, args.kv_port)
+        server = PrefillServer(llm, link)
+        try:
+            server.serve()
+        finally:
+            server.close()
+            llm.close()
+        return 0
+    link = KVTransferConfig("kv_consumer", kv_ip=args.kv_ip, kv_port=args.kv_port, kv_timeout_s=args.kv_timeout_s)
+    front = RemotePrefill(llm, link)
+    try:
+        serve(front, args.served_model_name or default_name, host=args.host, port=args.port, max_queued=args.max_queued)
+    finally:
+        front.close()
+        llm.close()
     return 0
 
 
@@ -310,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, metavar="N",
                      help="shard the model and cache over N ranks (worker processes started here; docs/parallel.md)")
+    run.add_argument("--pipeline-parallel-size", type=int_at_least(1), default=1, metavar="N",
+                     help="split the layers and their cache over N stages (processes started here; docs/parallel.md)")
     run.set_defaults(fn=cmd_run)
 
     gen = sub.add_parser("generate", help="generate from prompts against a checkpoint directory")
@@ -340,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     cache.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     cache.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, metavar="N",
                        help="shard the model and cache over N ranks (worker processes started here; docs/parallel.md)")
+    cache.add_argument("--pipeline-parallel-size", type=int_at_least(1), default=1, metavar="N",
+                       help="split the layers and their cache over N stages (processes started here; docs/parallel.md)")
     gen.set_defaults(fn=cmd_generate)
 
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (FastAPI + uvicorn) with /metrics")
@@ -363,6 +407,15 @@ def main(argv: list[str] | None = None) -> int:
                      help="reuse cached prompt prefixes: shared attention pages and recurrent-state snapshots")
     srv.add_argument("--tensor-parallel-size", type=int_at_least(1), default=1, metavar="N",
                      help="shard the model and cache over N ranks (worker processes started here; docs/parallel.md)")
+    srv.add_argument("--pipeline-parallel-size", type=int_at_least(1), default=1, metavar="N",
+                     help="split the layers and their cache over N stages (processes started here; docs/parallel.md)")
+    srv.add_argument("--role", choices=("prefill", "decode"), default=None,
+                     help="one side of a disaggregated pair (docs/parallel.md): decode is the front door (this API) "
+                          "and sends prompts to the prefill server, which listens on --kv-ip:--kv-port; "
+                          "without it the server does both")
+    srv.add_argument("--kv-ip", default="127.0.0.1", help="where the prefill server of a pair listens")
+    srv.add_argument("--kv-port", type=int_at_least(1), default=14579, help="the prefill server's port of a pair")
+    srv.add_argument("--kv-timeout-s", type=float, default=60.0, help="link operations of a pair fail after this")
     srv.set_defaults(fn=cmd_serve)
 
     from .bench.serve import build_parser as bench_serve_flags  # stdlib only: --help stays fast

@@ -14,7 +14,7 @@ from ..engine.request import RequestOutput
 from .channel import KVChannel
 from .config import KVTransferConfig
 from .errors import KVTransferError, TransferLayoutError
-from .layout import cache_layout, mismatch
+from .layout import cache_layout, mismatch, resharder
 from .producer import END, FINISHED, REQUEST
 
 
@@ -30,11 +30,14 @@ class KVConsumer:
         self.channel = KVChannel(link) if self._owns_link else link
         if self.channel.config.is_producer:
             raise ValueError("a KVConsumer needs a kv_consumer link")
-        why = mismatch(cache_layout(llm), self.channel.recv_object())
+        self.reshard = resharder(llm)
+        why = mismatch(cache_layout(llm, self.reshard), self.channel.recv_object())
         self.channel.send_object(why)
         if why is not None:
             raise TransferLayoutError(why)
         self._inbox: queue.Queue = queue.Queue()
+        self._rest: dict[int, list] = {}  # id(arrival) -> the other ranks' records (tensor-parallel engines)
+        self.tags: dict[int, object] = {}  # id(arrival) -> the tag its producer gave it (`remote.RemotePrefill`)
         self._thread = threading.Thread(target=self._receive, name="hybridcache-kv-recv", daemon=True)
         self._thread.start()
         self.ended = False
@@ -51,26 +54,38 @@ class KVConsumer:
         while not self.ended or backlog or llm.has_unfinished():
             for item in self._take(block=not (backlog or llm.has_unfinished())):
                 arrivals.append(item)
+                self.tags.pop(id(item), None)
                 if not isinstance(item, RequestOutput):
                     backlog.append(item)
             while backlog:
                 try:
-                    rid_of[id(backlog[0])] = llm.add_prefilled(backlog[0])
+                    rid_of[id(backlog[0])] = self._add(backlog[0])
                 except HostTierFullError:
                     if not llm.has_unfinished():  # nothing will free a host slot
                         raise
                     break
-                backlog.pop(0)
+                self._rest.pop(id(backlog.pop(0)), None)
             if llm.has_unfinished():
                 for out in llm.step():
                     done[out.request_id] = out
         return [a if isinstance(a, RequestOutput) else done[rid_of[id(a)]] for a in arrivals]
 
-    def _take(self, block: bool) -> list[PrefilledRequest | RequestOutput]:
-        """What arrived (waiting for one message when `block`); raises the receiver's error."""
+    def _add(self, p: PrefilledRequest) -> int:
+        """`add_prefilled`; on a tensor-parallel engine the workers' shards go along (the store scatters them)."""
+        if self.reshard.size == 1:
+            return self.llm.add_prefilled(p)
+        store = self.llm.manager.store
+        store.to_scatter = self._rest[id(p)]
+        try:
+            return self.llm.add_prefilled(p)
+        finally:
+            store.to_scatter = None
+
+    def _take(self, block: bool, timeout: float | None = None) -> list[PrefilledRequest | RequestOutput]:
+        """What arrived (waiting for one message when `block`, up to `timeout`); raises the receiver's error."""
         items = []
         try:
-            items.append(self._inbox.get(block=block))
+            items.append(self._inbox.get(block=block, timeout=timeout if block else None))
             while True:
                 items.append(self._inbox.get_nowait())
         except queue.Empty:
@@ -95,17 +110,21 @@ class KVConsumer:
                     self._inbox.put(END)
                     return
                 if msg[0] == FINISHED:
+                    self.tags[id(msg[1])] = msg[2] if len(msg) > 2 else None
                     self._inbox.put(msg[1])
                     continue
                 assert msg[0] == REQUEST, msg[0]
-                meta = msg[1]
-                host = self.llm.manager.host_tier
-                slot = torch.empty(host.slot_layout.nbytes, dtype=torch.uint8)
-                pages = torch.empty(meta["pages"], host.page_layout.nbytes, dtype=torch.uint8)
+                meta, r = msg[1], self.reshard
+                slot = torch.empty(r.full_slot.nbytes, dtype=torch.uint8)
+                pages = torch.empty(meta["pages"], r.full_page.nbytes, dtype=torch.uint8)
                 self.channel.recv(slot)
                 self.channel.recv(pages)
-                self._inbox.put(PrefilledRequest(meta["prompt"], meta["output"], meta["params"], meta["seed"],
-                                                 slot, pages, meta["logprobs"]))
+                (slot, pages), *rest = r.split((slot, pages))  # this engine's ranks' shards, by head
+                p = PrefilledRequest(meta["prompt"], meta["output"], meta["params"], meta["seed"], slot, pages,
+                                     meta["logprobs"])
+                self._rest[id(p)] = rest
+                self.tags[id(p)] = meta.get("tag")
+                self._inbox.put(p)
         except BaseException as e:  # KVTransferError from the channel, or anything unexpected
             self._inbox.put(e)
 

@@ -11,7 +11,7 @@ from ..engine.request import RequestOutput
 from .channel import KVChannel
 from .config import KVTransferConfig
 from .errors import TransferLayoutError
-from .layout import cache_layout
+from .layout import cache_layout, resharder
 
 REQUEST, FINISHED, END = "request", "finished", "end"
 
@@ -20,7 +20,8 @@ class KVProducer:
     """Sends over `channel` (or one made from a producer `KVTransferConfig`) to a `KVConsumer`, after a
     handshake that checks both caches lay a request out alike (TransferLayoutError on both sides).
 
-    Messages, in order: `(REQUEST, meta)` then the slot record and the page records (uint8 tensors);
+    Messages, in order: `(REQUEST, meta)` then the slot record and the page records (uint8 tensors, in the
+    unsharded layout whatever either side's tensor-parallel size);
     `(FINISHED, meta)` for a request that ended at its first token (no state); `(END,)` from `close()`."""
 
     def __init__(self, llm: LLM, link: KVChannel | KVTransferConfig) -> None:
@@ -29,7 +30,8 @@ class KVProducer:
         self.channel = KVChannel(link) if self._owns_link else link
         if not self.channel.config.is_producer:
             raise ValueError("a KVProducer needs a kv_producer link")
-        self.channel.send_object(cache_layout(llm))
+        self.reshard = resharder(llm)
+        self.channel.send_object(cache_layout(llm, self.reshard))
         reply = self.channel.recv_object()
         if reply is not None:
             raise TransferLayoutError(reply)
@@ -65,17 +67,24 @@ class KVProducer:
             raise
         return len(ids)
 
-    def _send(self, p: PrefilledRequest) -> None:
+    def _send(self, p: PrefilledRequest, tag: object = None) -> None:
+        """The request in the unsharded layout: a tensor-parallel engine's ranks' shards joined by head."""
+        shards = [(p.slot_record, p.page_records)]
+        if self.reshard.size > 1:
+            store = self.llm.manager.store
+            shards += store.gathered  # the workers' shards, gathered by take_prefilled's export
+            store.gathered = []
+        slot, pages = self.reshard.join(shards)
         meta = {"prompt": p.prompt, "output": p.output, "params": p.params, "seed": p.seed, "logprobs": p.logprobs,
-                "pages": int(p.page_records.shape[0])}
+                "pages": int(pages.shape[0]), "tag": tag}
         self.channel.send_object((REQUEST, meta))
-        self.channel.send(p.slot_record)
-        self.channel.send(p.page_records)
+        self.channel.send(slot)
+        self.channel.send(pages)
         self.num_sent += 1
-        self.bytes_sent += p.slot_record.numel() + p.page_records.numel()
+        self.bytes_sent += slot.numel() + pages.numel()
 
-    def _send_finished(self, out: RequestOutput) -> None:
-        self.channel.send_object((FINISHED, out))
+    def _send_finished(self, out: RequestOutput, tag: object = None) -> None:
+        self.channel.send_object((FINISHED, out, tag))
         self.num_sent += 1
 
     def close(self) -> None:

@@ -62,8 +62,11 @@ class LLM:
 
     `tensor_parallel_size=N` shards the model and the cache over N ranks (docs/parallel.md): this process
     is rank 0 (it plans, samples and broadcasts each step) and starts the N-1 others itself; a worker
-    that dies, or hangs past `parallel_timeout_s`, raises TensorParallelError. `device_cache_bytes` is then
-    each rank's budget. `close()` stops the workers (also done when the LLM is collected, and at exit).
+    that dies, or hangs past `parallel_timeout_s`, raises TensorParallelError; so does a worker start (import
+    and load of its shard) longer than `parallel_startup_timeout_s`. `device_cache_bytes` is then
+    each rank's budget. `pipeline_parallel_size=N` gives each of N ranks a contiguous range of the layers
+    and a cache over them (docs/parallel.md); `device_cache_bytes` is then the whole model's budget, each
+    stage carving its part. `close()` stops the workers (also done when the LLM is collected, and at exit).
     """
 
     def __init__(
@@ -84,7 +87,9 @@ class LLM:
         preemption: PreemptionPolicy | None = None,
         enforce_eager: bool = False,
         tensor_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1,
         parallel_timeout_s: float = 120.0,
+        parallel_startup_timeout_s: float = 600.0,
         enable_prefix_caching: bool = False,
         prefix_snapshot_interval: int | None = None,
         async_scheduling: bool | None = None,
@@ -94,7 +99,8 @@ class LLM:
         for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
                             ("page_size", page_size), ("max_model_len", 1 if max_model_len is None else max_model_len),
                             ("num_slots", 1 if num_slots is None else num_slots),
-                            ("tensor_parallel_size", tensor_parallel_size)):
+                            ("tensor_parallel_size", tensor_parallel_size),
+                            ("pipeline_parallel_size", pipeline_parallel_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidParamsError(f"{name} must be an int >= 1, got {value!r}")
         if prefix_snapshot_interval is not None and (
@@ -102,10 +108,13 @@ class LLM:
                 or prefix_snapshot_interval < 1 or prefix_snapshot_interval % page_size):
             raise InvalidParamsError(f"prefix_snapshot_interval must be a positive multiple of page_size {page_size}, "
                                      f"got {prefix_snapshot_interval!r}")
-        if enable_prefix_caching and tensor_parallel_size > 1:
-            raise InvalidParamsError("enable_prefix_caching does not work with tensor_parallel_size > 1 yet")
+        if pipeline_parallel_size > 1 and (tensor_parallel_size > 1 or enable_prefix_caching):
+            raise InvalidParamsError("pipeline_parallel_size > 1 does not work with tensor_parallel_size > 1 or "
+                                     "enable_prefix_caching yet")
         if not parallel_timeout_s > 0:
             raise InvalidParamsError(f"parallel_timeout_s must be > 0, got {parallel_timeout_s!r}")
+        if not parallel_startup_timeout_s > 0:
+            raise InvalidParamsError(f"parallel_startup_timeout_s must be > 0, got {parallel_startup_timeout_s!r}")
         self.device = torch.device(device)
         cfg = read_config(model)
         tune_cpu_threads(self.device, cfg)
@@ -113,10 +122,16 @@ class LLM:
             dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").removeprefix("torch.")
             dtype = dtype if dtype in DTYPES else "float32"
         self.dtype = DTYPES[dtype]
-        self.workers = self._start_workers(model, tensor_parallel_size, parallel_timeout_s)
+        stage = None  # pipeline stage 0's layers (docs/parallel.md), or None: the whole model (or a TP shard)
+        if pipeline_parallel_size > 1:
+            from .pipeline import start_stages
+            self.workers, stage = start_stages(model, pipeline_parallel_size, self.device, self.dtype,
+                                               parallel_timeout_s, parallel_startup_timeout_s)
+        else:
+            self.workers = self._start_workers(model, tensor_parallel_size, parallel_timeout_s, parallel_startup_timeout_s)
         self._finalizer = weakref.finalize(self, Workers.close, self.workers) if self.workers else None
-        tp = self.workers.tp if self.workers else SINGLE
-        self.model = load_model(model, device=self.device, dtype=self.dtype, tp=tp)  # while the workers load theirs
+        tp = self.workers.tp if self.workers and stage is None else SINGLE  # a stage's layers are whole
+        self.model = load_model(model, device=self.device, dtype=self.dtype, tp=tp, stage=stage)  # while the workers load theirs
         if self.workers is not None:
             self.workers.connect()
         self.tokenizer = load_tokenizer(model)
@@ -132,8 +147,9 @@ class LLM:
         k = speculative.num_draft_tokens if speculative else 0
         self.verify_tokens = k + 1
         self.drafter = NgramDrafter(speculative) if speculative else None
-        states = self.model.state_modules(k)
-        pages = self.model.page_roles(page_size)
+        planned = self.model if stage is None else model_on_meta(model, self.dtype)  # rank 0 plans every stage
+        states = planned.state_modules(k)
+        pages = planned.page_roles(page_size)
         sizing = sizing_of(states, pages)
         if device_cache_bytes is None:
             # every sequence at full length, but never more than DEFAULT_TOKENS_PER_SEQ tokens each (long-context
@@ -157,15 +173,24 @@ class LLM:
                         snapshot_interval=(prefix_snapshot_interval or snapshot_interval(page_size)) if snapshots else 0,
                         num_snapshot_slots=snapshots),
         )
-        if self.workers is not None:  # each worker builds its store like this one; rank 0's store mirrors to theirs
+        self.stages = None  # pipeline parallel: each stage's StageCache
+        if stage is not None:  # each stage builds a store over its layers; rank 0's (stage 0) mirrors to theirs
+            from .pipeline import attach_stages
+            self.stages = attach_stages(self.manager, self.model, self.workers, k, page_size)
+        elif self.workers is not None:  # each worker builds its store like this one; rank 0's store mirrors to theirs
             self.workers.send("init", k, page_size, self.manager.config, (self.manager.num_slots, self.manager.num_pages))
             self.manager.store = MirroredStore(self.manager.store, self.workers)
         if preemption is None:  # pinned copies on an H200 reach about 50 GB/s each way; a CPU memcpy about 5
             preemption = PreemptionPolicy(swap_bytes_per_s=50e9 if self.device.type == "cuda" else 5e9)
         self.scheduler = Scheduler(self.manager, max_num_seqs, max_num_batched_tokens, self.verify_tokens,
                                    scheduling_policy, preemption, self.split)
-        self.runner = ModelRunner(self.model, self.manager, self.device, speculative is not None,
-                                  cuda_graphs=not enforce_eager, workers=self.workers)
+        if stage is not None:
+            from .pipeline import PipelineRunner
+            self.runner = PipelineRunner(self.model, self.manager, self.device, speculative is not None, self.workers,
+                                         self.stages)
+        else:
+            self.runner = ModelRunner(self.model, self.manager, self.device, speculative is not None,
+                                      cuda_graphs=not enforce_eager, workers=self.workers)
         log.info("%s on %s %s: device cache %d B (%d slots, %d pages of %d tokens), host tier %d B%s",
                  Path(model).name, self.device, dtype, device_cache_bytes, self.manager.num_slots,
                  self.manager.num_pages, page_size, host_cache_bytes,
@@ -491,7 +516,7 @@ class LLM:
             self._finalizer()
 
     # ---------------------------------------------------------------------------------- internals
-    def _start_workers(self, model: str | Path, size: int, timeout_s: float) -> Workers | None:
+    def _start_workers(self, model: str | Path, size: int, timeout_s: float, startup_s: float) -> Workers | None:
         """The N-1 worker ranks, spawned; None for one rank. The split is checked (ShardingError) before
         any process starts. Under torchrun (TORCHELASTIC_RUN_ID set) every rank runs this constructor:
         rank 0 returns, the others serve it and exit (`tp_worker.launched_main`)."""
@@ -502,7 +527,8 @@ class LLM:
 
         if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
             return launched_main(model, self.device, self.dtype, size, timeout_s)
-        return Workers.spawn(size, spawned_main, (str(model), str(self.device), self.dtype), self.device, timeout_s)
+        return Workers.spawn(size, spawned_main, (str(model), str(self.device), self.dtype), self.device, timeout_s,
+                             startup_s)
 
     def _take_ready(self) -> list[RequestOutput]:
         """Outputs of committed steps not yet returned (a Ctrl-C can land right after a commit)."""

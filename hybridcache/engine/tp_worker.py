@@ -18,7 +18,8 @@ from ..models.checkpoint import read_config
 from ..models.loader import load_model
 from ..parallel import TPGroup
 from ..parallel.group import connect, from_default_group
-from ..parallel.workers import STOP, MirroredStore, Workers, ready
+from ..parallel.workers import (RECV_RECORDS, SEND_RECORDS, STOP, MirroredStore, Workers, ready, recv_tensor,
+                                send_tensor)
 from .cpu_threads import tune_cpu_threads
 from .runner import ModelRunner
 
@@ -85,6 +86,16 @@ def serve(tp: TPGroup, shard: torch.nn.Module, device: torch.device) -> None:
         elif op == "run":
             plan, token_ids, num_context_rows, verify_tokens = args
             runner.run(plan, token_ids, num_context_rows, verify_tokens, np.empty(0, dtype=np.int64))
+        elif op == SEND_RECORDS:  # a request leaves: this rank's shard of its records to rank 0
+            rec = runner.manager.store.read_records(*args)
+            send_tensor(tp, rec.slot_records[0], 0)
+            send_tensor(tp, rec.page_records, 0)
+        elif op == RECV_RECORDS:  # a request joins: this rank's shard into the host tier at rank 0's ids
+            host_slot, host_pages = args
+            host = runner.manager.store.host_tier
+            slot = recv_tensor(tp, torch.empty(host.slot_layout.nbytes, dtype=torch.uint8), 0)
+            pages = recv_tensor(tp, torch.empty(len(host_pages), host.page_layout.nbytes, dtype=torch.uint8), 0)
+            runner.manager.store.write_host(host_slot, host_pages, slot, pages)
         elif op in MirroredStore.MUTATING:
             getattr(runner.manager.store, op)(*args)
         else:

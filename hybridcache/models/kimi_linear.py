@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..parallel import SINGLE, TPGroup, head_share
+from ..parallel.pipeline import Stage, whole
 from ..states import KDAState, MLAPages
 from .hybrid_lm import Device, DraftRoles, HybridLM, Trunk
 from .kimi_linear_config import DENSE, KDA, MLA, KimiLinearSpec
@@ -38,14 +39,16 @@ def _mlp(s: KimiLinearSpec, kind: str, device: Device, dtype: torch.dtype, tp: T
                    s.routed_scaling_factor, device, dtype, tp)
 
 
-def _layers(s: KimiLinearSpec, device: Device, dtype: torch.dtype, tp: TPGroup) -> list[DecoderLayer]:
-    """The mixer is `self_attn` (KDA or MLA), the `i`-th of its kind."""
+def _layers(s: KimiLinearSpec, device: Device, dtype: torch.dtype, tp: TPGroup, stage: Stage) -> dict[int, DecoderLayer]:
+    """The stage's layers by number; the mixer is `self_attn` (KDA or MLA), the `i`-th of its kind on the stage."""
     seen = {KDA: 0, MLA: 0}
-    layers = []
-    for kind, mlp_kind in zip(s.kinds, s.mlp_kinds):
-        layers.append(DecoderLayer(kind, "self_attn", _mixer(s, kind, seen[kind], device, dtype, tp),
-                                   _mlp(s, mlp_kind, device, dtype, tp), RMSNorm(s.hidden_size, s.rms_norm_eps, device, dtype),
-                                   RMSNorm(s.hidden_size, s.rms_norm_eps, device, dtype), tp))
+    layers = {}
+    for i, (kind, mlp_kind) in enumerate(zip(s.kinds, s.mlp_kinds)):
+        if i not in stage:
+            continue
+        layers[i] = DecoderLayer(kind, "self_attn", _mixer(s, kind, seen[kind], device, dtype, tp),
+                                 _mlp(s, mlp_kind, device, dtype, tp), RMSNorm(s.hidden_size, s.rms_norm_eps, device, dtype),
+                                 RMSNorm(s.hidden_size, s.rms_norm_eps, device, dtype), tp)
         seen[kind] += 1
     return layers
 
@@ -62,11 +65,18 @@ class KimiLinear(HybridLM):
     recurrent_kind, attention_kind, state_name, draft_roles = KDA, MLA, STATE_NAME, PENDING
 
     def __init__(self, spec: KimiLinearSpec, device: Device = "cpu", dtype: torch.dtype = torch.float32,
-                 tp: TPGroup = SINGLE) -> None:
-        trunk = Trunk("embed_tokens", Embedding(spec.vocab_size, spec.hidden_size, device, dtype),
-                      _layers(spec, device, dtype, tp), "norm", RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype))
-        super().__init__(spec, "model", trunk, Linear(spec.hidden_size, spec.vocab_size, False, device, dtype), dtype,
-                         tp)
+                 tp: TPGroup = SINGLE, stage: Stage | None = None) -> None:
+        stage = stage or whole(len(spec.kinds))
+        first, last = stage.is_first, stage.is_last
+        trunk = Trunk("embed_tokens", Embedding(spec.vocab_size, spec.hidden_size, device, dtype) if first else None,
+                      _layers(spec, device, dtype, tp, stage), "norm",
+                      RMSNorm(spec.hidden_size, spec.rms_norm_eps, device, dtype) if last else None)
+        head = Linear(spec.hidden_size, spec.vocab_size, False, device, dtype) if last else None
+        super().__init__(spec, "model", trunk, head, dtype, tp, stage)
+
+    @staticmethod
+    def layer_kinds_of(spec: KimiLinearSpec) -> list[str]:
+        return list(spec.kinds)
 
     def tensor_targets(self) -> dict[str, torch.Tensor]:
         """Our module path -> the checkpoint's name: the feed-forward lives under `block_sparse_moe.`."""

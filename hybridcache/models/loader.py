@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ..parallel import SINGLE, TPGroup
+from ..parallel.pipeline import Stage
 from .checkpoint import CheckpointReader, read_config
 from .errors import MissingTensorError, ModelLoadError, NonFiniteTensorError, TensorDtypeError, TensorShapeError
 from .registry import model_class
@@ -16,7 +17,7 @@ WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  #
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-               tp: TPGroup = SINGLE) -> Any:
+               tp: TPGroup = SINGLE, stage: Stage | None = None) -> Any:
     """The model of a HF-format checkpoint directory, its weights in `dtype` on `device`, in eval mode.
 
     Raises UnsupportedModelTypeError, UnsupportedConfigError, CheckpointFileError (a file truncated, corrupt
@@ -30,10 +31,11 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torc
 
     With `tp` of more than one rank the model is this rank's shard (docs/parallel.md): a sharded target
     (one with a `shard`) is read as its ranges of the checkpoint tensor only; the rest are read whole.
+    With a pipeline `stage`, only that stage's tensors are read (`parallel/pipeline.py`).
     """
     config = read_config(path)
     cls = model_class(config.get("model_type"))
-    model = cls.from_config(config, device, dtype, tp)
+    model = cls.from_config(config, device, dtype, tp, stage)
     with CheckpointReader(path) as reader:
         for name, target in model.tensor_targets().items():
             found = next((n for n in cls.checkpoint_names(name) if n in reader), None)
@@ -57,11 +59,12 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", dtype: torc
     return model.eval()
 
 
-def model_on_meta(path: str | Path, dtype: torch.dtype = torch.float32, tp: TPGroup = SINGLE) -> Any:
-    """The checkpoint's model (this rank's shard of it) on the meta device: no weights read, no memory.
-    Enough to check that a tensor-parallel size splits it and to size its cache."""
+def model_on_meta(path: str | Path, dtype: torch.dtype = torch.float32, tp: TPGroup = SINGLE,
+                  stage: Stage | None = None) -> Any:
+    """The checkpoint's model (this rank's shard of it, or this stage's part) on the meta device: no weights
+    read, no memory. Enough to check that a tensor-parallel size splits it and to size its cache."""
     config = read_config(path)
-    return model_class(config.get("model_type")).from_config(config, "meta", dtype, tp)
+    return model_class(config.get("model_type")).from_config(config, "meta", dtype, tp, stage)
 
 
 def _check_finite(name: str, source: torch.Tensor, target: torch.Tensor) -> None:

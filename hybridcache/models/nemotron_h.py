@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..parallel import SINGLE, TPGroup, group_share, head_share
+from ..parallel.pipeline import Stage, whole
 from ..states import KVPages, Mamba2State
 from .batch import ForwardBatch
 from .hybrid_lm import Device, HybridLM, Trunk
@@ -62,15 +63,18 @@ class Block(nn.Module):
         return x + self.tp.all_reduce(self.mixer(h, batch) if self.reads_batch else self.mixer(h))
 
 
-def _blocks(s: NemotronHSpec, device: Device, dtype: torch.dtype, tp: TPGroup) -> list[Block]:
-    """One block per pattern char; a mixer's index counts the layers of its kind before it."""
+def _blocks(s: NemotronHSpec, device: Device, dtype: torch.dtype, tp: TPGroup, stage: Stage) -> dict[int, Block]:
+    """One block per pattern char of the stage, by layer number; a mixer's index counts the stage's layers
+    of its kind before it."""
     seen = {kind: 0 for kind in MIXERS}
-    blocks = []
-    for kind in s.pattern:
+    blocks = {}
+    for i, kind in enumerate(s.pattern):
+        if i not in stage:
+            continue
         build, reads_batch = MIXERS[kind]
         mixer = build(s, seen[kind], device, dtype, tp)
         seen[kind] += 1
-        blocks.append(Block(kind, mixer, RMSNorm(s.hidden_size, s.layer_norm_epsilon, device, dtype), reads_batch, tp))
+        blocks[i] = Block(kind, mixer, RMSNorm(s.hidden_size, s.layer_norm_epsilon, device, dtype), reads_batch, tp)
     return blocks
 
 
@@ -85,12 +89,18 @@ class NemotronH(HybridLM):
     recurrent_kind, attention_kind, state_name = "M", "*", STATE_NAME
 
     def __init__(self, spec: NemotronHSpec, device: Device = "cpu", dtype: torch.dtype = torch.float32,
-                 tp: TPGroup = SINGLE) -> None:
-        trunk = Trunk("embeddings", Embedding(spec.vocab_size, spec.hidden_size, device, dtype),
-                      _blocks(spec, device, dtype, tp), "norm_f",
-                      RMSNorm(spec.hidden_size, spec.layer_norm_epsilon, device, dtype))
-        super().__init__(spec, "backbone", trunk, Linear(spec.hidden_size, spec.vocab_size, False, device, dtype),
-                         dtype, tp)
+                 tp: TPGroup = SINGLE, stage: Stage | None = None) -> None:
+        stage = stage or whole(len(spec.pattern))
+        first, last = stage.is_first, stage.is_last
+        trunk = Trunk("embeddings", Embedding(spec.vocab_size, spec.hidden_size, device, dtype) if first else None,
+                      _blocks(spec, device, dtype, tp, stage), "norm_f",
+                      RMSNorm(spec.hidden_size, spec.layer_norm_epsilon, device, dtype) if last else None)
+        head = Linear(spec.hidden_size, spec.vocab_size, False, device, dtype) if last else None
+        super().__init__(spec, "backbone", trunk, head, dtype, tp, stage)
+
+    @staticmethod
+    def layer_kinds_of(spec: NemotronHSpec) -> str:
+        return spec.pattern
 
     @staticmethod
     def checkpoint_names(name: str) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..parallel import SINGLE, TPGroup, head_share
+from ..parallel.pipeline import Stage, whole
 from ..states import GDNState, KVPages
 from .hybrid_lm import Device, HybridLM, Trunk
 from .layers.attention import kv_share
@@ -62,17 +63,25 @@ class Qwen3Next(HybridLM):
     recurrent_kind, attention_kind, state_name = GDN, ATTN, STATE_NAME
 
     def __init__(self, spec: Qwen3NextSpec, device: Device = "cpu", dtype: torch.dtype = torch.float32,
-                 tp: TPGroup = SINGLE) -> None:
+                 tp: TPGroup = SINGLE, stage: Stage | None = None) -> None:
+        stage = stage or whole(len(spec.layer_types))
         rope = PartialRoPE(spec.head_dim, spec.rotary_dim, spec.rope_theta, device)
         seen = {GDN: 0, ATTN: 0}
-        layers = []
+        layers = {}
         for i, kind in enumerate(spec.layer_types):
-            layers.append(_layer(spec, i, seen[kind], rope, device, dtype, tp))
-            seen[kind] += 1
-        trunk = Trunk("embed_tokens", Embedding(spec.vocab_size, spec.hidden_size, device, dtype), layers, "norm",
-                      _norm(spec, device, dtype))
-        head = None if spec.tie_word_embeddings else Linear(spec.hidden_size, spec.vocab_size, False, device, dtype)
-        super().__init__(spec, "model", trunk, head, dtype, tp)
+            if i in stage:  # a mixer's index counts the stage's layers of its kind before it
+                layers[i] = _layer(spec, i, seen[kind], rope, device, dtype, tp)
+                seen[kind] += 1
+        tied, last = spec.tie_word_embeddings, stage.is_last
+        # a tied LM head reads the embedding: the last stage keeps it too
+        embedding = Embedding(spec.vocab_size, spec.hidden_size, device, dtype) if stage.is_first or (tied and last) else None
+        trunk = Trunk("embed_tokens", embedding, layers, "norm", _norm(spec, device, dtype) if last else None)
+        head = Linear(spec.hidden_size, spec.vocab_size, False, device, dtype) if last and not tied else None
+        super().__init__(spec, "model", trunk, head, dtype, tp, stage)
+
+    @staticmethod
+    def layer_kinds_of(spec: Qwen3NextSpec) -> list[str]:
+        return list(spec.layer_types)
 
     def recurrent_state(self, num_layers: int, num_draft_tokens: int, hist: int | None = None) -> GDNState:
         """This rank's key heads and their value heads (all of them for one rank)."""

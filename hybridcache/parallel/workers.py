@@ -6,6 +6,7 @@ order (`engine/tp_worker.py`), so every rank's store holds its shard of the same
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import logging
 import multiprocessing as mp
@@ -22,6 +23,7 @@ from .group import TPGroup, connect
 log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 STOP = "stop"
+SEND_RECORDS, RECV_RECORDS = "send_records", "recv_records"  # a request's shard leaves / joins a worker's store
 READY = "hybridcache_tp_ready/"
 
 
@@ -77,7 +79,9 @@ class Workers:
         while not store.check(keys):
             self.check()
             if time.monotonic() > deadline:
-                self._fail(f"the workers did not load their shards within {startup_s:.0f} s")
+                self._fail(f"the workers did not load their shards within {startup_s:g} s "
+                           f"(parallel_startup_timeout_s)")
+                self.close()
                 raise TensorParallelError(self.failure)
             time.sleep(0.02)
 
@@ -139,6 +143,8 @@ class Workers:
                 pass
         self.closed = True
         for p in self.processes:
+            if self.failure is not None and p.exitcode is None:
+                p.kill()  # a failed group: no stop message reaches it
             p.join(timeout=10)
             if p.exitcode is None:
                 p.kill()
@@ -148,14 +154,66 @@ class Workers:
         self.tp.pg = None  # drops the process group
 
 
+def send_tensor(tp: TPGroup, t: torch.Tensor, dst: int) -> None:
+    """Point-to-point within the group (a host tensor travels through the rank's device for NCCL)."""
+    if t.numel():
+        tp.pg.send([t.contiguous().to(tp.device)], dst, 0).wait(tp.timeout)
+
+
+def recv_tensor(tp: TPGroup, t: torch.Tensor, src: int) -> torch.Tensor:
+    """Fill host tensor `t` from rank `src`; returns it."""
+    if t.numel():
+        buf = t if tp.device.type == "cpu" else torch.empty_like(t, device=tp.device)
+        tp.pg.recv([buf], src, 0).wait(tp.timeout)
+        t.copy_(buf)
+    return t
+
+
 class MirroredStore:
-    """Rank 0's cache store: each call that changes a store (`MUTATING`) is broadcast to the workers, which
-    make it on their own stores, and then made here; everything else reads this rank's store (`local`)."""
+    """Rank 0's cache store: each call that changes a store (`MUTATING`) is made here, then broadcast to the
+    workers, which make it on their own stores; everything else reads this rank's store (`local`). A call
+    that fails here (a store operation is a transaction: it leaves this store as before, or restores the old
+    carving and raises StateLostError) is never sent, so the ranks cannot diverge; one that fails on a
+    worker fails the group (TensorParallelError).
+
+    Moving a request between engines (`hybridcache.disagg`) needs every rank's shard: `read_records` also
+    gathers the workers' records into `gathered` (ranks 1..N-1, by rank), and `write_host` writes the
+    records set in `to_scatter` (ranks 1..N-1) on the workers, point to point."""
 
     MUTATING = frozenset({"execute", "accept", "zero_slots", "copy", "recarve", "synchronize", "save_snapshots"})
 
     def __init__(self, local: Any, workers: Workers) -> None:
         self.local, self.workers = local, workers
+        self.gathered: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.to_scatter: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def read_records(self, slot: int, pages: Any) -> Any:
+        """Rank 0's records of device `slot` and `pages` (`CacheStore.read_records`); the workers' go to `gathered`."""
+        pages = [int(p) for p in pages]
+        rec = self.local.read_records(slot, pages)
+        self.workers.send(SEND_RECORDS, int(slot), pages)
+        tp, gathered = self.workers.tp, []
+        with self.workers.guard("gathering a request's records"):
+            for rank in range(1, tp.size):
+                gathered.append((recv_tensor(tp, torch.empty_like(rec.slot_records[0]), rank),
+                                 recv_tensor(tp, torch.empty_like(rec.page_records), rank)))
+        self.gathered = gathered
+        return rec
+
+    def write_host(self, host_slot: int, host_pages: Any, slot_record: torch.Tensor, page_records: torch.Tensor) -> None:
+        """Write rank 0's records here and `to_scatter`'s (taken) on the workers; without them, refuse
+        (a tensor-parallel engine adopts a request only with every rank's shard)."""
+        shards, self.to_scatter = self.to_scatter, None
+        if shards is None or len(shards) != self.workers.tp.size - 1:
+            raise ValueError("a tensor-parallel engine adopts a request only with every rank's records "
+                             "(hybridcache.disagg sets MirroredStore.to_scatter)")
+        host_pages = [int(p) for p in host_pages]
+        self.local.write_host(host_slot, host_pages, slot_record, page_records)
+        self.workers.send(RECV_RECORDS, int(host_slot), host_pages)
+        with self.workers.guard("scattering a request's records"):
+            for rank, (slot_rec, page_recs) in enumerate(shards, start=1):
+                send_tensor(self.workers.tp, slot_rec, rank)
+                send_tensor(self.workers.tp, page_recs, rank)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.local, name)
@@ -163,7 +221,9 @@ class MirroredStore:
             return attr
 
         def mirrored(*args: Any) -> Any:
-            self.workers.send(name, *args)
-            return attr(*args)
+            message = copy.deepcopy(args)  # as the call received them
+            out = attr(*args)  # a failure here leaves this store as before and the workers untouched
+            self.workers.send(name, *message)
+            return out
 
         return mirrored

@@ -5,6 +5,7 @@ import torch
 
 from ..cache.protocol import PageRoles
 from ..cache.roles import RoleSpec
+from .split import REPLICATED, HeadSplit, heads
 
 
 class KVPages(PageRoles):
@@ -20,6 +21,11 @@ class KVPages(PageRoles):
         shape = (2, self.page_size, self.num_kv_heads, self.head_dim)
         return [RoleSpec("kv", self.num_layers, shape, self.dtype)]
 
+    def head_splits(self) -> dict[str, HeadSplit]:
+        """By kv head (`[2, page_size, Hkv, D]`); a rank holding one kv head of several ranks' query heads
+        holds a copy of it."""
+        return {"kv": heads(self.num_kv_heads, 2)}
+
 
 class MLAPages(PageRoles):
     """`latent [L, pages, page_size, R + Dr]`: the compressed latent, then the rope key, per token."""
@@ -32,3 +38,7 @@ class MLAPages(PageRoles):
 
     def roles(self) -> list[RoleSpec]:
         return [RoleSpec("latent", self.num_layers, (self.page_size, self.kv_lora_rank + self.rope_dim), self.dtype)]
+
+    def head_splits(self) -> dict[str, HeadSplit]:
+        """The latent is replicated: every rank's heads read all of it."""
+        return {"latent": REPLICATED}

@@ -7,6 +7,7 @@ from ..cache.errors import LayoutError
 from ..cache.protocol import StateModule
 from ..cache.roles import RoleSpec
 from ..cache.sizing import register_aux_bytes
+from .split import REPLICATED, HeadSplit
 
 
 class AuxState(StateModule):
@@ -30,3 +31,7 @@ class AuxState(StateModule):
 
     def roles(self) -> list[RoleSpec]:
         return list(self._roles)
+
+    def head_splits(self) -> dict[str, HeadSplit]:
+        """Model-owned extras are replicated over tensor-parallel ranks."""
+        return {r.name: REPLICATED for r in self._roles}

@@ -7,6 +7,7 @@ from ..cache.errors import LayoutError
 from ..cache.roles import RoleSpec
 from ..ops.gdn import gdn_replay_state
 from .replay import ReplayState, history_length
+from .split import REPLICATED, HeadSplit, heads
 
 
 class GDNState(ReplayState):
@@ -48,6 +49,15 @@ class GDNState(ReplayState):
                 RoleSpec("buf_idx", 1, (), torch.int32),
             ]
         return roles
+
+    def head_splits(self) -> dict[str, HeadSplit]:
+        """conv channels are q, k (H key heads of K each) and v (HV value heads of V); the rest split by head."""
+        H, HV, K, V = self.H, self.HV, self.K, self.V
+        splits = {"conv": HeadSplit(0, ((H, K), (H, K), (HV, V))), "ssm": heads(HV)}
+        if self.replay:  # live shapes: u [HIST, HV, V], k [HIST, H, K], G / beta [HV, HIST]
+            splits.update(replay_u=heads(HV, 1), replay_k=heads(H, 1), replay_G=heads(HV), replay_beta=heads(HV),
+                          pnat=REPLICATED, buf_idx=REPLICATED)
+        return splits
 
     def effective_state(self, tensors, layer: int, slots: torch.Tensor) -> torch.Tensor:
         t = tensors

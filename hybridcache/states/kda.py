@@ -11,6 +11,7 @@ from ..cache.roles import RoleSpec
 from ..ops.conv1d import shift_conv_window
 from ..ops.kda.accept import kda_accept
 from ..ops.kda.verify import kda_effective_state
+from .split import REPLICATED, HeadSplit, heads
 
 
 class KDAState(StateModule):
@@ -59,6 +60,15 @@ class KDAState(StateModule):
                 RoleSpec("pend_n", 1, (), torch.int32),
             ]
         return roles
+
+    def head_splits(self) -> dict[str, HeadSplit]:
+        """conv channels are q, k and v (H heads of D each); the state and pending drafts split by head."""
+        H, D = self.H, self.D
+        splits = {"conv": HeadSplit(0, ((H, D),) * 3), "ssm": heads(H)}
+        if self.replay:  # live shapes: pend_k / g / v [k, H, D], pend_beta [k, H]
+            splits.update(pend_k=heads(H, 1), pend_g=heads(H, 1), pend_v=heads(H, 1), pend_beta=heads(H, 1),
+                          pend_n=REPLICATED)
+        return splits
 
     def on_accept(
         self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,

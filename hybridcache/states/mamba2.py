@@ -7,6 +7,7 @@ from ..cache.errors import LayoutError
 from ..cache.roles import RoleSpec
 from ..ops.mamba2 import replay_state
 from .replay import ReplayState, history_length
+from .split import REPLICATED, HeadSplit, heads
 
 
 class Mamba2State(ReplayState):
@@ -50,6 +51,15 @@ class Mamba2State(ReplayState):
                 RoleSpec("buf_idx", 1, (), torch.int32),
             ]
         return roles
+
+    def head_splits(self) -> dict[str, HeadSplit]:
+        """conv channels are x (H heads of P), B and C (G groups of N each); the rest split by head or group."""
+        H, P, G, N = self.num_heads, self.head_dim, self.n_groups, self.state_size
+        splits = {"conv": HeadSplit(0, ((H, P), (G, N), (G, N))), "ssm": heads(H)}
+        if self.replay:  # live shapes: x [HIST, H, P], B [HIST, G, N], dt / dA_cumsum [H, HIST]
+            splits.update(replay_x=heads(H, 1), replay_B=heads(G, 1), replay_dt=heads(H), replay_dA_cumsum=heads(H),
+                          pnat=REPLICATED, buf_idx=REPLICATED)
+        return splits
 
     def effective_state(self, tensors, layer: int, slots: torch.Tensor) -> torch.Tensor:
         t = tensors
