@@ -78,7 +78,7 @@ def measure(llm: LLM, prompt: list[int], max_tokens: int, rounds: int, device: s
     returns every round's seconds per part, the bytes a swap moves and the prefill steps a re-prefill takes."""
     mgr, sched = llm.manager, llm.scheduler
     rid = llm.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    req = llm._requests[rid]
+    req = llm._loop.requests[rid]
     while mgr.status(rid) != Status.GENERATION:  # the first prefill (it samples the first token)
         llm.step()
     watch = Stopwatch(device)
@@ -111,7 +111,7 @@ def measure(llm: LLM, prompt: list[int], max_tokens: int, rounds: int, device: s
         times["swap"].append(marks["swap"])
         # re-prefill: drop the state, recompute the context (everything but the last sampled token), decode
         mgr.reprefill(rid)
-        sched.restart([rid], llm._requests)
+        sched.restart([rid], llm._loop.requests)
         watch.start()
         steps = 0
         while mgr.status(rid) != Status.GENERATION:

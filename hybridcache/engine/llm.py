@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import logging
 import weakref
 from pathlib import Path
@@ -24,12 +23,12 @@ from .params import SamplingParams, SpeculativeConfig
 from .interrupts import deferred_interrupts
 from .prefilled import PrefilledRequest
 from .policy import DemandSplit, PreemptionPolicy, snapshot_interval, snapshot_rows
-from .request import Request, RequestDelta, RequestOutput, TokenLogprob
+from .request import Request, RequestDelta, RequestOutput
 from .stats import Stats
-from .step_tokens import PendingTokens, choose_tokens, sample_plain
 from .runner import ModelRunner
+from .step_loop import StepLoop
 from .cpu_threads import tune_cpu_threads
-from .scheduler import ScheduledStep, Scheduler
+from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 DEFAULT_TOKENS_PER_SEQ = 4096
@@ -196,21 +195,14 @@ class LLM:
                  self.manager.num_pages, page_size, host_cache_bytes,
                  "" if self.runner.graphs is None else ", CUDA graphs")
         self.seed = seed
-        self._requests: dict[int, Request] = {}
         self._next_id = 0
-        self._stats = Stats()
-        self._ready: list[RequestOutput] = []
-        self._held: list[RequestOutput] = []  # others' outputs that finished inside generate(): step() returns them
-        self._deltas: list[RequestDelta] = []
-        self.stream_deltas = False  # record per-step deltas for take_deltas() (the engine core sets it)
         self._generate_lock = threading.Lock()
-        self._tokenizer_lock = threading.Lock()  # a fast tokenizer used from two threads can fail ("Already borrowed")
-        self.step_hook: Callable[[], None] | None = None  # tests call check_integrity() here
         if async_scheduling is None:  # where the device runs ahead of the host; prefix snapshots hash tokens at commit
             async_scheduling = self.device.type == "cuda"
         self.async_scheduling = (async_scheduling and self.drafter is None and self.workers is None
                                  and not enable_prefix_caching)
-        self._inflight: tuple[list[Request], PendingTokens] | None = None  # a launched step whose tokens are unread
+        self._loop = StepLoop(self.scheduler, self.manager, self.runner, self.drafter, self.tokenizer, self.device,
+                              self.async_scheduling)
 
     # ---------------------------------------------------------------------------------- public
     @property
@@ -223,8 +215,26 @@ class LLM:
         self.eos_token_ids = [] if value is None else [int(value)]
 
     @property
+    def stream_deltas(self) -> bool:
+        """Record per-step deltas for take_deltas() (the engine core sets it)."""
+        return self._loop.stream_deltas
+
+    @stream_deltas.setter
+    def stream_deltas(self, value: bool) -> None:
+        self._loop.stream_deltas = value
+
+    @property
+    def step_hook(self) -> Callable[[], None] | None:
+        """Called after every step (tests call check_integrity() here)."""
+        return self._loop.step_hook
+
+    @step_hook.setter
+    def step_hook(self, hook: Callable[[], None] | None) -> None:
+        self._loop.step_hook = hook
+
+    @property
     def stats(self) -> Stats:
-        s, m = self._stats, self.manager.stats
+        s, m = self._loop.stats, self.manager.stats
         s.num_suspensions, s.num_resumes, s.num_reprefills = m["suspensions"], m["resumes"], m["reprefills"]
         s.bytes_to_host, s.bytes_to_device = m["bytes_to_host"], m["bytes_to_device"]
         s.num_rebalances, s.num_aborted_rows = m["rebalances"], m["aborted_rows"]
@@ -244,7 +254,7 @@ class LLM:
             try:
                 return self.scheduler.rebalance(num_slots)
             except StateLostError:
-                self._restart_lost()
+                self._loop.restart_lost()
                 raise
 
     def device_bytes_needed(self, num_tokens: int) -> int:
@@ -296,7 +306,7 @@ class LLM:
                     if out.request_id in ours:
                         done[out.request_id] = out
                     else:
-                        self._held.append(out)
+                        self._loop.held.append(out)
                 if progress:
                     progress(len(done), len(rids))
         except BaseException:
@@ -305,7 +315,7 @@ class LLM:
                     if rid not in done:
                         self.abort_request(rid)
                 ours = set(rids)
-                self._ready = [o for o in self._ready if o.request_id not in ours]
+                self._loop.ready = [o for o in self._loop.ready if o.request_id not in ours]
             raise
         return [done[r] for r in rids]
 
@@ -319,7 +329,7 @@ class LLM:
             seed = params.seed if params.seed is not None else self.seed * 1_000_003 + rid
             req = Request(rid, ids, params, tuple(self.eos_token_ids), arrival=rid, seed=_int64(seed))
             self.scheduler.add(req)
-            self._requests[rid] = req
+            self._loop.requests[rid] = req
             self._next_id += 1
         return rid
 
@@ -327,7 +337,7 @@ class LLM:
         """Hand over a request whose prompt is in the cache and whose first token is sampled (status
         GENERATION): its tokens and live cache state leave this LLM, which forgets it (disaggregated prefill,
         `hybridcache.disagg`). None when it is not at that point (unknown and finished ids included)."""
-        req = self._requests.get(request_id)
+        req = self._loop.requests.get(request_id)
         if (req is None or req.finished or self.manager.status(request_id) != Status.GENERATION
                 or len(req.output) != 1 or self.manager.entry(request_id).num_tokens != len(req.prompt)):
             return None  # not there yet, or past it (a decode step ran)
@@ -335,7 +345,7 @@ class LLM:
             slot_record, page_records = self.manager.export_records(request_id)
             out = PrefilledRequest(list(req.prompt), list(req.output), req.params, req.seed, slot_record,
                                    page_records, None if req.logprobs is None else list(req.logprobs))
-            self._requests.pop(request_id)
+            self._loop.requests.pop(request_id)
             self.scheduler.finish(req)
         return out
 
@@ -351,26 +361,18 @@ class LLM:
                           logprobs=None if p.logprobs is None else list(p.logprobs))
             self.manager.adopt(rid, len(ids), p.slot_record, p.page_records)
             self.scheduler.suspended.append(req)  # the newest arrival: the queue stays in arrival order
-            self._requests[rid] = req
+            self._loop.requests[rid] = req
             self._next_id += 1
         return rid
 
     def abort_request(self, request_id: int) -> None:
         """Stop a request and release everything it holds; unknown or finished ids are ignored."""
-        with deferred_interrupts():
-            req = self._requests.pop(request_id, None)
-            if req is not None:
-                req.num_pending = 0  # tokens still on their way back are discarded
-            if req is not None and not req.finished:
-                self.scheduler.finish(req)
-                req.finish("abort")
-                if self.stream_deltas:
-                    self._deltas.append(req.take_delta(self.tokenizer is not None))
+        self._loop.abort(request_id)
 
     def take_deltas(self) -> list[RequestDelta]:
         """Per-request progress since the last call (recorded while `stream_deltas` is set): each step's
         new tokens, text and logprobs, and a last delta with the finish reason (abort included)."""
-        deltas, self._deltas = self._deltas, []
+        deltas, self._loop.deltas = self._loop.deltas, []
         return deltas
 
     def check_request(self, prompt: Sequence[int] | str, params: SamplingParams) -> list[int]:
@@ -381,134 +383,21 @@ class LLM:
         return ids
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work or self._inflight is not None
+        return self._loop.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
         """One scheduler step and one forward; returns the requests that finished in it (with asynchronous
         decode, those that finished in the step before). If it raises, the step's rows restart from their
         tokens and stay queued."""
-        start = time.perf_counter()
-        if self._inflight is not None and not self._steady():
-            self._read_inflight()  # who runs next may depend on those tokens
-        with deferred_interrupts():
-            try:
-                step = self.scheduler.schedule()
-            except StateLostError:  # a re-split lost the live state
-                self._restart_lost()
-                raise
-        if step.empty:
-            self._read_inflight()
-            return self._take_ready()
-        if self._inflight is not None and not self._async_step(step):
-            self._read_inflight()
-            step = ScheduledStep([(r, c) for r, c in step.context if not r.finished],
-                                 [r for r in step.generation if not r.finished])
-        if self._async_step(step):
-            self._launch(step)
-        else:
-            self._run_step(step)
-        self._stats.num_steps += 1
-        self._stats.step_seconds += time.perf_counter() - start
-        if not self.scheduler.has_work and self._inflight is None:
-            self.manager.check_integrity()  # idle: every id must be back in its pool
-        if self.step_hook:
-            self.step_hook()
-        return self._take_ready()
+        return self._loop.step()
 
-    def _run_step(self, step: ScheduledStep) -> None:
-        """Plan, run, sample, read the tokens back and commit: the synchronous step."""
-        drafts = self._draft(step)
-        longest = max(map(len, drafts.values()), default=0)
-        try:
-            with deferred_interrupts():
-                plan, tokens, positions = self._plan(step, drafts, 1 + longest)
-            logits = self.runner.run(plan, tokens, len(step.context), 1 + longest, positions)
-            new_tokens, accepted, logprobs = choose_tokens(step, drafts, logits, 1 + longest, self.device)
-            with deferred_interrupts():
-                # planner and store directly, as the runner executes: a failed accept hook leaves the step
-                # pending, so the handler below restarts its rows (the facade's accept would abort it unseen)
-                accept = self.manager.planner.check_accept(plan, accepted)
-                self.manager.store.accept(accept)
-                self.manager.planner.commit_step(plan, accept)
-                self._save_snapshots(new_tokens)
-                self._ready += self._advance(step, drafts, new_tokens, logprobs)  # kept if a held Ctrl-C fires now
-        except BaseException:
-            with deferred_interrupts():
-                if self.manager.has_pending_step:  # nothing committed: the rows run again (same draws)
-                    self.scheduler.restart(self.manager.abort_step(), self._requests)
-            raise
 
-    # ------------------------------------------------------------------ asynchronous plain decode
-    # A plain decode step's tokens are not needed on the host to plan the next one: every row accepts
-    # exactly its one token, so the step commits as soon as it is launched, and the next step feeds the
-    # sampled tokens from the device. The host reads them back only after launching that next step, so
-    # its planning overlaps the device's work. A request that stops on a token computes one more step,
-    # which is discarded; one that reaches max_tokens is released at its last step's commit.
-    def _steady(self) -> bool:
-        """Whether the next schedule can only give generation rows (then it may overlap the in-flight step)."""
-        s = self.scheduler
-        return not s.waiting and not s.suspended and all(s.status(r) == Status.GENERATION for r in s.running)
 
-    def _async_step(self, step: ScheduledStep) -> bool:
-        return (self.async_scheduling and not step.context and bool(step.generation)
-                and all(r.params.logprobs is None for r in step.generation))
 
-    def _launch(self, step: ScheduledStep) -> None:
-        """Plan and launch a plain decode step, commit it, then read the step before it back."""
-        rows, prev = step.generation, self._inflight
-        try:
-            with deferred_interrupts():
-                plan = self.manager.planner.plan_step([r.req_id for r in rows], [1] * len(rows))
-            ids = self._device_inputs(rows, prev)
-            logits = self.runner.run(plan, ids, 0, 1, np.arange(len(rows)))
-            pending = sample_plain(rows, logits, self.device)
-            with deferred_interrupts():
-                accept = self.manager.planner.check_accept(plan, [1] * len(rows))
-                self.manager.store.accept(accept)
-                self.manager.planner.commit_step(plan, accept)
-                for r in rows:
-                    r.num_prefilled += 1  # the fed token is in the cache; the sampled one is on its way
-                    r.num_pending += 1
-                    if len(r.output) + r.num_pending >= r.params.max_tokens:  # its last token: release it now
-                        self.scheduler.finish(r)
-                        r.finish("length")
-                self._inflight = (rows, pending)
-        except BaseException:
-            with deferred_interrupts():
-                if self.manager.has_pending_step:
-                    self.scheduler.restart(self.manager.abort_step(), self._requests)
-                if self._inflight is prev and prev is not None:  # its tokens are committed: keep them
-                    self._inflight = None
-                    self._deliver(*prev)
-            raise
-        if prev is not None:
-            self._deliver(*prev)
 
-    def _device_inputs(self, rows: list[Request], prev) -> torch.Tensor | np.ndarray:
-        """Each row's input token: the last known one, or the in-flight step's sample, read on the device."""
-        known = np.asarray([r.tokens[-1] if not r.num_pending else 0 for r in rows], dtype=np.int64)
-        if prev is None:
-            return known
-        where = {id(r): i for i, r in enumerate(prev[0])}
-        index = np.asarray([where[id(r)] if r.num_pending else -1 for r in rows], dtype=np.int64)
-        both = torch.from_numpy(np.stack([known, index])).to(self.device, non_blocking=True)
-        return torch.where(both[1] >= 0, prev[1].tokens[both[1].clamp(min=0)], both[0])
 
-    def _read_inflight(self) -> None:
-        if self._inflight is not None:
-            rows_pending, self._inflight = self._inflight, None
-            self._deliver(*rows_pending)
 
-    def _deliver(self, rows: list[Request], pending) -> None:
-        """The in-flight step's tokens (its one host sync), appended to the requests still waiting for them."""
-        tokens = pending.read()
-        with deferred_interrupts():
-            new_tokens = {}
-            for r, t in zip(rows, tokens):
-                if r.num_pending:  # 0: aborted, or stopped on an earlier token (this one is discarded)
-                    r.num_pending -= 1
-                    new_tokens[r.req_id] = [t]
-            self._ready += self._finish_rows([r for r in rows if r.req_id in new_tokens], new_tokens, {})
+
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (nothing to do for one rank); the LLM cannot step afterwards."""
@@ -530,23 +419,13 @@ class LLM:
         return Workers.spawn(size, spawned_main, (str(model), str(self.device), self.dtype), self.device, timeout_s,
                              startup_s)
 
-    def _take_ready(self) -> list[RequestOutput]:
-        """Outputs of committed steps not yet returned (a Ctrl-C can land right after a commit)."""
-        ready, self._ready, self._held = self._held + self._ready, [], []
-        return ready
 
-    def _restart_lost(self) -> None:
-        """A rebalance lost the live state and the cache restarted those requests from their tokens
-        (WAITING): the scheduler restarts them too."""
-        lost = [r.req_id for r in self.scheduler.running + self.scheduler.suspended
-                if self.manager.status(r.req_id) == Status.WAITING]  # suspended ones kept shared device pages
-        self.scheduler.restart(lost, self._requests)
 
     def _encode(self, prompt: Sequence[int] | str) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidRequestError("this checkpoint has no tokenizer: pass token ids, not text")
-            with self._tokenizer_lock:
+            with self._loop.tokenizer_lock:
                 return list(self.tokenizer.encode(prompt))
         if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
             raise InvalidRequestError(f"a prompt is text or a list of token ids, got {type(prompt).__name__}")
@@ -582,92 +461,10 @@ class LLM:
                 f"{self.manager.num_slots}) leaves the device cache {self.manager.num_pages}"
             )
 
-    def _save_snapshots(self, new_tokens: dict[int, list[int]]) -> None:
-        """Prefix caching: save the snapshots the committed step's rows reached. A failed save indexes
-        nothing and costs only future hits, so it is logged, not raised."""
-        if self.manager.planner.prefix is None:
-            return
-        reqs = self._requests
-        try:
-            self.manager.save_snapshots(lambda rid: reqs[rid].tokens + new_tokens.get(rid, []))
-        except Exception:
-            log.exception("saving prefix-cache snapshots failed; none of this step's were kept")
 
-    def _draft(self, step: ScheduledStep) -> dict[int, list[int]]:
-        """Each generation row's proposal. The runner pads them to the step's longest (one verify shape);
-        only a row's own drafts are judged, so its tokens and random draws never depend on its batch."""
-        if self.drafter is None:
-            return {}
-        drafts = {r.req_id: self.drafter.propose(r.tokens) for r in step.generation}
-        if self.manager.planner.prefix is not None:
-            # a greedy row's commit lands on each snapshot boundary, never past it (fewer drafts change no
-            # greedy token; a sampled row's draws depend on its drafts, so it keeps them and may jump one)
-            for r in (r for r in step.generation if r.params.greedy):
-                room = self.manager.planner.next_keep(r.req_id) - r.num_prefilled - 1
-                drafts[r.req_id] = drafts[r.req_id][: max(room, 0)]
-        return drafts
 
-    def _plan(self, step: ScheduledStep, drafts: dict[int, list[int]], width: int):
-        """The step plan, the flat token ids and the flat positions whose logits are needed: a context
-        row's last token when its prompt is done, every position of a generation row."""
-        ids, counts, tokens, positions, offset = [], [], [], [], 0
-        for req, chunk in step.context:
-            ids.append(req.req_id)
-            counts.append(chunk)
-            tokens += req.tokens[req.num_prefilled : req.num_prefilled + chunk]
-            offset += chunk
-            if req.num_prefilled + chunk == req.context_len and not req.output:
-                positions.append(offset - 1)
-        for req in step.generation:
-            ids.append(req.req_id)
-            counts.append(width)
-            tokens += [req.tokens[-1]] + NgramDrafter.pad(drafts.get(req.req_id, []), req.tokens[-1], width - 1)
-            positions += range(offset, offset + width)
-            offset += width
-        plan = self.manager.planner.plan_step(ids, counts)
-        return plan, np.asarray(tokens, dtype=np.int64), np.asarray(positions, dtype=np.int64)
 
-    def _advance(self, step: ScheduledStep, drafts: dict[int, list[int]], new_tokens: dict[int, list[int]],
-                 logprobs: dict[int, list[TokenLogprob]]) -> list[RequestOutput]:
-        """Move the requests past the committed step; returns the finished ones."""
-        for req, chunk in step.context:
-            req.num_prefilled += chunk
-            if req.num_prefilled == req.context_len:
-                self.manager.start_generation(req.req_id)
-        for req in step.generation:
-            req.num_prefilled += len(new_tokens[req.req_id])  # the fed token and the accepted drafts
-            self._stats.num_draft_tokens += len(drafts.get(req.req_id, []))
-            self._stats.num_accepted_tokens += len(new_tokens[req.req_id]) - 1
-        return self._finish_rows([r for r, _ in step.context] + step.generation, new_tokens, logprobs)
 
-    def _finish_rows(self, reqs: list[Request], new_tokens: dict[int, list[int]],
-                     logprobs: dict[int, list[TokenLogprob]]) -> list[RequestOutput]:
-        """Append each request's new tokens; returns the requests that finished (the cache forgets them)."""
-        finished = []
-        for req in reqs:
-            toks = new_tokens.get(req.req_id)
-            if toks is None:
-                continue
-            before, released = len(req.output), req.finished  # released: an asynchronous step's last token
-            done = req.append(toks, logprobs.get(req.req_id))
-            if self.tokenizer is not None and (done or req.params.stop or self.stream_deltas):
-                with self._tokenizer_lock:
-                    stopped = req.update_text(self.tokenizer)
-                if stopped:  # a stop string: the text ends before it
-                    req.finish("stop")
-                    done = True
-            if done:
-                if not released:
-                    self.scheduler.finish(req)
-                req.num_pending = 0  # a later step's token of a stopped request is discarded
-                self._requests.pop(req.req_id, None)
-                finished.append(RequestOutput(req.req_id, req.prompt, list(req.output),
-                                              req.text if self.tokenizer is not None else None,
-                                              req.finish_reason, req.logprobs))
-            if self.stream_deltas:
-                self._deltas.append(req.take_delta(self.tokenizer is not None))
-            self._stats.num_generated_tokens += len(req.output) - before
-        return finished
 
 
 def _int64(seed: int) -> int:

@@ -63,7 +63,8 @@ def test_async_steps_give_the_synchronous_tokens_and_finish_reasons(checkpoint):
     llm = LLM(checkpoint, max_num_seqs=4, page_size=4, max_model_len=64, async_scheduling=True)
     llm.step_hook = llm.manager.check_integrity
     launches = []
-    llm._launch = (lambda launch: lambda step: (launches.append(len(step.generation)), launch(step)))(llm._launch)
+    launch = llm._loop._launch
+    llm._loop._launch = lambda step: (launches.append(len(step.generation)), launch(step))
     assert outputs(llm, prompts, params) == expected
     assert outputs(llm, prompts, stopping) == expected_stops
     assert launches, "no step ran asynchronously"
@@ -76,7 +77,7 @@ def test_outputs_come_one_step_later_and_the_last_step_reads_them(nemotron_check
     finished = []
     while llm.has_unfinished():
         finished += llm.step()
-        req = llm._requests.get(rid)
+        req = llm._loop.requests.get(rid)
         assert req is None or req.num_pending <= 1
     assert [o.request_id for o in finished] == [rid] and len(finished[0].token_ids) == 3
     assert_idle_and_empty(llm)
@@ -95,7 +96,7 @@ def test_an_abort_discards_the_tokens_in_flight(nemotron_checkpoint):
     while llm.has_unfinished():
         for out in llm.step():
             got[out.request_id] = out.token_ids
-        victim = llm._requests.get(ids[1])
+        victim = llm._loop.requests.get(ids[1])
         if not aborted and victim is not None and victim.num_pending and len(victim.output) >= 3:
             llm.abort_request(ids[1])
             aborted = True

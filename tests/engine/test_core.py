@@ -101,7 +101,8 @@ def test_logprobs_with_speculation_equal_plain_and_nothing_is_kept(tiny):
     assert LLM(tiny).generate([PROMPTS[0]], SamplingParams(max_tokens=3))[0].logprobs is None
     for _ in range(20):
         llm.generate(PROMPTS, SamplingParams(max_tokens=2))
-    assert llm._requests == {} and llm._held == [] and llm._ready == [] and llm._deltas == []
+    loop = llm._loop
+    assert loop.requests == {} and loop.held == [] and loop.ready == [] and loop.deltas == []
 
 
 def test_generation_config_eos_ids_defaults_and_dtype_auto(tiny, tmp_path):

@@ -81,7 +81,7 @@ def test_ctrl_c_after_a_commit_that_finished_requests_loses_no_output(checkpoint
     expected = reference("nemotron_h", SPEC, params)
     llm = build(checkpoint("nemotron_h"), SPEC, pressure=True)
     rids = add_all(llm, PROMPTS, params)
-    real, outputs, fired = llm._advance, {}, []
+    real, outputs, fired = llm._loop._advance, {}, []
 
     def advance_then_ctrl_c(*args):
         finished = real(*args)
@@ -90,7 +90,7 @@ def test_ctrl_c_after_a_commit_that_finished_requests_loses_no_output(checkpoint
             signal.raise_signal(signal.SIGINT)
         return finished
 
-    llm._advance = advance_then_ctrl_c
+    llm._loop._advance = advance_then_ctrl_c
     step_until_raises(llm, outputs, exc=KeyboardInterrupt)
     assert fired and not set(fired[0]) & set(outputs)  # the step raised: its outputs were not returned yet
     step_to_end(llm, outputs)

@@ -1,0 +1,283 @@
+"""The engine's step: schedule, plan, run the model, choose tokens, commit, and move the requests on —
+synchronously, or as asynchronous plain decode. It holds the live requests and the outputs not yet
+returned; `LLM` (the facade) admits and aborts requests and calls `step()`."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..cache import HybridCacheManager, StateLostError, Status
+from .drafter import NgramDrafter
+from .interrupts import deferred_interrupts
+from .request import Request, RequestDelta, RequestOutput, TokenLogprob
+from .scheduler import ScheduledStep, Scheduler
+from .stats import Stats
+from .step_tokens import PendingTokens, choose_tokens, sample_plain
+
+log = logging.getLogger(__name__)
+
+
+class StepLoop:
+    """`requests`: the live requests by id; `ready`: outputs of committed steps not yet returned; `held`: others'
+    outputs that finished inside `LLM.generate` (the next `step()` returns them); `deltas`: per-step progress
+    while `stream_deltas` is set; `inflight`: an asynchronous step whose tokens are not yet read back."""
+
+    def __init__(self, scheduler: Scheduler, manager: HybridCacheManager, runner: Any, drafter: NgramDrafter | None,
+                 tokenizer: Any, device: torch.device, async_scheduling: bool) -> None:
+        self.scheduler, self.manager, self.runner, self.drafter = scheduler, manager, runner, drafter
+        self.tokenizer, self.device, self.async_scheduling = tokenizer, device, async_scheduling
+        self.tokenizer_lock = threading.Lock()  # a fast tokenizer used from two threads can fail ("Already borrowed")
+        self.stats = Stats()
+        self.requests: dict[int, Request] = {}
+        self.ready: list[RequestOutput] = []
+        self.held: list[RequestOutput] = []
+        self.deltas: list[RequestDelta] = []
+        self.stream_deltas = False  # record per-step deltas (the engine core sets it)
+        self.step_hook: Callable[[], None] | None = None  # tests call check_integrity() here
+        self.inflight: tuple[list[Request], PendingTokens] | None = None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work or self.inflight is not None
+
+    def abort(self, request_id: int) -> None:
+        """Stop a request and release everything it holds; unknown or finished ids are ignored."""
+        with deferred_interrupts():
+            req = self.requests.pop(request_id, None)
+            if req is not None:
+                req.num_pending = 0  # tokens still on their way back are discarded
+            if req is not None and not req.finished:
+                self.scheduler.finish(req)
+                req.finish("abort")
+                if self.stream_deltas:
+                    self.deltas.append(req.take_delta(self.tokenizer is not None))
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduler step and one forward; returns the requests that finished in it (with asynchronous
+        decode, those that finished in the step before). If it raises, the step's rows restart from their
+        tokens and stay queued."""
+        start = time.perf_counter()
+        if self.inflight is not None and not self._steady():
+            self.read_inflight()  # who runs next may depend on those tokens
+        with deferred_interrupts():
+            try:
+                step = self.scheduler.schedule()
+            except StateLostError:  # a re-split lost the live state
+                self.restart_lost()
+                raise
+        if step.empty:
+            self.read_inflight()
+            return self.take_ready()
+        if self.inflight is not None and not self._async_step(step):
+            self.read_inflight()
+            step = ScheduledStep([(r, c) for r, c in step.context if not r.finished],
+                                 [r for r in step.generation if not r.finished])
+        if self._async_step(step):
+            self._launch(step)
+        else:
+            self._run_step(step)
+        self.stats.num_steps += 1
+        self.stats.step_seconds += time.perf_counter() - start
+        if not self.scheduler.has_work and self.inflight is None:
+            self.manager.check_integrity()  # idle: every id must be back in its pool
+        if self.step_hook:
+            self.step_hook()
+        return self.take_ready()
+
+    def _run_step(self, step: ScheduledStep) -> None:
+        """Plan, run, sample, read the tokens back and commit: the synchronous step."""
+        drafts = self._draft(step)
+        longest = max(map(len, drafts.values()), default=0)
+        try:
+            with deferred_interrupts():
+                plan, tokens, positions = self._plan(step, drafts, 1 + longest)
+            logits = self.runner.run(plan, tokens, len(step.context), 1 + longest, positions)
+            new_tokens, accepted, logprobs = choose_tokens(step, drafts, logits, 1 + longest, self.device)
+            with deferred_interrupts():
+                # planner and store directly, as the runner executes: a failed accept hook leaves the step
+                # pending, so the handler below restarts its rows (the facade's accept would abort it unseen)
+                accept = self.manager.planner.check_accept(plan, accepted)
+                self.manager.store.accept(accept)
+                self.manager.planner.commit_step(plan, accept)
+                self._save_snapshots(new_tokens)
+                self.ready += self._advance(step, drafts, new_tokens, logprobs)  # kept if a held Ctrl-C fires now
+        except BaseException:
+            with deferred_interrupts():
+                if self.manager.has_pending_step:  # nothing committed: the rows run again (same draws)
+                    self.scheduler.restart(self.manager.abort_step(), self.requests)
+            raise
+
+    # ------------------------------------------------------------------ asynchronous plain decode
+    # A plain decode step's tokens are not needed on the host to plan the next one: every row accepts
+    # exactly its one token, so the step commits as soon as it is launched, and the next step feeds the
+    # sampled tokens from the device. The host reads them back only after launching that next step, so
+    # its planning overlaps the device's work. A request that stops on a token computes one more step,
+    # which is discarded; one that reaches max_tokens is released at its last step's commit.
+    def _steady(self) -> bool:
+        """Whether the next schedule can only give generation rows (then it may overlap the in-flight step)."""
+        s = self.scheduler
+        return not s.waiting and not s.suspended and all(s.status(r) == Status.GENERATION for r in s.running)
+
+    def _async_step(self, step: ScheduledStep) -> bool:
+        return (self.async_scheduling and not step.context and bool(step.generation)
+                and all(r.params.logprobs is None for r in step.generation))
+
+    def _launch(self, step: ScheduledStep) -> None:
+        """Plan and launch a plain decode step, commit it, then read the step before it back."""
+        rows, prev = step.generation, self.inflight
+        try:
+            with deferred_interrupts():
+                plan = self.manager.planner.plan_step([r.req_id for r in rows], [1] * len(rows))
+            ids = self._device_inputs(rows, prev)
+            logits = self.runner.run(plan, ids, 0, 1, np.arange(len(rows)))
+            pending = sample_plain(rows, logits, self.device)
+            with deferred_interrupts():
+                accept = self.manager.planner.check_accept(plan, [1] * len(rows))
+                self.manager.store.accept(accept)
+                self.manager.planner.commit_step(plan, accept)
+                for r in rows:
+                    r.num_prefilled += 1  # the fed token is in the cache; the sampled one is on its way
+                    r.num_pending += 1
+                    if len(r.output) + r.num_pending >= r.params.max_tokens:  # its last token: release it now
+                        self.scheduler.finish(r)
+                        r.finish("length")
+                self.inflight = (rows, pending)
+        except BaseException:
+            with deferred_interrupts():
+                if self.manager.has_pending_step:
+                    self.scheduler.restart(self.manager.abort_step(), self.requests)
+                if self.inflight is prev and prev is not None:  # its tokens are committed: keep them
+                    self.inflight = None
+                    self._deliver(*prev)
+            raise
+        if prev is not None:
+            self._deliver(*prev)
+
+    def _device_inputs(self, rows: list[Request], prev) -> torch.Tensor | np.ndarray:
+        """Each row's input token: the last known one, or the in-flight step's sample, read on the device."""
+        known = np.asarray([r.tokens[-1] if not r.num_pending else 0 for r in rows], dtype=np.int64)
+        if prev is None:
+            return known
+        where = {id(r): i for i, r in enumerate(prev[0])}
+        index = np.asarray([where[id(r)] if r.num_pending else -1 for r in rows], dtype=np.int64)
+        both = torch.from_numpy(np.stack([known, index])).to(self.device, non_blocking=True)
+        return torch.where(both[1] >= 0, prev[1].tokens[both[1].clamp(min=0)], both[0])
+
+    def read_inflight(self) -> None:
+        if self.inflight is not None:
+            rows_pending, self.inflight = self.inflight, None
+            self._deliver(*rows_pending)
+
+    def _deliver(self, rows: list[Request], pending) -> None:
+        """The in-flight step's tokens (its one host sync), appended to the requests still waiting for them."""
+        tokens = pending.read()
+        with deferred_interrupts():
+            new_tokens = {}
+            for r, t in zip(rows, tokens):
+                if r.num_pending:  # 0: aborted, or stopped on an earlier token (this one is discarded)
+                    r.num_pending -= 1
+                    new_tokens[r.req_id] = [t]
+            self.ready += self._finish_rows([r for r in rows if r.req_id in new_tokens], new_tokens, {})
+
+    def take_ready(self) -> list[RequestOutput]:
+        """Outputs of committed steps not yet returned (a Ctrl-C can land right after a commit)."""
+        ready, self.ready, self.held = self.held + self.ready, [], []
+        return ready
+
+    def restart_lost(self) -> None:
+        """A rebalance lost the live state and the cache restarted those requests from their tokens
+        (WAITING): the scheduler restarts them too."""
+        lost = [r.req_id for r in self.scheduler.running + self.scheduler.suspended
+                if self.manager.status(r.req_id) == Status.WAITING]  # suspended ones kept shared device pages
+        self.scheduler.restart(lost, self.requests)
+
+    def _save_snapshots(self, new_tokens: dict[int, list[int]]) -> None:
+        """Prefix caching: save the snapshots the committed step's rows reached. A failed save indexes
+        nothing and costs only future hits, so it is logged, not raised."""
+        if self.manager.planner.prefix is None:
+            return
+        reqs = self.requests
+        try:
+            self.manager.save_snapshots(lambda rid: reqs[rid].tokens + new_tokens.get(rid, []))
+        except Exception:
+            log.exception("saving prefix-cache snapshots failed; none of this step's were kept")
+
+    def _draft(self, step: ScheduledStep) -> dict[int, list[int]]:
+        """Each generation row's proposal. The runner pads them to the step's longest (one verify shape);
+        only a row's own drafts are judged, so its tokens and random draws never depend on its batch."""
+        if self.drafter is None:
+            return {}
+        drafts = {r.req_id: self.drafter.propose(r.tokens) for r in step.generation}
+        if self.manager.planner.prefix is not None:
+            # a greedy row's commit lands on each snapshot boundary, never past it (fewer drafts change no
+            # greedy token; a sampled row's draws depend on its drafts, so it keeps them and may jump one)
+            for r in (r for r in step.generation if r.params.greedy):
+                room = self.manager.planner.next_keep(r.req_id) - r.num_prefilled - 1
+                drafts[r.req_id] = drafts[r.req_id][: max(room, 0)]
+        return drafts
+
+    def _plan(self, step: ScheduledStep, drafts: dict[int, list[int]], width: int):
+        """The step plan, the flat token ids and the flat positions whose logits are needed: a context
+        row's last token when its prompt is done, every position of a generation row."""
+        ids, counts, tokens, positions, offset = [], [], [], [], 0
+        for req, chunk in step.context:
+            ids.append(req.req_id)
+            counts.append(chunk)
+            tokens += req.tokens[req.num_prefilled : req.num_prefilled + chunk]
+            offset += chunk
+            if req.num_prefilled + chunk == req.context_len and not req.output:
+                positions.append(offset - 1)
+        for req in step.generation:
+            ids.append(req.req_id)
+            counts.append(width)
+            tokens += [req.tokens[-1]] + NgramDrafter.pad(drafts.get(req.req_id, []), req.tokens[-1], width - 1)
+            positions += range(offset, offset + width)
+            offset += width
+        plan = self.manager.planner.plan_step(ids, counts)
+        return plan, np.asarray(tokens, dtype=np.int64), np.asarray(positions, dtype=np.int64)
+
+    def _advance(self, step: ScheduledStep, drafts: dict[int, list[int]], new_tokens: dict[int, list[int]],
+                 logprobs: dict[int, list[TokenLogprob]]) -> list[RequestOutput]:
+        """Move the requests past the committed step; returns the finished ones."""
+        for req, chunk in step.context:
+            req.num_prefilled += chunk
+            if req.num_prefilled == req.context_len:
+                self.manager.start_generation(req.req_id)
+        for req in step.generation:
+            req.num_prefilled += len(new_tokens[req.req_id])  # the fed token and the accepted drafts
+            self.stats.num_draft_tokens += len(drafts.get(req.req_id, []))
+            self.stats.num_accepted_tokens += len(new_tokens[req.req_id]) - 1
+        return self._finish_rows([r for r, _ in step.context] + step.generation, new_tokens, logprobs)
+
+    def _finish_rows(self, reqs: list[Request], new_tokens: dict[int, list[int]],
+                     logprobs: dict[int, list[TokenLogprob]]) -> list[RequestOutput]:
+        """Append each request's new tokens; returns the requests that finished (the cache forgets them)."""
+        finished = []
+        for req in reqs:
+            toks = new_tokens.get(req.req_id)
+            if toks is None:
+                continue
+            before, released = len(req.output), req.finished  # released: an asynchronous step's last token
+            done = req.append(toks, logprobs.get(req.req_id))
+            if self.tokenizer is not None and (done or req.params.stop or self.stream_deltas):
+                with self.tokenizer_lock:
+                    stopped = req.update_text(self.tokenizer)
+                if stopped:  # a stop string: the text ends before it
+                    req.finish("stop")
+                    done = True
+            if done:
+                if not released:
+                    self.scheduler.finish(req)
+                req.num_pending = 0  # a later step's token of a stopped request is discarded
+                self.requests.pop(req.req_id, None)
+                finished.append(RequestOutput(req.req_id, req.prompt, list(req.output),
+                                              req.text if self.tokenizer is not None else None,
+                                              req.finish_reason, req.logprobs))
+            if self.stream_deltas:
+                self.deltas.append(req.take_delta(self.tokenizer is not None))
+            self.stats.num_generated_tokens += len(req.output) - before
+        return finished
