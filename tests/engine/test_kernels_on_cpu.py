@@ -26,10 +26,16 @@ PROMPTS = [[3 + (7 * i + j) % 11 for j in range(5 + 3 * i)] for i in range(3)]
 COMMON = {"_update_kernel", "_prefill_kernel", "_rms_norm_kernel"}  # conv1d update and prefill, the norms
 FAMILY = {"nemotron_h": {"_decode_kernel", "_attend_kernel"}, "qwen3_next": {"_delta_rule_decode_kernel", "_attend_kernel"},
           "kimi_linear": {"_delta_rule_decode_kernel"}}
-MOE = {"qwen3_next": {"_softmax_topk_kernel", "_up_kernel", "_down_kernel"},  # ops/moe: router, experts
+# ops/moe: the router's selection and the experts (nemotron_h's 'E' layer: non-gated relu2 Experts behind a TopKRouter)
+MOE = {"nemotron_h": {"_group_topk_kernel", "_up_kernel", "_down_kernel"},
+       "qwen3_next": {"_softmax_topk_kernel", "_up_kernel", "_down_kernel"},
        "kimi_linear": {"_group_topk_kernel", "_up_kernel", "_down_kernel"}}
 VERIFY = {"nemotron_h": {"_verify_kernel", "_accept_kernel"}, "qwen3_next": {"_gdn_verify_kernel", "_accept_kernel"},
           "kimi_linear": {"_kda_verify_kernel"}}
+# attention glue (ops/attention): the K/V or latent page write, plain and verify steps alike
+ATTENTION = {"nemotron_h": {"_write_pair_kernel", "_attend_kernel"},
+             "qwen3_next": {"_norm_rope_kernel", "_write_pair_kernel", "_attend_kernel"},
+             "kimi_linear": {"_write_pair_kernel", "_mla_kernel"}}
 
 
 @pytest.fixture(scope="module", params=sorted(SAVERS))
@@ -73,5 +79,5 @@ def test_kernels_give_the_torch_paths_tokens(checkpoint, speculative, launched):
     torch_paths = run(path, speculative, kernels=False)
     assert not launched
     assert run(path, speculative, kernels=True) == torch_paths
-    expected = COMMON | (VERIFY[family] if speculative else FAMILY[family]) | MOE.get(family, set())
+    expected = COMMON | (VERIFY[family] if speculative else FAMILY[family]) | MOE[family] | ATTENTION[family]
     assert expected <= launched, f"not launched: {sorted(expected - launched)}"

@@ -6,7 +6,8 @@ New tokens are flat: ``q [N, Hq, D]``, ``k, v [N, Hkv, D]``; row ``b`` owns
 prefix, decode (one token) and verify (T tokens, causal among them) are the same call.
 
 On CUDA, when triton imports, steps of decode and verify rows run the Triton kernel in
-``triton_paged.py`` (pages read in place, no host sync); the rest run the torch path here.
+``triton_paged.py`` (pages read in place, no host sync), and writes with a checked page table the one of
+``triton_write.py``; the rest run the torch path here.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from hybridcache.ops.triton_support import runs_triton
 
 try:
     from hybridcache.ops.attention.triton_paged import attend_kv_pages_triton
+    from hybridcache.ops.attention.triton_write import slot_is_flat, write_kv_triton
 except ImportError:  # no triton (CPU installs): the torch path serves every call
-    attend_kv_pages_triton = None
+    attend_kv_pages_triton = write_kv_triton = None
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -47,9 +49,13 @@ def write_kv(kv: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cached_lens: 
     kv: [P, 2, page_size, Hkv, D]; k, v: [N, Hkv, D]; page_table: [B, max_pages] int32 (-1 past the
     end); cached_lens: [B]; cu_seqlens: [B + 1]. Raises PageTableError if a token has no page (a host
     sync), unless `host.pages_checked` says the caller checked the table already.
+    A checked table on CUDA takes the Triton kernel (one launch, no host sync); the rest the torch path.
     """
     _check_kv(kv, k, v)
     check_rows(page_table, cached_lens, cu_seqlens, k.shape[0])
+    if host is not None and host.pages_checked and write_triton(kv, k):
+        write_kv_triton(kv, k, v, page_table, cached_lens, cu_seqlens)
+        return
     rows, pos = new_token_positions(cached_lens, cu_seqlens, k.shape[0])
     check = host is None or not host.pages_checked
     pages, offsets = token_slots(page_table, rows, pos, kv.shape[2], check=check)
@@ -57,6 +63,17 @@ def write_kv(kv: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cached_lens: 
     key_slots = pages * (2 * page_size) + offsets  # flat over [P, 2, page_size]; values one page_size later
     copy_into_slots(kv, key_slots, k)
     copy_into_slots(kv, key_slots + page_size, v)
+
+
+def write_triton(kv: Tensor, k: Tensor) -> bool:
+    """Whether ``write_kv`` takes the Triton kernel (host-known facts only; the table must be checked too)."""
+    return (
+        write_kv_triton is not None
+        and runs_triton(k)
+        and kv.device == k.device
+        and kv.dtype in TRITON_DTYPES
+        and slot_is_flat(kv, 2)
+    )
 
 
 def use_triton(q: Tensor, kv: Tensor, page_table: Tensor) -> bool:
