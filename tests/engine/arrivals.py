@@ -9,7 +9,7 @@ from hybridcache import LLM, SamplingParams
 def run_with_arrivals(llm: LLM, prompts: list[list[int]], params: list[SamplingParams],
                       seed: int) -> tuple[list[list[int]], int]:
     """Add 0-2 prompts before each step and, with probability 0.15, rebalance to 2, 3 or 4 slots (refusals,
-    ValueError, are skipped), with `check_integrity()` after each rebalance, until every request is done.
+    ValueError, are skipped), with `check_integrity()` before each step, until every request is done.
     Returns the outputs' tokens in prompt order and the number of rebalances made."""
     rng = random.Random(seed)
     pending, ids, outputs, rebalances = list(range(len(prompts))), {}, {}, 0
@@ -24,7 +24,7 @@ def run_with_arrivals(llm: LLM, prompts: list[list[int]], params: list[SamplingP
                 rebalances += 1
             except ValueError:
                 pass  # that many slots leave no room for one page
-            llm.manager.check_integrity()
+        llm.manager.check_integrity()
         for out in llm.step():
             outputs[ids[out.request_id]] = out.token_ids
     return [outputs[i] for i in range(len(prompts))], rebalances

@@ -7,20 +7,11 @@ import random
 
 import pytest
 
-from hybridcache import LLM, SamplingParams, SpeculativeConfig
+from hybridcache import LLM, SamplingParams
 from hybridcache.engine.errors import InvalidParamsError
+from tests.engine.arrivals import run_with_arrivals
+from tests.engine.families import SPEC, checkpoint  # noqa: F401 (checkpoint is a fixture)
 from tests.models import helpers as nemotron
-from tests.models import test_kimi_linear as kimi
-from tests.models import test_qwen3_next as qwen
-
-SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
-SPEC = SpeculativeConfig(num_draft_tokens=2)
-
-
-@pytest.fixture(scope="module", params=sorted(SAVERS))
-def checkpoint(request, tmp_path_factory):
-    path, _ = SAVERS[request.param](tmp_path_factory.mktemp(request.param))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -75,23 +66,8 @@ def test_on_equals_off_under_pressure_with_suspensions_and_rebalances(checkpoint
     budget = 5 * sizing.bytes_per_slot + int((per - sizing.bytes_per_slot) * 1.3)
     llm = cached_llm(checkpoint, max_num_seqs=4, speculative=SPEC, num_slots=4, device_cache_bytes=budget,
                      host_cache_bytes=int(per * 1.5), max_num_batched_tokens=16)
-    rng = random.Random(2)
-    pending, ids, outputs, rebalances = list(range(len(prompts))), {}, {}, 0
-    while pending or llm.has_unfinished():
-        for _ in range(rng.randint(0, 2)):
-            if pending:
-                i = pending.pop(0)
-                ids[llm.add_request(prompts[i], params[i])] = i
-        if rng.random() < 0.15:
-            try:
-                llm.rebalance(rng.choice([2, 3, 4]))
-                rebalances += 1
-            except ValueError:
-                pass
-            llm.manager.check_integrity()
-        for out in llm.step():
-            outputs[ids[out.request_id]] = out.token_ids
-    assert [outputs[i] for i in range(len(prompts))] == expected
+    outputs, rebalances = run_with_arrivals(llm, prompts, params, seed=2)
+    assert outputs == expected
     s = llm.stats
     assert rebalances > 0 and s.num_suspensions + s.num_reprefills > 0 and s.prefix_cache_hits > 0, s
     assert llm.manager.requests() == [] and llm.manager.slot_pool.num_owned == 0

@@ -4,22 +4,9 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
-from hybridcache import LLM, SamplingParams, SpeculativeConfig
+from hybridcache import LLM, SamplingParams
 from tests.engine.arrivals import run_with_arrivals
-from tests.models import helpers as nemotron
-from tests.models import test_kimi_linear as kimi
-from tests.models import test_qwen3_next as qwen
-
-SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
-SPEC = SpeculativeConfig(num_draft_tokens=2)
-
-
-@pytest.fixture(scope="module", params=sorted(SAVERS))
-def checkpoint(request, tmp_path_factory):
-    path, _ = SAVERS[request.param](tmp_path_factory.mktemp(request.param))
-    return path
+from tests.engine.families import SPEC, checkpoint  # noqa: F401 (checkpoint is a fixture)
 
 
 def workload(seed: int) -> tuple[list[list[int]], list[SamplingParams]]:

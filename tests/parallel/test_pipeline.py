@@ -3,12 +3,9 @@ every family, with a second stage that holds attention and MLP layers only (no s
 decoding, and n-gram speculation under memory pressure with suspensions and live rebalances."""
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from hybridcache import LLM, SamplingParams, SpeculativeConfig
-from hybridcache.cache import sizing_of
+from hybridcache import LLM
 from hybridcache.engine.errors import InvalidParamsError
 from hybridcache.models.loader import model_on_meta
 from hybridcache.parallel import ShardingError
@@ -17,6 +14,7 @@ from tests.models import helpers as nemotron
 from tests.models import test_kimi_linear as kimi
 from tests.models import test_qwen3_next as qwen
 from tests.models.test_qwen3_next import ATTN, GDN
+from tests.parallel.pressure import GREEDY, check_pressured_run, pressured_llm, reference
 
 KIMI = {"kda_layers": [1, 2], "full_attn_layers": [3, 4], "head_dim": 8, "num_heads": 2, "short_conv_kernel_size": 4}
 # recurrent layers in the first half only: stage 1 is attention-only
@@ -25,8 +23,6 @@ SAVERS = {
     "qwen3_next": lambda p: qwen.save_tiny(p, layer_types=[GDN, GDN, ATTN, ATTN]),
     "kimi_linear": lambda p: kimi.save_tiny(p, linear_attn_config=KIMI),
 }
-SPEC = SpeculativeConfig(num_draft_tokens=2)
-GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 
 
 FAMILIES = sorted(SAVERS)
@@ -42,10 +38,7 @@ def references(tmp_path_factory):
     def get(name: str):
         if name not in made:
             path, _ = SAVERS[name](tmp_path_factory.mktemp(name))
-            rng = random.Random(1)
-            # repeated motifs so that n-gram drafts get accepted
-            prompts = [[rng.randrange(3, 96) for _ in range(rng.randint(3, 8))] * rng.randint(1, 3) for _ in range(8)]
-            made[name] = path, prompts, [o.token_ids for o in LLM(path, max_model_len=64, page_size=4).generate(prompts, GREEDY)]
+            made[name] = path, *reference(path)
         return made[name]
 
     return get
@@ -95,31 +88,9 @@ def test_pipeline_parallel_2_plain_equals_1(references, name):
 def test_pipeline_parallel_2_speculative_under_pressure_equals_1(family):
     path, prompts, want = family
     whole = model_on_meta(path)  # the budget covers the whole model, every stage carving its part
-    sizing = sizing_of(whole.state_modules(SPEC.num_draft_tokens), whole.page_roles(4))
-    per = sizing.request_bytes(max(map(len, prompts)) + GREEDY.max_tokens + 3, 4)
-    budget = 4 * sizing.bytes_per_slot + int((per - sizing.bytes_per_slot) * 1.6)
-    llm = LLM(path, max_model_len=64, page_size=4, speculative=SPEC, max_num_seqs=4, num_slots=4,
-              device_cache_bytes=budget, host_cache_bytes=int(per * 1.5), max_num_batched_tokens=16,
-              pipeline_parallel_size=2, parallel_timeout_s=60)
+    llm = pressured_llm(path, whole, prompts, pipeline_parallel_size=2)
     try:
         assert llm.stages[1].slot_bytes == 0
-        rng, pending, ids, got = random.Random(2), list(range(len(prompts))), {}, {}
-        while pending or llm.has_unfinished():
-            for _ in range(rng.randint(0, 2)):
-                if pending:
-                    i = pending.pop(0)
-                    ids[llm.add_request(prompts[i], GREEDY)] = i
-            if rng.random() < 0.15:
-                try:
-                    llm.rebalance(rng.choice([2, 3, 4]))
-                except ValueError:
-                    pass  # that many slots leave no room for one page
-            llm.manager.check_integrity()
-            for out in llm.step():
-                got[ids[out.request_id]] = out.token_ids
-        assert [got[i] for i in range(len(prompts))] == want
-        s = llm.stats
-        assert s.num_suspensions > 0 and s.num_accepted_tokens > 0 and s.num_rebalances > 0, s
-        assert llm.manager.slot_pool.num_owned == 0 and llm.manager.page_pool.num_owned == 0
+        check_pressured_run(llm, prompts, want)
     finally:
         llm.close()

@@ -11,7 +11,7 @@ latent is read once per block for all heads; blocks find their row from ``cu_seq
 ``min(N, N // BLOCK_T + B)`` programs cover every row. Keys are read ``BLOCK_N`` positions at a time, each
 position's page looked up in the table. The score is two dots (latent part, rope part), so R and Dr
 need not be powers of two (masked tiles). Online softmax in fp32, base 2; with key splits (flash
-decoding, for few rows over long contexts) ``triton_paged._merge_kernel`` merges the partials.
+decoding, for few rows over long contexts) ``_triton_flash._merge_kernel`` merges the partials.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..triton_support import interpreting, num_sms
-from .triton_paged import LOG2E, MIN_KEYS_PER_SPLIT, _merge_kernel
+from ._triton_flash import (
+    LOG2E, dot_modes, find_block, key_pages, key_range, merge_splits, plan_grid, softmax_step, split_buffers,
+    store_rows,
+)
 
 MAX_TILE_ROWS = 32  # BLOCK_T * H query rows per program: the fp32 accumulator is [rows, R]
 
@@ -43,20 +45,7 @@ def _mla_kernel(
 ):
     pid, split = tl.program_id(0), tl.program_id(1)
 
-    # Which row and which of its query blocks: blocks are numbered row after row.
-    rows = tl.arange(0, BLOCK_B)
-    lo = tl.load(cu_ptr + rows, mask=rows < num_rows, other=0)
-    hi = tl.load(cu_ptr + rows + 1, mask=rows < num_rows, other=0)
-    blocks = (hi - lo + BLOCK_T - 1) // BLOCK_T
-    ends = tl.cumsum(blocks, 0)
-    row = tl.sum((ends <= pid).to(tl.int32), 0)
-    active = row < num_rows
-    row = tl.minimum(row, num_rows - 1)
-    mine = rows == row
-    block = pid - tl.sum(tl.where(mine, ends - blocks, 0), 0)
-    start = tl.sum(tl.where(mine, lo, 0), 0)
-    count = tl.where(active, tl.sum(tl.where(mine, hi - lo, 0), 0), 0)  # a spare program has no tokens
-    cached = tl.sum(tl.load(cached_ptr + rows, mask=mine, other=0), 0)
+    row, block, start, count, cached = find_block(pid, cu_ptr, cached_ptr, num_rows, BLOCK_T, BLOCK_B)
 
     # Tile row m is query token m // HEADS of the block, head m % HEADS.
     m = tl.arange(0, BLOCK_M)
@@ -76,20 +65,13 @@ def _mla_kernel(
     if UPCAST:  # the interpreter's dot cannot take bf16
         q_lat, q_rope = q_lat.to(tl.float32), q_rope.to(tl.float32)
 
-    kv_len = tl.where(count > 0, cached + tl.minimum(count, (block + 1) * BLOCK_T), 0)
-    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    k_lo = split * chunk
-    k_hi = tl.minimum(kv_len, k_lo + chunk)
-
+    k_lo, k_hi = key_range(block, count, cached, split, BLOCK_T, BLOCK_N, NUM_SPLITS)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
     table_row = table_ptr + row.to(tl.int64) * stride_tb
     for n0 in range(k_lo, k_hi, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        col = pos // PAGE_SIZE
-        in_k = (pos < k_hi) & (col < table_width)
-        page = tl.load(table_row + col, mask=in_k, other=0).to(tl.int64)
+        pos, in_k, page = key_pages(table_row, n0, k_hi, table_width, PAGE_SIZE, BLOCK_N)
         slot = pages_ptr + page * stride_pp + (pos % PAGE_SIZE) * stride_ps
         c = tl.load(slot[:, None] + r[None, :], mask=in_k[:, None] & r_ok[None, :], other=0.0)
         k_rope = tl.load(slot[:, None] + RANK + e[None, :], mask=in_k[:, None] & e_ok[None, :], other=0.0)
@@ -97,26 +79,12 @@ def _mla_kernel(
             c, k_rope = c.to(tl.float32), k_rope.to(tl.float32)
         s = tl.dot(q_lat, tl.trans(c), input_precision=PRECISION)
         s = tl.dot(q_rope, tl.trans(k_rope), acc=s, input_precision=PRECISION) * scale_log2
-        s = tl.where(in_k[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: exp2 gives 0, not NaN
-        p = tl.exp2(s - shift[:, None])
-        alpha = tl.exp2(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = softmax_step(s, pos, in_k, q_pos, m_i, l_i)
         p_c = p.to(pages_ptr.dtype.element_ty).to(c.dtype)  # probabilities in the pages' dtype, as SDPA
         acc = acc * alpha[:, None] + tl.dot(p_c, c, input_precision=PRECISION)
-        m_i = m_new
 
-    if NUM_SPLITS == 1:
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + token[:, None] * stride_on + head[:, None] * stride_oh + r[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=valid[:, None] & r_ok[None, :])
-    else:
-        # Partials [S, N, H, R] and stats [S, N, H, 2] (running max, sum), contiguous.
-        flat = (split * num_tokens + token) * HEADS + head
-        tl.store(part_ptr + flat[:, None] * RANK + r[None, :], acc, mask=valid[:, None] & r_ok[None, :])
-        tl.store(stat_ptr + flat * 2, m_i, mask=valid)
-        tl.store(stat_ptr + flat * 2 + 1, l_i, mask=valid)
+    store_rows(acc, m_i, l_i, out_ptr, part_ptr, stat_ptr, token, head, r, valid, r_ok,
+               stride_on, stride_oh, split, num_tokens, HEADS, RANK, NUM_SPLITS)
 
 
 def mla_attend_triton(
@@ -152,18 +120,9 @@ def mla_attend_triton(
     if latent_pages.stride(-1) != 1:
         raise ValueError("latent pages need unit stride in their last dim")
 
-    if block_t is None:  # tokens per row on average, rounded up to a power of two, within the tile
-        block_t = triton.next_power_of_2(-(-num_tokens // num_rows))
-        block_t = max(1, min(block_t, 16, MAX_TILE_ROWS // heads if heads <= MAX_TILE_ROWS else 1))
-    grid_blocks = min(num_tokens, num_tokens // block_t + num_rows)
-    if num_splits is None:
-        want = -(-2 * num_sms(q_lat.device) // grid_blocks)
-        num_splits = max(1, min(want, -(-width * page_size // MIN_KEYS_PER_SPLIT)))
-    if num_splits > 1:
-        part = torch.empty(num_splits, num_tokens, heads, rank, dtype=torch.float32, device=q_lat.device)
-        stat = torch.empty(num_splits, num_tokens, heads, 2, dtype=torch.float32, device=q_lat.device)
-    else:
-        part = stat = out  # unused
+    block_t, grid_blocks, num_splits = plan_grid(
+        num_tokens, num_rows, width, page_size, heads, MAX_TILE_ROWS, 1, q_lat.device, block_t, num_splits)
+    part, stat = split_buffers(num_splits, out)
     _mla_kernel[(grid_blocks, num_splits)](
         q_lat, q_rope, latent_pages, page_table, cached_lens, cu_seqlens, out, part, stat,
         scale * LOG2E,
@@ -175,14 +134,8 @@ def mla_attend_triton(
         PAGE_SIZE=page_size, HEADS=heads, RANK=rank, ROPE=rope,
         BLOCK_R=max(16, triton.next_power_of_2(rank)), BLOCK_DR=max(16, triton.next_power_of_2(rope)),
         BLOCK_T=block_t, BLOCK_M=max(16, triton.next_power_of_2(block_t * heads)), BLOCK_N=16,
-        BLOCK_B=max(16, triton.next_power_of_2(num_rows)), NUM_SPLITS=num_splits,
-        PRECISION="ieee" if latent_pages.dtype == torch.float32 or interpreting() else "tf32",
-        UPCAST=interpreting() and latent_pages.dtype != torch.float32,
+        BLOCK_B=max(16, triton.next_power_of_2(num_rows)), NUM_SPLITS=num_splits, **dot_modes(latent_pages.dtype),
         num_warps=8 if rank >= 256 else 4,  # the [rows, R] fp32 accumulator over more threads
     )
-    if num_splits > 1:
-        _merge_kernel[(num_tokens, heads)](
-            part, stat, out, out.stride(0), out.stride(1), num_tokens, heads,
-            HEAD_DIM=rank, BLOCK_D=triton.next_power_of_2(rank), NUM_SPLITS=num_splits,
-        )
+    merge_splits(part, stat, out)
     return out
