@@ -64,15 +64,16 @@ def check_integrity(mgr: "Planner") -> None:
     if sorted(free_dummies + list(dummy_slots)) != list(range(mgr.num_dummies)):
         raise IntegrityError("dummy slots: free + owned != permanent")
     if mgr.prefix is not None:
-        _check_prefix(mgr, pages)
+        _check_prefix(mgr, pages, host_slots, host_pages)
     _check_pool("device slots", mgr.slot_pool, slots)
     _check_pool("device pages", mgr.page_pool, pages)
     _check_pool("host slots", mgr.host_slot_pool, host_slots)
     _check_pool("host pages", mgr.host_page_pool, host_pages)
 
 
-def _check_prefix(mgr: "Planner", pages: Counter) -> None:
-    """The prefix index's pages join the page holders; every snapshot id is held exactly as often as the
+def _check_prefix(mgr: "Planner", pages: Counter, host_slots: Counter, host_pages: Counter) -> None:
+    """The prefix index's pages join the page holders (its spilled pages and snapshots the host tier's);
+    every node's page and snapshot is in exactly one tier; every snapshot id is held exactly as often as the
     index, admitted requests and the pending step pin it; every node leads to a snapshot; a request's
     shared or indexed pages hold only committed tokens (nothing writes a shared page)."""
     prefix = mgr.prefix
@@ -84,13 +85,20 @@ def _check_prefix(mgr: "Planner", pages: Counter) -> None:
             indexed.add(n.page)
         if n.snapshot >= 0:
             snaps[n.snapshot] += 1
+        if n.host_page >= 0:
+            host_pages[n.host_page] += 1
+        if n.host_snapshot >= 0:
+            host_slots[n.host_snapshot] += 1
+        if (n.page >= 0 and n.host_page >= 0) or (mgr.has_pages and n.page < 0 and n.host_page < 0) \
+                or (n.snapshot >= 0 and n.host_snapshot >= 0):
+            raise IntegrityError(f"prefix node at depth {n.depth} is in both tiers or in neither")
         if n.parent is not None and prefix.index.nodes.get(n.parent.key) is not n.parent:
             raise IntegrityError(f"prefix node at depth {n.depth} has a parent outside the index")
     children = Counter(id(n.parent) for n in prefix.index.nodes.values() if n.parent is not None)
     for n in prefix.index.nodes.values():
         if children[id(n)] != n.children:
             raise IntegrityError(f"prefix node at depth {n.depth}: {n.children} children counted, {children[id(n)]} found")
-        if n.snapshot < 0 and n.children == 0:
+        if not n.cached and n.children == 0:
             raise IntegrityError(f"prefix node at depth {n.depth} leads to no snapshot")
     for e in mgr.entries():
         if e.restore >= 0:

@@ -5,23 +5,28 @@ releases its reservation and keeps the source; a failed step restarts its rows f
 """
 from __future__ import annotations
 
+import logging
 from typing import Hashable, Sequence
 
 import numpy as np
 import torch
 
 from .config import CacheConfig
-from .entries import Entry, Status
+from .entries import Entry, Status, pages_for
 from .errors import BudgetTooSmallError, InvalidTransitionError, LayoutError, OutOfDeviceMemoryError, StateLostError
 from .host_tier import HostTier
 from .live_state import read_live_state
 from .planner import Planner
 from .plans import StepPlan
+from .prefix_cache import PrefixMatch
 from .protocol import PageRoles, StateModule
 from .role_plan import plan_roles
 from .sizing import Sizing
 from .step import StepIndices
 from .store import CacheStore
+
+
+log = logging.getLogger(__name__)
 
 
 class HybridCacheManager:
@@ -174,14 +179,79 @@ class HybridCacheManager:
         Raises HostTierFullError (changing nothing) when the host tier cannot hold them all."""
         return self._move(self.planner.plan_suspend(req_ids))
 
-    def resume(self, req_ids: Sequence[Hashable]) -> int:
-        """Bring suspended requests back into any free device slots and pages; returns bytes moved."""
-        return self._move(self.planner.plan_resume(req_ids))
+    def resume(self, req_ids: Sequence[Hashable], then_pages: int = 0) -> int:
+        """Bring suspended requests back into any free device slots and pages, leaving room for
+        `then_pages` more (their next step's growth); returns bytes moved. Raises OutOfDeviceMemoryError
+        (nothing changed but cached prefix entries spilled or evicted) when they do not fit."""
+        planner = self.planner
+        if planner.prefix is not None:  # spill cached entries rather than drop them for the room it needs
+            need = sum(len(planner.entry(r).host_pages) for r in req_ids if planner.entry(r).status == Status.SUSPENDED)
+            self.spill(pages=need + then_pages - planner.page_pool.num_free)
+        return self._move(planner.plan_resume(req_ids, then_pages))
+
+    def allocate(self, req_ids: Sequence[Hashable], num_new: Sequence[int] | int, prefix: PrefixMatch | None = None) -> bool:
+        """`Planner.allocate`, spilling the least valuable cached prefix entries to the host tier before any
+        is dropped for room. A match that holds host-tier entries must come back first (`unspill`)."""
+        planner, pc = self.planner, self.planner.prefix
+        if pc is None:
+            return planner.allocate(req_ids, num_new, prefix)
+        pc.allow_drop = False
+        try:
+            if planner.allocate(req_ids, num_new, prefix):
+                return True
+        finally:
+            pc.allow_drop = True
+        n = np.broadcast_to(np.asarray(num_new), (len(req_ids),))
+        if prefix is not None:
+            need = pages_for(prefix.tokens + int(n[0]), self.page_size) - len(prefix.nodes) if planner.has_pages else 0
+        else:
+            need = sum(planner.pages_needed(r, int(k)) for r, k in zip(req_ids, n))
+        self.spill(pages=need - planner.page_pool.num_free, protect=prefix.nodes if prefix is not None else ())
+        return planner.allocate(req_ids, num_new, prefix)
+
+    def spill(self, pages: int = 0, snapshots: int = 0, protect=()) -> int:
+        """Move unpinned cached entries to the host tier until `pages` device pages and `snapshots` snapshot
+        rows are freed, as far as the host tier has room. A failed copy changes nothing (logged). Returns
+        the bytes moved."""
+        plan = self.planner.plan_spill(pages, snapshots, tuple(protect))
+        if plan is None:
+            return 0
+        try:
+            moved = self.store.copy(plan)
+        except Exception:
+            self.planner.cancel_spill(plan)
+            log.exception("spilling cached prefix entries failed; nothing moved")
+            return 0
+        self.planner.commit_spill(plan)
+        return moved
+
+    def unspill(self, match: PrefixMatch) -> PrefixMatch:
+        """Bring a match's host-tier pages and snapshot back to the device; returns the match to admit. When
+        the device has no room or the copy fails (nothing changed), the match the device alone gives."""
+        planner = self.planner
+        try:
+            plan = planner.plan_unspill(match)
+        except OutOfDeviceMemoryError:
+            return self._device_match(match)
+        try:
+            self.store.copy(plan)
+        except Exception:
+            planner.cancel_spill(plan)
+            log.exception("bringing a cached prefix back from the host tier failed; it is prefilled instead")
+            return self._device_match(match)
+        return planner.commit_unspill(plan, match)
+
+    def _device_match(self, match: PrefixMatch) -> PrefixMatch:
+        e = self.planner.entry(match.req_id)  # its page hashes cover the context already: no tokens needed
+        return self.planner.prefix.match(e, (), match.context_len, host_ok=False)
 
     def save_snapshots(self, tokens_of) -> int:
         """After a committed step, save the prefix-cache snapshots its rows reached (a transaction: a failed
         copy indexes none of them). `tokens_of(req_id)` gives a request's tokens through its committed
         ones. Returns how many were saved."""
+        pc = self.planner.prefix
+        if pc is not None and len(pc.candidates) > pc.snap_pool.num_free:
+            self.spill(snapshots=len(pc.candidates) - pc.snap_pool.num_free)
         plan = self.planner.plan_snapshots(tokens_of)
         if plan is None:
             return 0

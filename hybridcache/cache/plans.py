@@ -84,6 +84,7 @@ class MovePlan:
     pages: tuple[int, ...]
     host_pages: tuple[int, ...]
     page_counts: tuple[int, ...]  # pages per request, in `req_ids` order
+    snapshot: bool = False  # prefix-cache entries: `slots` are snapshot rows, only the snapshot roles move
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Sequence
 import numpy as np
 
 from .entries import Entry, Status
+from .errors import InvalidTransitionError
 from .id_pool import IdPool
 from .plans import SnapshotPlan
 from .prefix_index import BRANCH, GEN, PROMPT, Node, PrefixIndex, chain_hashes
@@ -49,6 +50,7 @@ class PrefixMatch:
     defer: bool = False
     leader: Hashable | None = None  # with `defer`: the in-flight request asked to save at `branch`
     branch: int = 0
+    unspill: bool = False  # the snapshot or some of the pages are in the host tier: `Planner.plan_unspill` first
 
 
 class PrefixCache:
@@ -62,7 +64,9 @@ class PrefixCache:
         self.inflight: dict[bytes, Entry] = {}  # a prompt page hash -> a CONTEXT request computing it
         self.candidates: list[tuple[Entry, int]] = []  # committed at a boundary it keeps, since the last save
         self.saving: SnapshotPlan | None = None
-        self.stats = {"queries": 0, "hits": 0, "evictions": 0, "snapshots_saved": 0}
+        self.spilling: tuple | None = None  # the nodes of the spill or unspill in progress (`planner/spill.py`)
+        self.stats = {"queries": 0, "hits": 0, "evictions": 0, "snapshots_saved": 0, "spills": 0, "host_hits": 0}
+        self.allow_drop = True  # False: `reclaim_pages` refuses, so the caller can spill first (`HybridCacheManager.allocate`)
 
     @property
     def page_pool(self) -> IdPool:
@@ -72,17 +76,21 @@ class PrefixCache:
         return self.planner.num_dummies + snapshot
 
     # ------------------------------------------------------------------ admission
-    def match(self, e: Entry, tokens: Sequence[int], context_len: int) -> PrefixMatch:
-        """The admission of waiting request `e`, whose first `context_len` of `tokens` are its context.
+    def match(self, e: Entry, tokens: Sequence[int], context_len: int, host_ok: bool = True) -> PrefixMatch:
+        """The admission of waiting request `e`, whose first `context_len` of `tokens` are its context (with
+        `host_ok`, a snapshot or pages in the host tier count: `unspill` says so).
         Changes nothing but a leader's keep list (asking an in-flight request to save at a branch point)."""
         P, I = self.planner.page_size, self.interval
         hashes = self._hashes(e, tokens, context_len)[: context_len // P]
         nodes = self.index.walk(hashes)
+        if not host_ok:
+            nodes = nodes[: next((k for k, n in enumerate(nodes) if n.host_page >= 0), len(nodes))]
         hit = 0
         for k in range(len(nodes) - 1, -1, -1):
-            if nodes[k].snapshot >= 0 and (k + 1) * P < context_len:
+            if (nodes[k].cached if host_ok else nodes[k].snapshot >= 0) and (k + 1) * P < context_len:
                 hit = k + 1
                 break
+        unspill = hit > 0 and (nodes[hit - 1].snapshot < 0 or any(n.host_page >= 0 for n in nodes[:hit]))
         d_in = 0
         while d_in < len(hashes) and hashes[d_in] in self.inflight:
             d_in += 1
@@ -98,10 +106,12 @@ class PrefixCache:
                     leader.branches = (*leader.branches, branch)
                 defer = True
         return PrefixMatch(e.req_id, hit * P, tuple(nodes[:hit]), nodes[hit - 1].snapshot if hit else -1,
-                           keeps, context_len, defer, leader.req_id if defer else None, branch)
+                           keeps, context_len, defer, leader.req_id if defer else None, branch, unspill)
 
     def admit(self, e: Entry, m: PrefixMatch) -> None:
         """Give waiting `e` the match's pages (a reference each) and pin its snapshot; `undo_admit` reverses."""
+        if m.unspill:
+            raise InvalidTransitionError("the match holds host-tier entries: unspill them first (HybridCacheManager.allocate)")
         pages = [n.page for n in m.nodes if n.page >= 0]
         self.page_pool.share(pages)
         if m.snapshot >= 0:
@@ -168,7 +178,7 @@ class PrefixCache:
                 continue
             hashes = self._hashes(e, tokens_of(e.req_id), b)
             node = self.index.nodes.get(hashes[b // P - 1])
-            if node is not None and node.snapshot >= 0:
+            if node is not None and node.cached:
                 node.last_used = self.index.tick()
                 continue
             sid = self._free_snapshot()
@@ -190,7 +200,7 @@ class PrefixCache:
         for rid, b, sid in zip(plan.req_ids, plan.boundaries, plan.ids):
             e = self.planner.entry(rid)
             node = self._insert(e.hashes[: b // P], e.pages[: b // P] if self.planner.has_pages else None)
-            if node.snapshot >= 0:  # two rows of one step saved the same prefix
+            if node.cached:  # two rows of one step saved the same prefix
                 self.snap_pool.release([sid])
                 continue
             node.snapshot, node.last_used = sid, self.index.tick()
@@ -199,7 +209,8 @@ class PrefixCache:
             if node.kind != BRANCH:  # a later state of the request replaces its last GEN one (an ancestor)
                 old, e.tail_node = e.tail_node, (node if node.kind == GEN else None)
                 if (old is not None and old is not node and old.kind == GEN and self.index.nodes.get(old.key) is old
-                        and old.snapshot >= 0 and self.snap_pool.refcount(old.snapshot) == 1):
+                        and (old.host_snapshot >= 0
+                             or old.snapshot >= 0 and self.snap_pool.refcount(old.snapshot) == 1)):
                     self._drop(old, evicted=False)
 
     def cancel_save(self, plan: SnapshotPlan) -> None:
@@ -213,21 +224,38 @@ class PrefixCache:
         least recently used first — or, when even evicting them all would not do, change nothing."""
         if need <= 0:
             return True
+        if not self.allow_drop:
+            return False
         pool = self.page_pool
         kept = self.index.kept_by([n for n in self.index.snapshot_nodes() if self.snap_pool.refcount(n.snapshot) > 1])
         freeable = sum(1 for n in self.index.nodes.values() if id(n) not in kept and n.page >= 0 and pool.refcount(n.page) == 1)
         if pool.num_free + freeable < pool.num_free + need:
             return False
         target = pool.num_free + need
-        for n in sorted(self._evictable(), key=_victim_order):
+        spilled = [n for n in self.index.host_nodes() if _device_chain(n)]  # their chains hold device pages
+        for n in sorted(self._evictable() + spilled, key=_victim_order):
+            if self.index.nodes.get(n.key) is not n:
+                continue
             self._drop(n, evicted=True)
             if pool.num_free >= target:
                 break
         return True
 
-    def drop_all_unpinned(self) -> None:
+    def drop_all_unpinned(self, host_too: bool = False) -> None:
+        """Every unpinned device snapshot, and the spilled ones whose chains still hold device pages (with
+        `host_too`, every spilled one)."""
         for n in list(self._evictable()):
             self._drop(n, evicted=True)
+        for n in list(self.index.host_nodes()):
+            if self.index.nodes.get(n.key) is n and (host_too or _device_chain(n)):
+                self._drop(n, evicted=True)
+
+    def clear(self) -> None:
+        """Forget every cached entry (the device lost its rows): host ids go back; device pools are rebuilt by the caller."""
+        host = self.planner
+        host.host_slot_pool.release([n.host_snapshot for n in self.index.host_nodes()])
+        host.host_page_pool.release([n.host_page for n in self.index.nodes.values() if n.host_page >= 0])
+        self.index.nodes.clear()
 
     def index_only_pages(self) -> list[int]:
         """Pages no request holds, only the index (in index order)."""
@@ -251,8 +279,13 @@ class PrefixCache:
             self.snap_pool.release([node.snapshot])
             node.snapshot = -1
             self.stats["evictions"] += int(evicted)
+        elif node.host_snapshot >= 0:
+            self.planner.host_slot_pool.release([node.host_snapshot])
+            node.host_snapshot = -1
+            self.stats["evictions"] += int(evicted)
         removed = self.index.prune(node)
         self.page_pool.release([n.page for n in removed if n.page >= 0])
+        self.planner.host_page_pool.release([n.host_page for n in removed if n.host_page >= 0])
 
     # ------------------------------------------------------------------ internals
     def _hashes(self, e: Entry, tokens: Sequence[int], upto: int) -> list[bytes]:
@@ -273,11 +306,23 @@ class PrefixCache:
                 if page >= 0:
                     self.page_pool.share([page])
                 node = self.index.add(h, parent, page)
+            elif node.host_page >= 0 and pages is not None:  # the request holds the same tokens on the device
+                self.page_pool.share([pages[k]])
+                self.planner.host_page_pool.release([node.host_page])
+                node.page, node.host_page = pages[k], -1
             parent = node
         return parent
 
 
 _KIND_ORDER = {PROMPT: 1, GEN: 2, BRANCH: 3}
+
+
+def _device_chain(n: Node | None) -> bool:
+    while n is not None:
+        if n.page >= 0:
+            return True
+        n = n.parent
+    return False
 
 
 def _victim_order(n: Node) -> tuple[int, int]:

@@ -49,6 +49,14 @@ class Node:
     # request restored from it, such as a conversation's next turn)
     kind: str = ""
     hits: int = 0  # admissions that restored its snapshot (a second one makes it a BRANCH)
+    # the host tier (spilled, `prefix_spill.py`): the page and the snapshot each live in exactly one tier
+    host_page: int = -1
+    host_snapshot: int = -1
+
+    @property
+    def cached(self) -> bool:
+        """Whether it holds a snapshot in either tier."""
+        return self.snapshot >= 0 or self.host_snapshot >= 0
 
 
 class PrefixIndex:
@@ -85,10 +93,10 @@ class PrefixIndex:
         return node
 
     def prune(self, node: Node | None) -> list[Node]:
-        """Remove `node` and then its ancestors while each holds no snapshot and has no children; returns the
+        """Remove `node` and then its ancestors while each holds no snapshot (in either tier) and has no children; returns the
         removed nodes (the caller releases their pages)."""
         removed = []
-        while node is not None and node.snapshot < 0 and node.children == 0:
+        while node is not None and not node.cached and node.children == 0:
             del self.nodes[node.key]
             removed.append(node)
             if node.parent is not None:
@@ -97,7 +105,12 @@ class PrefixIndex:
         return removed
 
     def snapshot_nodes(self) -> Iterator[Node]:
+        """Nodes holding a device snapshot."""
         return (n for n in self.nodes.values() if n.snapshot >= 0)
+
+    def host_nodes(self) -> Iterator[Node]:
+        """Nodes holding a snapshot spilled to the host tier."""
+        return (n for n in self.nodes.values() if n.host_snapshot >= 0)
 
     def kept_by(self, nodes: Sequence[Node]) -> set[int]:
         """ids of the nodes that stay when every snapshot but those of `nodes` is dropped: their chains."""

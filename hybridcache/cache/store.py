@@ -34,6 +34,8 @@ class CacheStore:
         self.device_tier.carve(num_slots, num_pages)
         self.host_tier = HostTier(slot_roles, page_roles, host_slots, host_pages, pin=device.type == "cuda")
         self.copies = CopyEngine(device)
+        names = {f"{m.name}.{r}" for m in self.states for r in m.snapshot_roles()}
+        self.snapshot_roles = [r for r in slot_roles if r.name in names]  # what a spilled snapshot keeps
         self._step = StepTensors(device)
 
     def state_tensors(self, module: StateModule | str) -> dict[str, torch.Tensor]:
@@ -92,9 +94,10 @@ class CacheStore:
         """Copy the plan's live bytes from one tier to the other; returns the bytes moved. The source is
         not released here: the planner does that on commit."""
         host = self.host_tier
+        roles = self.snapshot_roles if plan.snapshot else None
         if plan.to_host:
-            return self._copy_out(host, plan.slots, plan.pages, plan.host_slots, plan.host_pages)
-        return self._copy_in(host, plan.slots, plan.pages, plan.host_slots, plan.host_pages)
+            return self._copy_out(host, plan.slots, plan.pages, plan.host_slots, plan.host_pages, roles)
+        return self._copy_in(host, plan.slots, plan.pages, plan.host_slots, plan.host_pages, roles)
 
     def recarve(self, plan: RecarvePlan) -> int:
         """Move every live row to a carving of the plan's counts, through pinned host records (live bytes
@@ -150,13 +153,13 @@ class CacheStore:
         if len(host_pages):
             host.page_records[torch.tensor(list(host_pages), dtype=torch.long)] = page_records
 
-    def _copy_out(self, host: HostTier, slots, pages, host_slots, host_pages) -> int:
+    def _copy_out(self, host: HostTier, slots, pages, host_slots, host_pages, roles=None) -> int:
         tier, copies = self.device_tier, self.copies
-        return (copies.to_host(self.slot_roles, tier.slots, list(slots), host.slot_layout, host.slot_records, list(host_slots))
+        return (copies.to_host(roles or self.slot_roles, tier.slots, list(slots), host.slot_layout, host.slot_records, list(host_slots))
                 + copies.to_host(self.page_roles, tier.pages, list(pages), host.page_layout, host.page_records, list(host_pages)))
 
-    def _copy_in(self, host: HostTier, slots, pages, host_slots, host_pages) -> int:
+    def _copy_in(self, host: HostTier, slots, pages, host_slots, host_pages, roles=None) -> int:
         tier, copies = self.device_tier, self.copies
-        return (copies.to_device(self.slot_roles, tier.slots, list(slots), host.slot_layout, host.slot_records, list(host_slots))
+        return (copies.to_device(roles or self.slot_roles, tier.slots, list(slots), host.slot_layout, host.slot_records, list(host_slots))
                 + copies.to_device(self.page_roles, tier.pages, list(pages), host.page_layout, host.page_records, list(host_pages)))
 

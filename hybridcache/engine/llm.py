@@ -243,6 +243,7 @@ class LLM:
             p = prefix.stats
             s.prefix_cache_queries, s.prefix_cache_hits = p["queries"], p["hits"]
             s.prefix_cache_evictions, s.num_snapshots_saved = p["evictions"], p["snapshots_saved"]
+            s.prefix_cache_spills, s.prefix_cache_host_hits = p["spills"], p["host_hits"]
             s.num_snapshots, s.snapshot_bytes = prefix.snap_pool.num_owned, self.manager.snapshot_bytes
         return s
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 from ..cache import BudgetTooSmallError, HostTierFullError, HybridCacheManager, Status
+from ..cache.entries import pages_for
 from .errors import SchedulerStuckError
 from .policy import DemandSplit, PreemptionPolicy
 from .request import Request
@@ -90,6 +91,9 @@ class Scheduler:
             self._preempt(self.preemption.victim(self.running))
             self._resume_suspended()
             step = self._rows()
+        while step.empty and not self.running and self._drop_kept_pages():
+            self._resume_suspended()
+            step = self._rows()
         if step.empty and self.has_work:
             raise SchedulerStuckError(
                 f"no request can run: {len(self.waiting)} waiting and {len(self.suspended)} suspended do not fit "
@@ -115,14 +119,21 @@ class Scheduler:
     def _resume_suspended(self) -> None:
         while self.suspended and len(self.running) < self.max_num_seqs:
             req = self.suspended[0]
-            try:
-                self.manager.resume([req.req_id])
+            try:  # with room for its next step too: a resume that cannot step is suspended again at once
+                self.manager.resume([req.req_id], then_pages=self._growth_after_resume(req))
             except MemoryError:
                 if self._shrink(wants_slot=True):
                     continue
                 return
             self.suspended.pop(0)
             _insert_sorted(self.running, req)
+
+    def _growth_after_resume(self, req: Request) -> int:
+        """Pages a suspended request takes beyond the ones it holds or brings back, for its next step."""
+        e, planner = self.planner.entry(req.req_id), self.planner
+        if not planner.has_pages:
+            return 0
+        return max(0, pages_for(e.num_tokens + self.verify_tokens, planner.page_size) - len(e.pages) - len(e.host_pages))
 
     def _rows(self) -> ScheduledStep:
         """Generation rows, then context rows in the token budget left."""
@@ -132,7 +143,7 @@ class Scheduler:
     def _generation_rows(self) -> list[Request]:
         while True:
             gen = [r for r in self.running if self.status(r) == Status.GENERATION]
-            if not gen or self.planner.allocate([r.req_id for r in gen], self.verify_tokens):
+            if not gen or self.manager.allocate([r.req_id for r in gen], self.verify_tokens):
                 return gen
             if not self._shrink(wants_slot=False):
                 self._preempt(self.preemption.victim(self.running))
@@ -159,7 +170,7 @@ class Scheduler:
             chunk = self._chunk(req, match, budget)
             # a re-split keeps every allocation made so far; this chunk is tried once more on the new split
             # (after a fresh match: a re-split may drop cached snapshots)
-            if not self.planner.allocate([req.req_id], chunk, prefix=match) and not (
+            if not self.manager.allocate([req.req_id], chunk, prefix=match) and not (
                 self._resplit_for(req, waiting) and self._allocate_again(req, match, budget)
             ):
                 break
@@ -182,7 +193,7 @@ class Scheduler:
         for req in waiting[: self.max_num_seqs]:
             if self.status(req) != Status.WAITING:
                 continue
-            match = self._match(req)
+            match = self.planner.match_prefix(req.req_id, req.tokens, req.context_len)  # no unspill: not admitted
             if match.defer:
                 _stop_at(rows, match.leader, match.branch)
 
@@ -190,7 +201,10 @@ class Scheduler:
         """The prefix-cache admission of a waiting request (None when prefix caching is off)."""
         if self.planner.prefix is None:
             return None
-        return self.planner.match_prefix(req.req_id, req.tokens, req.context_len)
+        match = self.planner.match_prefix(req.req_id, req.tokens, req.context_len)
+        # entries spilled to the host tier come back now (or the match is the device's alone), so that the
+        # chunk is cut from the prefix that is admitted
+        return self.manager.unspill(match) if match.unspill and not match.defer else match
 
     def _chunk(self, req: Request, match, budget: int) -> int:
         """Tokens of the request's next context chunk: what is left after the cached prefix, in the budget,
@@ -209,7 +223,7 @@ class Scheduler:
         match = self._match(req) if match is not None else None
         if match is not None and match.defer:
             return False
-        return self.planner.allocate([req.req_id], self._chunk(req, match, budget), prefix=match)
+        return self.manager.allocate([req.req_id], self._chunk(req, match, budget), prefix=match)
 
     def _resplit_for(self, req: Request, waiting: bool) -> bool:
         """Re-split the device budget for a context chunk that does not fit: grow slots when it is a waiting
@@ -276,6 +290,20 @@ class Scheduler:
         self.running.remove(req)
         req.num_prefilled = 0
         _insert_sorted(self.waiting, req)
+
+    def _drop_kept_pages(self) -> bool:
+        """Nothing runs and nothing fits: the device pages that suspended requests keep (their shared
+        prefix) are the room left. Re-prefill the latest of them that keeps any; whether one was found."""
+        keeping = [r for r in self.suspended if self.planner.entry(r.req_id).pages]
+        if not keeping:
+            return False
+        req = keeping[-1]
+        self.manager.reprefill(req.req_id)
+        log.debug("request %r will re-prefill: its kept pages are the only room", req.req_id)
+        self.suspended.remove(req)
+        req.num_prefilled = 0
+        _insert_sorted(self.waiting, req)
+        return True
 
     def _remove(self, req: Request) -> None:
         for queue in (self.waiting, self.running, self.suspended):

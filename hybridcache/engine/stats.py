@@ -23,5 +23,7 @@ class Stats:
     prefix_cache_hits: int = 0
     prefix_cache_evictions: int = 0  # snapshots evicted to make room (with the pages only their chains held)
     num_snapshots_saved: int = 0
+    prefix_cache_spills: int = 0  # snapshots moved to the host tier instead of dropped
+    prefix_cache_host_hits: int = 0  # admissions whose cached prefix came back from the host tier
     num_snapshots: int = 0  # held now
     snapshot_bytes: int = 0  # device bytes of the snapshots held now

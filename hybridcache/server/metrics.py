@@ -30,6 +30,8 @@ ENGINE_COUNTERS = {
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache at admission"),
     "prefix_cache_evictions": ("prefix_cache_evictions", "Prefix-cache snapshots evicted to make room"),
     "num_snapshots_saved": ("prefix_cache_snapshots_saved", "Prefix-cache snapshots saved"),
+    "prefix_cache_spills": ("prefix_cache_spills", "Prefix-cache snapshots moved to the host tier (with their chains' pages)"),
+    "prefix_cache_host_hits": ("prefix_cache_host_hits", "Admissions whose cached prefix came back from the host tier"),
 }
 # stats field -> (gauge name, help)
 ENGINE_GAUGES = {

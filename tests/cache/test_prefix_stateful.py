@@ -1,6 +1,7 @@
 """Stateful fuzz of the planner with prefix caching: requests of a few prefix groups are admitted at cached
 prefixes, prefill, generate, save snapshots, are suspended, resumed, re-prefilled, aborted and freed, while
-rebalances re-carve and a small snapshot pool and page pool force evictions. After every operation
+rebalances re-carve, a small snapshot pool and page pool force evictions, and cached entries spill to the
+host tier and come back (copies that fail half the time cancel). After every operation
 `check_integrity()` holds (every shared page's reference count equals its holders, no snapshot is both
 held and free, every index node leads to a snapshot), and every admission restores a snapshot saved from
 exactly the tokens it skips. Reuses the draw helpers of `test_planner_stateful`."""
@@ -27,6 +28,7 @@ class PrefixModel:
         self.groups = [[d.int(0, 5) for _ in range(d.int(0, 12))] for _ in range(3)]
         self.tokens: dict[int, list[int]] = {}
         self.saved: dict[int, list[int]] = {}  # snapshot id -> the tokens it is the state after
+        self.saved_host: dict[int, list[int]] = {}  # the same for spilled snapshots, by host slot
         self.next_id = 0
         self.hits = 0
 
@@ -50,6 +52,10 @@ class PrefixModel:
         if m.defer:
             assert m.leader is not None and m.branch > m.tokens
             return
+        if m.unspill:
+            m = self._unspill(rid, m)
+            if m is None:
+                return
         if m.snapshot >= 0:
             assert self.saved[m.snapshot] == toks[: m.tokens], "restored a snapshot of other tokens"
         assert m.tokens % self.interval == 0 and m.tokens < len(toks)
@@ -82,6 +88,37 @@ class PrefixModel:
         for r, v in zip(rows, valid):
             self.tokens[r] += [self.d.int(0, 5) for _ in range(v)]
         self._step(rows, [T] * len(rows), valid)
+
+    def _unspill(self, rid: int, m):
+        """Bring the match's host entries back (None when the copy "fails": the index is as before)."""
+        p = self.planner
+        e = p.entry(rid)
+        try:
+            plan = p.plan_unspill(m)
+        except OutOfDeviceMemoryError:
+            return p.prefix.match(e, (), m.context_len, host_ok=False)
+        (nodes, sids), _ = p.prefix.spilling
+        hosts = [n.host_snapshot for n in nodes]
+        if self.d.int(0, 3) == 0:
+            p.cancel_spill(plan)
+            return None
+        m = p.commit_unspill(plan, m)
+        for h, sid in zip(hosts, sids):
+            self.saved[sid] = self.saved_host.pop(h)
+        return m
+
+    def spill(self) -> None:
+        p = self.planner
+        plan = p.plan_spill(pages=self.d.int(0, 4), snapshots=self.d.int(0, 2))
+        if plan is None:
+            return
+        sids = [n.snapshot for n in p.prefix.spilling[0]]
+        if self.d.int(0, 3) == 0:
+            p.cancel_spill(plan)
+            return
+        p.commit_spill(plan)
+        for sid, h in zip(sids, plan.host_slots):
+            self.saved_host[h] = self.saved.pop(sid)
 
     def _chunk(self, rid: int, start: int, keeps) -> int:
         chunk = self.d.int(1, len(self.tokens[rid]) - start)
@@ -156,7 +193,7 @@ class PrefixModel:
 
     def run(self, steps: int) -> None:
         ops = [self.add, self.add, self.admit, self.admit, self.prefill, self.prefill, self.decode, self.decode,
-               self.suspend_resume, self.drop, self.rebalance]
+               self.suspend_resume, self.drop, self.rebalance, self.spill]
         for _ in range(steps):
             self.d.pick(ops)()
             self.planner.check_integrity()
@@ -164,9 +201,10 @@ class PrefixModel:
             self.planner.free(rid)
         self.planner.check_integrity()
         prefix = self.planner.prefix
-        prefix.drop_all_unpinned()
+        prefix.drop_all_unpinned(host_too=True)
         assert not prefix.index.nodes and prefix.snap_pool.num_owned == 0
         assert self.planner.page_pool.num_owned == 0 and self.planner.slot_pool.num_owned == 0
+        assert self.planner.host_page_pool.num_owned == 0 and self.planner.host_slot_pool.num_owned == 0
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -181,11 +219,13 @@ def test_prefix_fuzz_long():
 
 
 def test_hits_happen_in_the_fuzz():
-    """The fuzz is not vacuous: across seeds, admissions restore snapshots and snapshots are evicted."""
-    hits = evictions = 0
+    """The fuzz is not vacuous: across seeds, admissions restore snapshots, snapshots are evicted, spilled
+    and brought back."""
+    hits = evictions = spills = host_hits = 0
     for seed in range(12):
         m = PrefixModel(random.Random(seed))
         m.run(300)
-        hits += m.planner.prefix.stats["hits"]
-        evictions += m.planner.prefix.stats["evictions"]
-    assert hits > 0 and evictions > 0
+        stats = m.planner.prefix.stats
+        hits, evictions = hits + stats["hits"], evictions + stats["evictions"]
+        spills, host_hits = spills + stats["spills"], host_hits + stats["host_hits"]
+    assert hits > 0 and evictions > 0 and spills > 0 and host_hits > 0, (hits, evictions, spills, host_hits)

@@ -38,6 +38,18 @@ def cached_llm(path, **kw) -> LLM:
     return llm
 
 
+def pressured(path, prompts, params, spec, host_requests: float) -> tuple[list[list[int]], LLM]:
+    """(the prompts' tokens from an LLM with room for all of them, a caching LLM of four slots whose device
+    cache holds about 1.3 requests' pages and whose host tier `host_requests` requests)."""
+    free = LLM(path, max_num_seqs=16, speculative=spec, max_model_len=64, page_size=4)
+    expected = [o.token_ids for o in free.generate(prompts, params)]
+    sizing = free.sizing
+    per = sizing.request_bytes(max(map(len, prompts)) + 10 + 3, 4)
+    budget = 5 * sizing.bytes_per_slot + int((per - sizing.bytes_per_slot) * 1.3)
+    return expected, cached_llm(path, max_num_seqs=4, speculative=spec, num_slots=4, device_cache_bytes=budget,
+                                host_cache_bytes=int(per * host_requests), max_num_batched_tokens=16)
+
+
 @pytest.mark.parametrize("spec", [None, SPEC], ids=["plain", "ngram"])
 def test_on_equals_off_with_shared_prefixes_and_a_second_turn(checkpoint, spec):
     prompts = grouped(0)
@@ -59,13 +71,7 @@ def test_on_equals_off_with_shared_prefixes_and_a_second_turn(checkpoint, spec):
 def test_on_equals_off_under_pressure_with_suspensions_and_rebalances(checkpoint):
     prompts = grouped(3, groups=3, per=3, shared=16)
     params = mixed_params(len(prompts))
-    free = LLM(checkpoint, max_num_seqs=16, speculative=SPEC, max_model_len=64, page_size=4)
-    expected = [o.token_ids for o in free.generate(prompts, params)]
-    sizing = free.sizing
-    per = sizing.request_bytes(max(map(len, prompts)) + 10 + 3, 4)
-    budget = 5 * sizing.bytes_per_slot + int((per - sizing.bytes_per_slot) * 1.3)
-    llm = cached_llm(checkpoint, max_num_seqs=4, speculative=SPEC, num_slots=4, device_cache_bytes=budget,
-                     host_cache_bytes=int(per * 1.5), max_num_batched_tokens=16)
+    expected, llm = pressured(checkpoint, prompts, params, SPEC, host_requests=1.5)
     outputs, rebalances = run_with_arrivals(llm, prompts, params, seed=2)
     assert outputs == expected
     s = llm.stats
@@ -121,3 +127,84 @@ def test_a_small_snapshot_pool_evicts_and_stays_exact(tiny):
 def test_bad_interval_is_refused(tiny):
     with pytest.raises(InvalidParamsError, match="prefix_snapshot_interval"):
         LLM(tiny, page_size=4, enable_prefix_caching=True, prefix_snapshot_interval=6)
+
+
+@pytest.mark.parametrize("spec", [None, SPEC], ids=["plain", "ngram"])
+def test_on_equals_off_with_spills_to_the_host_tier_and_suspensions(checkpoint, spec):
+    """A device cache too small to keep the groups' prefixes: evicted snapshots and their pages spill to a
+    host tier that suspended requests share; tokens equal caching off."""
+    prompts = grouped(4, groups=4, per=3, shared=16)
+    params = mixed_params(len(prompts))
+    expected, llm = pressured(checkpoint, prompts, params, spec, host_requests=6)
+    order = [i for g in range(3) for i in (g, g + 3, g + 6, g + 9)]  # groups interleave: chains go cold and come back
+    outs = llm.generate([prompts[i] for i in order], [params[i] for i in order])
+    assert [o.token_ids for o in outs] == [expected[i] for i in order]
+    s = llm.stats
+    assert s.prefix_cache_spills > 0 and s.prefix_cache_host_hits > 0 and s.num_suspensions > 0, s
+    llm.manager.check_integrity()
+    assert llm.manager.requests() == [] and llm.manager.slot_pool.num_owned == 0
+
+
+def _cache_state(planner):
+    pc = planner.prefix
+    nodes = sorted((n.key, n.page, n.host_page, n.snapshot, n.host_snapshot) for n in pc.index.nodes.values())
+    pools = [(p.num_free, [p.refcount(i) for i in range(p.total)]) for p in
+             (planner.page_pool, planner.host_page_pool, planner.host_slot_pool, pc.snap_pool)]
+    return nodes, pools, dict(pc.stats)
+
+
+def test_a_failed_spill_or_unspill_copy_changes_nothing(tiny, monkeypatch):
+    prompts = grouped(11, groups=3, per=1, shared=16)
+    on = cached_llm(tiny, max_num_seqs=2, host_cache_bytes=1 << 22)
+    on.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
+    mgr, planner = on.manager, on.manager.planner
+    assert planner.prefix.snap_pool.num_owned > 0
+    real = mgr.store.copy
+
+    def broken(plan):
+        raise RuntimeError("copy failed")
+
+    before = _cache_state(planner)
+    monkeypatch.setattr(mgr.store, "copy", broken)
+    assert mgr.spill(snapshots=2) == 0
+    assert _cache_state(planner) == before
+    mgr.check_integrity()
+    monkeypatch.setattr(mgr.store, "copy", real)
+    assert mgr.spill(snapshots=10, pages=10) > 0 and planner.prefix.stats["spills"] > 0
+    mgr.check_integrity()
+
+    mgr.add_request("again")
+    tokens = prompts[0] + [5, 6, 7, 8, 9]
+    match = planner.match_prefix("again", tokens, len(tokens))
+    assert match.unspill and match.tokens > 0
+    before = _cache_state(planner)
+    monkeypatch.setattr(mgr.store, "copy", broken)
+    fallback = mgr.unspill(match)
+    assert not fallback.unspill and _cache_state(planner) == before
+    monkeypatch.setattr(mgr.store, "copy", real)
+    back = mgr.unspill(planner.match_prefix("again", tokens, len(tokens)))
+    assert not back.unspill and back.tokens == match.tokens and planner.prefix.stats["host_hits"] == 1
+    mgr.check_integrity()
+    assert mgr.allocate(["again"], len(tokens) - back.tokens, prefix=back)
+    mgr.check_integrity()
+
+
+def test_a_suspend_drops_spilled_entries_before_it_is_refused(tiny):
+    prompts = grouped(12, groups=3, per=1, shared=16)
+    on = cached_llm(tiny, max_num_seqs=2, host_cache_bytes=1 << 22)
+    on.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
+    mgr, planner = on.manager, on.manager.planner
+    assert mgr.spill(snapshots=10, pages=10) > 0
+    hs = planner.host_slot_pool
+    taken = hs.allocate(hs.num_free)  # the host tier is full of spilled entries
+    mgr.add_request("r")
+    mgr.prepare_step(["r"], 9)
+    mgr.accept()
+    mgr.start_generation("r")
+    mgr.prepare_step(["r"], 1)
+    mgr.accept([1])
+    spilled = len(list(planner.prefix.index.host_nodes()))
+    mgr.suspend(["r"])
+    assert len(list(planner.prefix.index.host_nodes())) == spilled - 1 and planner.prefix.stats["evictions"] >= 1
+    hs.release(taken)
+    mgr.check_integrity()

@@ -13,10 +13,11 @@ from .core import FREED_REMEMBERED, PlannerCore
 from .lifecycle import Lifecycle
 from .prefix import PrefixAdmission
 from .rebalance import Rebalance
+from .spill import Spill
 from .steps import Steps
 
 
-class Planner(Lifecycle, Steps, PrefixAdmission, Rebalance):
+class Planner(Lifecycle, Steps, PrefixAdmission, Rebalance, Spill):
     """Slots and pages of both tiers, and what each request holds.
 
     `num_slots` request slots beside `num_dummies` permanent ones, `num_pages` pages; `has_pages` False

@@ -125,6 +125,9 @@ class PlannerCore:
         short = pages - self.page_pool.num_free
         return short <= 0 or (self.prefix is not None and self.prefix.reclaim_pages(short))
 
+    def make_host_room(self, slots: int, pages: int) -> bool:  # `spill.Spill` drops spilled prefix entries
+        return self.host_slot_pool.num_free >= slots and self.host_page_pool.num_free >= pages
+
     def _require_idle(self) -> None:
         if self.prefix is not None and self.prefix.saving is not None:
             raise InvalidTransitionError("a snapshot save is in progress; commit or cancel it first")

@@ -88,7 +88,7 @@ class Lifecycle(PlannerCore):
         live = [e.pages[self.kept_pages(e) : self.live_pages(e)] for e in entries]  # shared pages stay
         need = sum(map(len, live))
         hs, hp = self.host_slot_pool, self.host_page_pool
-        if len(entries) > hs.num_free or need > hp.num_free:
+        if not self.make_host_room(len(entries), need):  # spilled prefix entries go first
             raise HostTierFullError(
                 f"host tier has {hs.num_free} slots and {hp.num_free} pages free; suspending needs {len(entries)} and {need}"
             )
@@ -100,16 +100,17 @@ class Lifecycle(PlannerCore):
         self._moving = plan
         return plan
 
-    def plan_resume(self, req_ids: Sequence[Hashable]) -> MovePlan:
-        """Reserve device slots and pages for suspended requests. Raises OutOfDeviceMemoryError (changing
-        nothing) when the device has too little free."""
+    def plan_resume(self, req_ids: Sequence[Hashable], then_pages: int = 0) -> MovePlan:
+        """Reserve device slots and pages for suspended requests, when `then_pages` more would still be free
+        (unreserved) beside them. Raises OutOfDeviceMemoryError (changing nothing but cached prefix entries
+        evicted for room) when the device has too little free."""
         self._require_idle()
         entries = self._distinct(req_ids)
         for e in entries:
             if e.status != Status.SUSPENDED:
                 raise InvalidTransitionError(f"request {e.req_id!r} is {e.status.name}, not SUSPENDED")
         need = sum(len(e.host_pages) for e in entries)
-        if len(entries) > self.slot_pool.num_free or not self._room(need):
+        if len(entries) > self.slot_pool.num_free or not self._room(need + then_pages):
             raise OutOfDeviceMemoryError(
                 f"resume needs {len(entries)} slots and {need} pages; "
                 f"{self.slot_pool.num_free} and {self.page_pool.num_free} are free"
@@ -165,7 +166,7 @@ class Lifecycle(PlannerCore):
             raise InvalidCountError(f"an adopted request holds 1..{MAX_TOKENS} tokens, got {num_tokens!r}")
         need = pages_for(num_tokens, self.page_size) if self.has_pages else 0
         hs, hp = self.host_slot_pool, self.host_page_pool
-        if hs.num_free < 1 or need > hp.num_free:
+        if not self.make_host_room(1, need):
             raise HostTierFullError(f"host tier has {hs.num_free} slots and {hp.num_free} pages free; adopting needs 1 and {need}")
         plan = MovePlan(req_ids=(req_id,), to_host=True, slots=(), host_slots=tuple(hs.allocate(1)), pages=(),
                         host_pages=tuple(hp.allocate(need)), page_counts=(need,))

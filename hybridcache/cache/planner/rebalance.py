@@ -90,7 +90,7 @@ class Rebalance(PlannerCore):
         self.slot_pool = IdPool(plan.old_slots, permanent=plan.fixed)
         self.page_pool = IdPool(plan.old_pages)
         if self.prefix is not None:  # the device lost every row: the index and its snapshots go
-            self.prefix.index.nodes.clear()
+            self.prefix.clear()
             self.prefix.snap_pool = IdPool(self.prefix.snap_pool.total)
         self.stats["aborted_rows"] += len(dropped)
         self._layout = None
