@@ -7,7 +7,7 @@ Workloads (all requests of a wave are submitted at once; greedy, fixed output le
              rounded down to the snapshot interval.
   multiturn: --conversations conversations of --turns turns; turn t's prompt is turn t-1's prompt, its
              output and 16-64 new tokens. Ceiling: turns >= 2, the previous turn's committed tokens
-             (prompt + output - 1) rounded down to the interval.
+             (prompt + output - 1): a finished request's end is saved exactly, inside a page too.
 Hits count at admission (`LLM.stats.prefix_cache_hits`); prefill tokens computed are the prompt tokens
 minus the hits (no request is preempted at this budget).
 
@@ -55,13 +55,13 @@ def shared_waves(args, rng: random.Random) -> list[list[list[int]]]:
     return [prompts]
 
 
-def measure(llm: LLM, waves, turns: bool, params: SamplingParams, interval: int) -> dict:
+def measure(llm: LLM, waves, turns: bool, params: SamplingParams) -> dict:
     """Run the waves (multi-turn: each next wave built from the last one's outputs); the figures."""
     prompts, outputs, ttft, wall, prompt_tokens, ceiling, peak_snap = waves[0], [], [], 0.0, 0, 0, 0
     rng = random.Random(1)
     for t in range(len(waves) if not turns else turns):
         if t and turns:
-            ceiling += sum((len(p) + len(o) - 1) // interval * interval for p, o in zip(prompts, outputs))
+            ceiling += sum(len(p) + len(o) - 1 for p, o in zip(prompts, outputs))
             prompts = [p + o + [rng.randrange(3, 1000) for _ in range(rng.randint(16, 64))] for p, o in zip(prompts, outputs)]
         outputs, first, w = run_wave(llm, prompts, params)
         ttft += first
@@ -125,7 +125,7 @@ def run_pair(args, path, name: str, waves, turns: int, params: SamplingParams, l
         if scale != 1.0:
             llm = LLM(path, **kw, device_cache_bytes=int(llm.manager.config.device_bytes * scale))
         interval = llm.manager.planner.prefix.interval if on else 1
-        f = measure(llm, waves, turns, params, interval)
+        f = measure(llm, waves, turns, params)
         if name == "shared":
             f["ceiling"] = len(waves[0]) * (args.shared_len // interval * interval)
         f["device_cache_bytes"] = llm.manager.config.device_bytes

@@ -55,6 +55,7 @@ class Entry:
     # page hashes so far, and the node of its latest tail snapshot (saved or restored; not a branch point),
     # which its next tail snapshot replaces
     restore: int = -1
+    copy_src: int = -1  # a pinned tail page its first step copies into its own page (-1: none)
     keeps: tuple[int, ...] = ()
     branches: tuple[int, ...] = ()
     hashes: list[bytes] = field(default_factory=list)

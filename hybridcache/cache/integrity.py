@@ -103,12 +103,17 @@ def _check_prefix(mgr: "Planner", pages: Counter, host_slots: Counter, host_page
     for e in mgr.entries():
         if e.restore >= 0:
             snaps[e.restore] += 1
+        if e.copy_src >= 0:
+            if e.copy_src not in indexed:
+                raise IntegrityError(f"request {e.req_id!r} copies page {e.copy_src}, which no partial node holds")
+            pages[e.copy_src] += 1
         full = e.num_tokens // mgr.page_size
         for k, p in enumerate(e.pages):
             if k >= full and (p in indexed or pages[p] > 1):
                 raise IntegrityError(f"request {e.req_id!r}: page {p} is shared but holds uncommitted tokens")
     if mgr.pending is not None:
         snaps.update(mgr.pending.restore_ids)
+        pages.update(mgr.pending.page_copies[0].tolist())
     if prefix.saving is not None:
         snaps.update(prefix.saving.ids)
     _check_pool("snapshots", prefix.snap_pool, snaps)

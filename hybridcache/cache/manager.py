@@ -245,11 +245,14 @@ class HybridCacheManager:
         e = self.planner.entry(match.req_id)  # its page hashes cover the context already: no tokens needed
         return self.planner.prefix.match(e, (), match.context_len, host_ok=False)
 
-    def save_snapshots(self, tokens_of) -> int:
-        """After a committed step, save the prefix-cache snapshots its rows reached (a transaction: a failed
-        copy indexes none of them). `tokens_of(req_id)` gives a request's tokens through its committed
-        ones. Returns how many were saved."""
+    def save_snapshots(self, tokens_of, ends: Sequence[Hashable] = ()) -> int:
+        """After a committed step, save the prefix-cache snapshots its rows reached, and the committed end
+        of the requests `ends` (that finish now, before they are freed) — a transaction: a failed copy
+        indexes none of them. `tokens_of(req_id)` gives a request's tokens through its committed ones.
+        Returns how many were saved."""
         pc = self.planner.prefix
+        if ends:
+            self.planner.save_at_end(ends)
         if pc is not None and len(pc.candidates) > pc.snap_pool.num_free:
             self.spill(snapshots=len(pc.candidates) - pc.snap_pool.num_free)
         plan = self.planner.plan_snapshots(tokens_of)

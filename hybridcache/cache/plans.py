@@ -35,6 +35,8 @@ class StepPlan:
     restore      (slots, rows) int64 [r]: rows that start from a prefix-cache snapshot: every role of
                  `slots[i]` is zeroed, then the snapshot in slot row `rows[i]` is copied in (not `fresh`:
                  they start from that state); `restore_ids` the snapshot ids, pinned until commit or abort
+    page_copies  (src, dst) int64 [c]: pages to copy before the forward (a partial prefix-cache page into
+                 the page of the request that continues it); the `src` pages are pinned until commit or abort
     """
 
     req_ids: tuple[Hashable, ...]
@@ -49,6 +51,7 @@ class StepPlan:
     dummy: np.ndarray  # [B] bool
     restore: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (_NONE, _NONE))
     restore_ids: tuple[int, ...] = ()
+    page_copies: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (_NONE, _NONE))
 
     @property
     def batch_size(self) -> int:

@@ -29,7 +29,7 @@ from .entries import Entry, Status
 from .errors import InvalidTransitionError
 from .id_pool import IdPool
 from .plans import SnapshotPlan
-from .prefix_index import BRANCH, GEN, PROMPT, Node, PrefixIndex, chain_hashes
+from .prefix_index import BRANCH, GEN, PROMPT, ROOT, Node, PrefixIndex, chain_hashes, partial_hash
 
 if TYPE_CHECKING:
     from .planner import Planner
@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PrefixMatch:
-    """What admission would give a waiting request: `tokens` cached (a multiple of the interval, below
-    its context length), the `nodes` of those pages, the `snapshot` id to restore (-1 on a miss), the
-    boundaries it should save at, and whether it should wait for an in-flight request (`defer`)."""
+    """What admission would give a waiting request: `tokens` cached (below its context length; a page
+    boundary, or a partial node's end), the `nodes` of those pages (a partial node last, whose page is copied),
+    the `snapshot` id to restore (-1 on a miss), the boundaries it should save at, and whether it should
+    wait for an in-flight request (`defer`)."""
 
     req_id: Hashable
     tokens: int
@@ -53,6 +54,12 @@ class PrefixMatch:
     unspill: bool = False  # the snapshot or some of the pages are in the host tier: `Planner.plan_unspill` first
 
 
+    @property
+    def shared_pages(self) -> list[int]:
+        """The device pages admission shares (a partial node's page is copied instead)."""
+        return [n.page for n in self.nodes if n.page >= 0 and not n.fill]
+
+
 class PrefixCache:
     def __init__(self, planner: "Planner", num_snapshots: int, interval: int) -> None:
         if interval < 1 or interval % planner.page_size:
@@ -64,9 +71,11 @@ class PrefixCache:
         self.inflight: dict[bytes, Entry] = {}  # a prompt page hash -> a CONTEXT request computing it
         self.candidates: list[tuple[Entry, int]] = []  # committed at a boundary it keeps, since the last save
         self.saving: SnapshotPlan | None = None
+        self._partial_keys: dict[tuple[Hashable, int], bytes] = {}  # the saving plan's partial nodes
+        self.protected: set[int] = set()  # ids of nodes no eviction may take now (a match coming back)
         self.spilling: tuple | None = None  # the nodes of the spill or unspill in progress (`planner/spill.py`)
         self.stats = {"queries": 0, "hits": 0, "evictions": 0, "snapshots_saved": 0, "spills": 0, "host_hits": 0}
-        self.allow_drop = True  # False: `reclaim_pages` refuses, so the caller can spill first (`HybridCacheManager.allocate`)
+        self.allow_drop = True  # False: `reclaim_pages` refuses, so that the manager spills first
 
     @property
     def page_pool(self) -> IdPool:
@@ -85,19 +94,25 @@ class PrefixCache:
         nodes = self.index.walk(hashes)
         if not host_ok:
             nodes = nodes[: next((k for k, n in enumerate(nodes) if n.host_page >= 0), len(nodes))]
-        hit = 0
-        for k in range(len(nodes) - 1, -1, -1):
-            if (nodes[k].cached if host_ok else nodes[k].snapshot >= 0) and (k + 1) * P < context_len:
-                hit = k + 1
+        usable = (lambda n: n.cached) if host_ok else (lambda n: n.snapshot >= 0 and n.host_page < 0)
+        hit_nodes: tuple[Node, ...] = ()
+        for k in range(len(nodes), -1, -1):  # deepest first: a partial node below page k, then page k's snapshot
+            part = self._partial(nodes[k - 1] if k else None, tokens, k * P, context_len, usable)
+            if part is not None:
+                hit_nodes = (*nodes[:k], part)
                 break
-        unspill = hit > 0 and (nodes[hit - 1].snapshot < 0 or any(n.host_page >= 0 for n in nodes[:hit]))
+            if k and usable(nodes[k - 1]) and k * P < context_len:
+                hit_nodes = tuple(nodes[:k])
+                break
+        hit = hit_nodes[-1].num_tokens(P) if hit_nodes else 0
+        unspill = bool(hit_nodes) and (hit_nodes[-1].snapshot < 0 or any(n.host_page >= 0 for n in hit_nodes))
         d_in = 0
         while d_in < len(hashes) and hashes[d_in] in self.inflight:
             d_in += 1
         branch = max(len(nodes), d_in) * P // I * I
-        keeps = tuple(sorted({b for b in (branch, context_len // I * I) if b > hit * P}))
+        keeps = tuple(sorted({b for b in (branch, context_len // I * I) if b > hit}))
         defer, leader = False, None
-        if d_in * P >= branch > hit * P:
+        if d_in * P >= branch > hit:
             leader = self.inflight[hashes[d_in - 1]]
             if leader.status == Status.CONTEXT and leader.num_tokens < branch:
                 if branch not in leader.keeps:
@@ -105,17 +120,32 @@ class PrefixCache:
                 if branch not in leader.branches:
                     leader.branches = (*leader.branches, branch)
                 defer = True
-        return PrefixMatch(e.req_id, hit * P, tuple(nodes[:hit]), nodes[hit - 1].snapshot if hit else -1,
+        return PrefixMatch(e.req_id, hit, hit_nodes, hit_nodes[-1].snapshot if hit_nodes else -1,
                            keeps, context_len, defer, leader.req_id if defer else None, branch, unspill)
+
+    def _partial(self, parent: Node | None, tokens: Sequence[int], start: int, context_len: int, usable) -> Node | None:
+        """The longest usable partial node below `parent` (whose pages end at token `start`) that `tokens`
+        continue and that leaves at least one context token to prefill."""
+        best = None
+        for n in self.index.partials_below(parent):
+            end = start + n.fill
+            if (end < context_len and usable(n) and (best is None or n.fill > best.fill)
+                    and n.key == partial_hash(parent.key if parent is not None else ROOT, tokens[start:end])):
+                best = n
+        return best
 
     def admit(self, e: Entry, m: PrefixMatch) -> None:
         """Give waiting `e` the match's pages (a reference each) and pin its snapshot; `undo_admit` reverses."""
         if m.unspill:
-            raise InvalidTransitionError("the match holds host-tier entries: unspill them first (HybridCacheManager.allocate)")
-        pages = [n.page for n in m.nodes if n.page >= 0]
+            raise InvalidTransitionError("the match holds host-tier entries: bring them back first "
+                                         "(HybridCacheManager.unspill)")
+        pages = m.shared_pages
         self.page_pool.share(pages)
         if m.snapshot >= 0:
             self.snap_pool.share([m.snapshot])
+        if m.nodes and m.nodes[-1].fill and m.nodes[-1].page >= 0:  # pinned until the first step copies it
+            e.copy_src = m.nodes[-1].page
+            self.page_pool.share([e.copy_src])
         e.pages, e.restore, e.keeps = pages, m.snapshot, m.keeps
         e.branches = (m.branch,) if m.branch in m.keeps else ()
         e.num_tokens = m.tokens
@@ -124,6 +154,7 @@ class PrefixCache:
         self.page_pool.release(e.pages)
         if e.restore >= 0:
             self.snap_pool.release([e.restore])
+        self._unpin_copy(e)
         e.pages, e.restore, e.keeps, e.branches, e.num_tokens = [], -1, (), (), 0
 
     def admitted(self, e: Entry, m: PrefixMatch) -> None:
@@ -143,6 +174,11 @@ class PrefixCache:
         for h in e.hashes[: m.context_len // self.planner.page_size]:
             self.inflight.setdefault(h, e)
 
+    def _unpin_copy(self, e: Entry) -> None:
+        if e.copy_src >= 0:
+            self.page_pool.release([e.copy_src])
+            e.copy_src = -1
+
     def left_context(self, e: Entry) -> None:
         """`e` is no longer prefilling (it generates, restarts or is freed)."""
         for h in e.hashes:
@@ -155,6 +191,7 @@ class PrefixCache:
         if e.restore >= 0:
             self.snap_pool.release([e.restore])
             e.restore = -1
+        self._unpin_copy(e)
         self.left_context(e)
         e.tail_node = None
 
@@ -168,16 +205,32 @@ class PrefixCache:
             if e.status == Status.GENERATION or (e.status == Status.CONTEXT and b in e.keeps):
                 self.candidates.append((e, b))
 
+    def add_ends(self, entries: Sequence[Entry]) -> None:
+        """Requests that finish now: their committed end is saved too, wherever it falls (a partial last
+        page becomes a partial node), so a conversation's next turn starts exactly there."""
+        self.candidates += [(e, e.num_tokens) for e in entries if e.on_device and e.num_tokens > 0]
+
     def plan_save(self, tokens_of: Callable[[Hashable], Sequence[int]]) -> SnapshotPlan | None:
         """Reserve snapshot ids for the candidates (evicting unpinned ones least recently used first);
         None when there is nothing to save."""
         cands, self.candidates = self.candidates, []
         P, out, taken = self.planner.page_size, [], set()
+        self._partial_keys = {}
         for e, b in cands:
-            if e.num_tokens != b or not e.on_device or b // P in taken:
+            if e.num_tokens != b or not e.on_device or (e.req_id, b) in taken:
                 continue
-            hashes = self._hashes(e, tokens_of(e.req_id), b)
-            node = self.index.nodes.get(hashes[b // P - 1])
+            taken.add((e.req_id, b))
+            tokens = tokens_of(e.req_id)
+            if len(tokens) < b:  # the caller no longer has the tokens the state holds
+                continue
+            hashes = self._hashes(e, tokens, b)
+            full, fill = divmod(b, P)
+            if fill:
+                key = partial_hash(hashes[full - 1] if full else ROOT, tokens[full * P : b])
+                self._partial_keys[e.req_id, b] = key
+            else:
+                key = hashes[full - 1]
+            node = self.index.nodes.get(key)
             if node is not None and node.cached:
                 node.last_used = self.index.tick()
                 continue
@@ -199,7 +252,11 @@ class PrefixCache:
         P = self.planner.page_size
         for rid, b, sid in zip(plan.req_ids, plan.boundaries, plan.ids):
             e = self.planner.entry(rid)
-            node = self._insert(e.hashes[: b // P], e.pages[: b // P] if self.planner.has_pages else None)
+            full, fill = divmod(b, P)
+            pages = e.pages if self.planner.has_pages else None
+            node = self._insert(e.hashes[:full], pages[:full] if pages is not None else None)
+            if fill:
+                node = self._insert_partial(self._partial_keys.pop((rid, b)), node, pages[full] if pages else -1, fill)
             if node.cached:  # two rows of one step saved the same prefix
                 self.snap_pool.release([sid])
                 continue
@@ -216,6 +273,7 @@ class PrefixCache:
     def cancel_save(self, plan: SnapshotPlan) -> None:
         assert plan is self.saving, "that snapshot plan is not the one in progress"
         self.saving = None
+        self._partial_keys = {}
         self.snap_pool.release(list(plan.ids))
 
     # ------------------------------------------------------------------ eviction
@@ -232,7 +290,8 @@ class PrefixCache:
         if pool.num_free + freeable < pool.num_free + need:
             return False
         target = pool.num_free + need
-        spilled = [n for n in self.index.host_nodes() if _device_chain(n)]  # their chains hold device pages
+        spilled = [n for n in self.index.host_nodes()  # their chains hold device pages
+                   if _device_chain(n) and id(n) not in self.protected]
         for n in sorted(self._evictable() + spilled, key=_victim_order):
             if self.index.nodes.get(n.key) is not n:
                 continue
@@ -255,7 +314,7 @@ class PrefixCache:
         host = self.planner
         host.host_slot_pool.release([n.host_snapshot for n in self.index.host_nodes()])
         host.host_page_pool.release([n.host_page for n in self.index.nodes.values() if n.host_page >= 0])
-        self.index.nodes.clear()
+        self.index.clear()
 
     def index_only_pages(self) -> list[int]:
         """Pages no request holds, only the index (in index order)."""
@@ -263,7 +322,8 @@ class PrefixCache:
         return [n.page for n in self.index.nodes.values() if n.page >= 0 and n.page not in held]
 
     def _evictable(self) -> list[Node]:
-        return [n for n in self.index.snapshot_nodes() if self.snap_pool.refcount(n.snapshot) == 1]
+        return [n for n in self.index.snapshot_nodes()
+                if self.snap_pool.refcount(n.snapshot) == 1 and id(n) not in self.protected]
 
     def _free_snapshot(self) -> int | None:
         if self.snap_pool.num_free == 0:
@@ -296,8 +356,18 @@ class PrefixCache:
             e.hashes.extend(chain_hashes(tokens[:upto], P, e.hashes[-1] if have else b"", have))
         return e.hashes
 
+    def _insert_partial(self, key: bytes, parent: Node | None, page: int, fill: int) -> Node:
+        """The partial node `key` below `parent`, added over `page` (a reference) when missing."""
+        node = self.index.nodes.get(key)
+        if node is None:
+            if page >= 0:
+                self.page_pool.share([page])
+            node = self.index.add_partial(key, parent, page, fill)
+        return node
+
     def _insert(self, hashes: list[bytes], pages: list[int] | None) -> Node:
-        """The chain for `hashes`, adding the missing nodes over `pages` (a reference each); its last node."""
+        """The chain for `hashes`, adding the missing nodes over `pages` (a reference each); its last node
+        (None for no hashes: the root)."""
         parent = None
         for k, h in enumerate(hashes):
             node = self.index.nodes.get(h)

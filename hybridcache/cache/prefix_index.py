@@ -6,6 +6,11 @@ reference on its page (`page`, -1 for a model without page roles) and may hold a
 recurrent state after exactly `depth * page_size` tokens. A node lives while it or a descendant holds a
 snapshot; pages past the last snapshot of a chain restart nothing, so they are not kept.
 
+A *partial* node is a leaf for a partly filled last page: the state after `(depth - 1) * page_size + fill`
+tokens, saved where a request ended. Its key hashes the parent's key and its `fill` tokens under another
+personalisation, so it never names a full page; a request that starts from it gets a copy of the page
+(copy-on-write: it writes the page's free positions).
+
     root ── n1 ── n2 ── n3(snap) ── n4 ── n5(snap)      branch: n3's chain is shared, n4.. diverge
                          └── m4(snap)
 """
@@ -19,6 +24,12 @@ import numpy as np
 
 ROOT = b""
 BRANCH, PROMPT, GEN = "branch", "prompt", "gen"
+
+
+def partial_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """The key of a partial node holding `tokens` (fewer than a page) below the page named `parent`."""
+    row = np.asarray(tokens, dtype=np.int64)
+    return hashlib.blake2b(parent + row.tobytes(), digest_size=16, person=b"partial").digest()
 
 
 def chain_hashes(tokens: Sequence[int], page_size: int, parent: bytes = ROOT, first_page: int = 0) -> list[bytes]:
@@ -49,9 +60,14 @@ class Node:
     # request restored from it, such as a conversation's next turn)
     kind: str = ""
     hits: int = 0  # admissions that restored its snapshot (a second one makes it a BRANCH)
+    fill: int = 0  # a partial node's tokens in its page (0: a full page)
     # the host tier (spilled, `prefix_spill.py`): the page and the snapshot each live in exactly one tier
     host_page: int = -1
     host_snapshot: int = -1
+
+    def num_tokens(self, page_size: int) -> int:
+        """Tokens from the root through this node."""
+        return (self.depth - 1) * page_size + self.fill if self.fill else self.depth * page_size
 
     @property
     def cached(self) -> bool:
@@ -64,6 +80,7 @@ class PrefixIndex:
 
     def __init__(self) -> None:
         self.nodes: dict[bytes, Node] = {}
+        self.partials: dict[bytes, list[Node]] = {}  # parent key (ROOT for the first page) -> its partial nodes
         self.clock = 0  # a use counter for LRU order
 
     def __len__(self) -> int:
@@ -92,12 +109,31 @@ class PrefixIndex:
         self.nodes[key] = node
         return node
 
+    def clear(self) -> None:
+        self.nodes.clear()
+        self.partials.clear()
+
+    def add_partial(self, key: bytes, parent: Node | None, page: int, fill: int) -> Node:
+        """A new partial leaf of `fill` tokens under `parent`; the caller takes a reference on `page`."""
+        node = self.add(key, parent, page)
+        node.fill = fill
+        self.partials.setdefault(parent.key if parent is not None else ROOT, []).append(node)
+        return node
+
+    def partials_below(self, parent: Node | None) -> list[Node]:
+        return self.partials.get(parent.key if parent is not None else ROOT, [])
+
     def prune(self, node: Node | None) -> list[Node]:
-        """Remove `node` and then its ancestors while each holds no snapshot (in either tier) and has no children; returns the
-        removed nodes (the caller releases their pages)."""
+        """Remove `node` and then its ancestors while each holds no snapshot (in either tier) and has no
+        children; returns the removed nodes (the caller releases their pages)."""
         removed = []
         while node is not None and not node.cached and node.children == 0:
             del self.nodes[node.key]
+            if node.fill:
+                siblings = self.partials[node.parent.key if node.parent is not None else ROOT]
+                siblings.remove(node)
+                if not siblings:
+                    del self.partials[node.parent.key if node.parent is not None else ROOT]
             removed.append(node)
             if node.parent is not None:
                 node.parent.children -= 1

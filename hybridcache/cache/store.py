@@ -55,6 +55,8 @@ class CacheStore:
             self.zero_slots(plan.zero_slots)
         if plan.restore_ids:
             self.restore_snapshots(*plan.restore)
+        if plan.page_copies[0].size:
+            self.copy_pages(*plan.page_copies)
         indices = self._step.update(plan)
         self.copies.fence()
         return indices
@@ -81,6 +83,12 @@ class CacheStore:
         dst, src = self._step.upload(slots), self._step.upload(rows)
         for m in self.states:
             m.restore_snapshot(self.state_tensors(m), src, dst)
+
+    def copy_pages(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Every page role of pages `dst` becomes a copy of pages `src` (device to device)."""
+        s, d = self._step.upload(src), self._step.upload(dst)
+        for t in self.device_tier.pages.values():
+            t.index_copy_(1, d, t.index_select(1, s))
 
     def save_snapshots(self, plan: SnapshotPlan) -> None:
         """Each state module writes the committed state of the plan's request slots into its snapshot rows."""

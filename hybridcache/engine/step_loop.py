@@ -255,8 +255,9 @@ class StepLoop:
 
     def _finish_rows(self, reqs: list[Request], new_tokens: dict[int, list[int]],
                      logprobs: dict[int, list[TokenLogprob]]) -> list[RequestOutput]:
-        """Append each request's new tokens; returns the requests that finished (the cache forgets them)."""
-        finished = []
+        """Append each request's new tokens; returns the requests that finished (the cache saves their end
+        state for the prefix cache, then forgets them)."""
+        ending: list[tuple[Request, bool]] = []
         for req in reqs:
             toks = new_tokens.get(req.req_id)
             if toks is None:
@@ -270,14 +271,29 @@ class StepLoop:
                     req.finish("stop")
                     done = True
             if done:
-                if not released:
-                    self.scheduler.finish(req)
-                req.num_pending = 0  # a later step's token of a stopped request is discarded
-                self.requests.pop(req.req_id, None)
-                finished.append(RequestOutput(req.req_id, req.prompt, list(req.output),
-                                              req.text if self.tokenizer is not None else None,
-                                              req.finish_reason, req.logprobs))
+                ending.append((req, released))
             if self.stream_deltas:
                 self.deltas.append(req.take_delta(self.tokenizer is not None))
             self.stats.num_generated_tokens += len(req.output) - before
+        self._save_ends([req for req, released in ending if not released])
+        finished = []
+        for req, released in ending:
+            if not released:
+                self.scheduler.finish(req)
+            req.num_pending = 0  # a later step's token of a stopped request is discarded
+            self.requests.pop(req.req_id, None)
+            finished.append(RequestOutput(req.req_id, req.prompt, list(req.output),
+                                          req.text if self.tokenizer is not None else None,
+                                          req.finish_reason, req.logprobs))
         return finished
+
+    def _save_ends(self, reqs: list[Request]) -> None:
+        """Prefix caching: save where the finishing requests end (a conversation's next turn starts there);
+        a failed save is logged, as in `_save_snapshots`."""
+        if self.manager.planner.prefix is None or not reqs:
+            return
+        tokens = {r.req_id: r.tokens for r in reqs}
+        try:
+            self.manager.save_snapshots(tokens.__getitem__, ends=list(tokens))
+        except Exception:
+            log.exception("saving the prefix-cache snapshots of finished requests failed; none were kept")

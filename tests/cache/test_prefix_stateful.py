@@ -31,6 +31,8 @@ class PrefixModel:
         self.saved_host: dict[int, list[int]] = {}  # the same for spilled snapshots, by host slot
         self.next_id = 0
         self.hits = 0
+        self.partial_hits = 0  # admissions at a partial node (inside a page)
+        self.ended: list[list[int]] = []  # finished requests' tokens: a later request may continue one
 
     def ids(self, *statuses: Status) -> list[int]:
         return [r for r in self.planner.requests() if self.planner.status(r) in statuses]
@@ -39,7 +41,8 @@ class PrefixModel:
     def add(self) -> None:
         d = self.d
         rid, self.next_id = self.next_id, self.next_id + 1
-        self.tokens[rid] = d.pick(self.groups) + [d.int(0, 5) for _ in range(d.int(1, 10))]
+        head = d.pick(self.ended) if self.ended and d.int(0, 2) == 0 else d.pick(self.groups)  # a next turn
+        self.tokens[rid] = head + [d.int(0, 5) for _ in range(d.int(1, 10))]
         self.planner.add(rid)
 
     def admit(self) -> None:
@@ -58,10 +61,12 @@ class PrefixModel:
                 return
         if m.snapshot >= 0:
             assert self.saved[m.snapshot] == toks[: m.tokens], "restored a snapshot of other tokens"
-        assert m.tokens % self.interval == 0 and m.tokens < len(toks)
+        assert m.tokens < len(toks) and (not m.nodes or m.tokens == m.nodes[-1].num_tokens(self.page))
+        assert not m.nodes or m.nodes[-1].fill or m.tokens % self.page == 0  # a page boundary or a request's end
         chunk = self._chunk(rid, m.tokens, m.keeps)
         before = self.planner.prefix.stats["hits"]
         if self.planner.allocate([rid], chunk, prefix=m):
+            self.partial_hits += bool(m.nodes and m.nodes[-1].fill)
             assert self.planner.prefix.stats["hits"] - before == m.tokens
             assert self.planner.entry(rid).num_tokens == m.tokens
             self._step([rid], [chunk])
@@ -130,6 +135,8 @@ class PrefixModel:
         plan = p.plan_step(rows, n)
         for slot, row in zip(*plan.restore):
             assert row >= p.num_dummies and slot >= p.num_fixed
+        for src, dst in zip(*plan.page_copies):  # a partial page is copied into a page of the row's own
+            assert src != dst and any(p.entry(r).pages.count(dst) == 1 for r in rows)
         if self.d.int(0, 9) == 0:
             p.abort_step(plan)
             return
@@ -169,6 +176,25 @@ class PrefixModel:
                     return
                 p.cancel_move(plan) if self.d.int(0, 3) == 0 else p.commit_move(plan, 0)
 
+    def finish(self) -> None:
+        """A generating request ends: its committed end is saved (a partial node inside a page), then it is freed."""
+        gen = self.ids(Status.GENERATION)
+        if not gen:
+            return
+        p, rid = self.planner, self.d.pick(gen)
+        p.save_at_end([rid])
+        save = p.plan_snapshots(lambda r: self.tokens[r])
+        if save is not None:
+            if self.d.int(0, 5) == 0:
+                p.cancel_snapshots(save)
+            else:
+                p.commit_snapshots(save)
+                for r, b, sid in zip(save.req_ids, save.boundaries, save.ids):
+                    if p.prefix.snap_pool.refcount(sid):
+                        self.saved[sid] = self.tokens[r][:b]
+        p.free(rid)
+        self.ended.append(self.tokens.pop(rid))
+
     def drop(self) -> None:
         live = self.ids(Status.CONTEXT, Status.GENERATION, Status.SUSPENDED, Status.WAITING)
         if not live:
@@ -193,7 +219,7 @@ class PrefixModel:
 
     def run(self, steps: int) -> None:
         ops = [self.add, self.add, self.admit, self.admit, self.prefill, self.prefill, self.decode, self.decode,
-               self.suspend_resume, self.drop, self.rebalance, self.spill]
+               self.suspend_resume, self.drop, self.rebalance, self.spill, self.finish]
         for _ in range(steps):
             self.d.pick(ops)()
             self.planner.check_integrity()
@@ -221,11 +247,13 @@ def test_prefix_fuzz_long():
 def test_hits_happen_in_the_fuzz():
     """The fuzz is not vacuous: across seeds, admissions restore snapshots, snapshots are evicted, spilled
     and brought back."""
-    hits = evictions = spills = host_hits = 0
+    hits = evictions = spills = host_hits = partial_hits = 0
     for seed in range(12):
         m = PrefixModel(random.Random(seed))
         m.run(300)
+        partial_hits += m.partial_hits
         stats = m.planner.prefix.stats
         hits, evictions = hits + stats["hits"], evictions + stats["evictions"]
         spills, host_hits = spills + stats["spills"], host_hits + stats["host_hits"]
-    assert hits > 0 and evictions > 0 and spills > 0 and host_hits > 0, (hits, evictions, spills, host_hits)
+    assert hits > 0 and evictions > 0 and spills > 0 and host_hits > 0 and partial_hits > 0, \
+        (hits, evictions, spills, host_hits, partial_hits)

@@ -208,3 +208,24 @@ def test_a_suspend_drops_spilled_entries_before_it_is_refused(tiny):
     assert len(list(planner.prefix.index.host_nodes())) == spilled - 1 and planner.prefix.stats["evictions"] >= 1
     hs.release(taken)
     mgr.check_integrity()
+
+
+@pytest.mark.parametrize("spec", [None, SPEC], ids=["plain", "ngram"])
+def test_a_next_turn_starts_exactly_where_the_last_ended(checkpoint, spec):
+    """A finished request saves its committed end inside a page (a partial node); two different next turns,
+    admitted together, both start there, each writing its own copy of that page; tokens equal caching off."""
+    prompt = [(7 * i) % 90 + 3 for i in range(13)]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    off = LLM(checkpoint, page_size=4, max_model_len=128, speculative=spec)
+    on = cached_llm(checkpoint, max_num_seqs=2, speculative=spec)
+    first = on.generate([prompt], params)[0].token_ids
+    assert first == off.generate([prompt], params)[0].token_ids
+    end = len(prompt) + len(first) - 1  # committed: the last sampled token is not fed yet
+    assert end % 4 and end % 8  # inside a page, off the snapshot interval
+    turns = [prompt + first + [9, 8, 7], prompt + first + [5]]
+    hits = on.stats.prefix_cache_hits
+    got = [o.token_ids for o in on.generate(turns, [params, params])]
+    assert got == [o.token_ids for o in off.generate(turns, [params, params])]
+    assert on.stats.prefix_cache_hits - hits == 2 * end
+    on.manager.check_integrity()
+    assert on.manager.requests() == [] and on.manager.slot_pool.num_owned == 0

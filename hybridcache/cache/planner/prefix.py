@@ -42,6 +42,13 @@ class PrefixAdmission(PlannerCore):
         self._require_idle()
         return self.prefix.plan_save(tokens_of) if self.prefix is not None else None
 
+    def save_at_end(self, req_ids: Sequence[Hashable]) -> None:
+        """Requests about to finish: the next `plan_snapshots` also saves each one's committed end, even
+        inside a page (a partial node), so that a conversation's next turn starts exactly there."""
+        self._require_idle()
+        if self.prefix is not None:
+            self.prefix.add_ends(self._distinct(req_ids))
+
     def commit_snapshots(self, plan: SnapshotPlan) -> None:
         self.prefix.commit_save(plan)
 

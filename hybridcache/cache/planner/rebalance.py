@@ -60,6 +60,9 @@ class Rebalance(PlannerCore):
         for e, slot in zip(live, slots):
             e.slot, e.pages = slot, [new_id[p] for p in e.pages]
             page_pool.share(e.pages)
+            if e.copy_src >= 0:  # a pinned partial page is an index node's: it moved with the index
+                e.copy_src = new_id[e.copy_src]
+                page_pool.share([e.copy_src])
         for e in self._entries.values():
             if e.status == Status.SUSPENDED:
                 e.pages = [new_id[p] for p in e.pages]

@@ -2,12 +2,13 @@
 
 A spill moves the least valuable unpinned device snapshots (`prefix_cache._victim_order`) to host slots,
 with the device pages that only the index holds and that lead to no device snapshot once the victims are
-gone (a shared ancestor moves with the last of its subtree's snapshots); the rest of a chain stays where
-it is, so a chain may be on the device near the root and in the host tier below. An unspill brings a
-match's host pages and host snapshot back into new device pages and a snapshot row. Both are moves: `plan_*` reserves the destination ids, the store copies the live bytes of
-the snapshot roles (`MovePlan.snapshot`), then `commit_*` swaps the node's ids or `cancel_*` releases
-the reservation (the source is untouched). The host tier is shared with suspended requests: a suspend
-or an adopt drops spilled entries before it is refused (`make_host_room`).
+gone (a shared ancestor moves with the last of its subtree's snapshots); the rest of a chain stays where it
+is, so a chain may be on the device near the root and in the host tier below. An unspill brings a match's
+host pages and host snapshot back into new device pages and a snapshot row. Both are moves: `plan_*`
+reserves the destination ids, the store copies the live bytes of the snapshot roles (`MovePlan.snapshot`),
+then `commit_*` swaps the node's ids or `cancel_*` releases the reservation (the source is untouched). The
+host tier is shared with suspended requests: a suspend or an adopt drops spilled entries before it is
+refused (`make_host_room`).
 """
 from __future__ import annotations
 
@@ -100,10 +101,12 @@ class Spill(PlannerCore):
         self.page_pool.share(held)  # the chain's device pages and snapshot stay while room is made
         if hit.snapshot >= 0:
             pc.snap_pool.share([hit.snapshot])
+        pc.protected = {id(n) for n in match.nodes}  # nor do its spilled nodes go
         try:
             sid = pc._free_snapshot() if hit.host_snapshot >= 0 else None
             room = self._room(len(host_nodes)) and (sid is not None or hit.host_snapshot < 0)
         finally:
+            pc.protected = set()
             self.page_pool.release(held)
             if hit.snapshot >= 0:
                 pc.snap_pool.release([hit.snapshot])

@@ -91,11 +91,13 @@ class Steps(PlannerCore):
         writes = layout.take_writes()
         fresh = layout.take_fresh()
         restore, restore_ids = self._take_restores(layout) if self.prefix is not None else ((), ())
+        copies = self._take_page_copies(layout) if self.prefix is not None else None
         self._layout = layout
         self.pending = StepPlan(
             req_ids=key, version=layout.version, slots=layout.slots, generation=layout.generation,
             cached_lens=frozen(cached), num_new=frozen(n), fresh=fresh, table_width=layout.width,
             table_writes=writes, dummy=layout.dummy, **({"restore": restore, "restore_ids": restore_ids} if restore_ids else {}),
+            **({"page_copies": copies} if copies is not None else {}),
         )
         return self.pending
 
@@ -110,6 +112,18 @@ class Steps(PlannerCore):
             e.restore = -1
         slots = frozen(np.array([e.slot for e in rows], dtype=np.int64))
         return (slots, frozen(np.array([self.prefix.row(i) for i in ids], dtype=np.int64))), ids
+
+    def _take_page_copies(self, layout: Layout) -> tuple[np.ndarray, np.ndarray] | None:
+        """(src, dst) of the rows whose first step continues a partial cached page: the pinned page is
+        copied into the row's own page at that position (the plan now holds the pins)."""
+        rows = [e for e in layout.entries if e.copy_src >= 0]
+        if not rows:
+            return None
+        src = [e.copy_src for e in rows]
+        dst = [e.pages[e.num_tokens // self.page_size] for e in rows]
+        for e in rows:
+            e.copy_src = -1
+        return frozen(np.array(src, dtype=np.int64)), frozen(np.array(dst, dtype=np.int64))
 
     def check_accept(self, plan: StepPlan, num_valid: Sequence[int] | np.ndarray | None) -> AcceptPlan:
         """Validate a step's acceptance without changing anything: context rows commit all their tokens,
@@ -139,6 +153,7 @@ class Steps(PlannerCore):
         self.pending = None
         if self.prefix is not None:
             self.prefix.snap_pool.release(list(plan.restore_ids))
+            self.page_pool.release(plan.page_copies[0].tolist())
             self.prefix.after_commit(self._layout.entries, self._tokens.counts[self._layout.handles], commit)
 
     def abort_step(self, plan: StepPlan) -> list[Hashable]:
@@ -149,6 +164,7 @@ class Steps(PlannerCore):
         self.pending = None
         if self.prefix is not None:
             self.prefix.snap_pool.release(list(plan.restore_ids))
+            self.page_pool.release(plan.page_copies[0].tolist())
         dropped = []
         for rid, dummy in zip(plan.req_ids, plan.dummy):
             e = self._entries.get(rid)
