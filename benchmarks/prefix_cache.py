@@ -93,6 +93,8 @@ def main() -> None:
     ap.add_argument("--cache-scale", type=float, nargs="+", default=[1.0],
                     help="device cache budgets to run, as multiples of the LLM's default (max_num_seqs requests at "
                          "full length, plus snapshot rows); conversations / max_num_seqs holds every conversation")
+    ap.add_argument("--host-scale", type=float, default=1.0,
+                    help="host tier (suspended requests and spilled prefix entries) as a multiple of the device cache")
     add_json_arg(ap)
     args = ap.parse_args()
     if args.quick:
@@ -122,8 +124,9 @@ def run_pair(args, path, name: str, waves, turns: int, params: SamplingParams, l
         kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs, page_size=args.page_size,
                   max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=longest, enable_prefix_caching=on)
         llm = LLM(path, **kw)
-        if scale != 1.0:
-            llm = LLM(path, **kw, device_cache_bytes=int(llm.manager.config.device_bytes * scale))
+        if scale != 1.0 or args.host_scale != 1.0:
+            device = int(llm.manager.config.device_bytes * scale)
+            llm = LLM(path, **kw, device_cache_bytes=device, host_cache_bytes=int(device * args.host_scale))
         interval = llm.manager.planner.prefix.interval if on else 1
         f = measure(llm, waves, turns, params)
         if name == "shared":
@@ -132,7 +135,8 @@ def run_pair(args, path, name: str, waves, turns: int, params: SamplingParams, l
         figures[on] = f
     off, on_ = figures[False], figures[True]
     row = {
-        "workload": name, "cache_scale": scale, "device_cache_bytes_on": on_["device_cache_bytes"],
+        "workload": name, "cache_scale": scale, "host_scale": args.host_scale,
+        "device_cache_bytes_on": on_["device_cache_bytes"],
         "interval": interval, "hits": on_["hits"], "ceiling": on_["ceiling"],
         "hit_ratio_of_ceiling": on_["hits"] / max(on_["ceiling"], 1),
         "prefill_tokens_off": off["prefill_tokens"], "prefill_tokens_on": on_["prefill_tokens"],

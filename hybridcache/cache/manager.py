@@ -203,7 +203,7 @@ class HybridCacheManager:
             pc.allow_drop = True
         n = np.broadcast_to(np.asarray(num_new), (len(req_ids),))
         if prefix is not None:
-            need = pages_for(prefix.tokens + int(n[0]), self.page_size) - len(prefix.nodes) if planner.has_pages else 0
+            need = pages_for(prefix.tokens + int(n[0]), self.page_size) - len(prefix.shared_pages) if planner.has_pages else 0
         else:
             need = sum(planner.pages_needed(r, int(k)) for r, k in zip(req_ids, n))
         self.spill(pages=need - planner.page_pool.num_free, protect=prefix.nodes if prefix is not None else ())
