@@ -6,7 +6,6 @@ executes the same plans in the same order holds the same bytes in the same rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Hashable
 
 import numpy as np

@@ -29,6 +29,7 @@ from .entries import Entry, Status
 from .errors import InvalidTransitionError
 from .id_pool import IdPool
 from .plans import SnapshotPlan
+from .prefix_eviction import PrefixEviction
 from .prefix_index import BRANCH, GEN, PROMPT, ROOT, Node, PrefixIndex, chain_hashes, partial_hash
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class PrefixMatch:
         return [n.page for n in self.nodes if n.page >= 0 and not n.fill]
 
 
-class PrefixCache:
+class PrefixCache(PrefixEviction):
     def __init__(self, planner: "Planner", num_snapshots: int, interval: int) -> None:
         if interval < 1 or interval % planner.page_size:
             raise ValueError(f"snapshot interval {interval} is not a multiple of the page size {planner.page_size}")
@@ -76,10 +77,6 @@ class PrefixCache:
         self.spilling: tuple | None = None  # the nodes of the spill or unspill in progress (`planner/spill.py`)
         self.stats = {"queries": 0, "hits": 0, "evictions": 0, "snapshots_saved": 0, "spills": 0, "host_hits": 0}
         self.allow_drop = True  # False: `reclaim_pages` refuses, so that the manager spills first
-
-    @property
-    def page_pool(self) -> IdPool:
-        return self.planner.page_pool
 
     def row(self, snapshot: int) -> int:
         return self.planner.num_dummies + snapshot
@@ -276,77 +273,6 @@ class PrefixCache:
         self._partial_keys = {}
         self.snap_pool.release(list(plan.ids))
 
-    # ------------------------------------------------------------------ eviction
-    def reclaim_pages(self, need: int) -> bool:
-        """Free `need` more pages by evicting unpinned snapshots (and the pages only their chains held),
-        least recently used first — or, when even evicting them all would not do, change nothing."""
-        if need <= 0:
-            return True
-        if not self.allow_drop:
-            return False
-        pool = self.page_pool
-        kept = self.index.kept_by([n for n in self.index.snapshot_nodes() if self.snap_pool.refcount(n.snapshot) > 1])
-        freeable = sum(1 for n in self.index.nodes.values() if id(n) not in kept and n.page >= 0 and pool.refcount(n.page) == 1)
-        if pool.num_free + freeable < pool.num_free + need:
-            return False
-        target = pool.num_free + need
-        spilled = [n for n in self.index.host_nodes()  # their chains hold device pages
-                   if _device_chain(n) and id(n) not in self.protected]
-        for n in sorted(self._evictable() + spilled, key=_victim_order):
-            if self.index.nodes.get(n.key) is not n:
-                continue
-            self._drop(n, evicted=True)
-            if pool.num_free >= target:
-                break
-        return True
-
-    def drop_all_unpinned(self, host_too: bool = False) -> None:
-        """Every unpinned device snapshot, and the spilled ones whose chains still hold device pages (with
-        `host_too`, every spilled one)."""
-        for n in list(self._evictable()):
-            self._drop(n, evicted=True)
-        for n in list(self.index.host_nodes()):
-            if self.index.nodes.get(n.key) is n and (host_too or _device_chain(n)):
-                self._drop(n, evicted=True)
-
-    def clear(self) -> None:
-        """Forget every cached entry (the device lost its rows): host ids go back; device pools are rebuilt by the caller."""
-        host = self.planner
-        host.host_slot_pool.release([n.host_snapshot for n in self.index.host_nodes()])
-        host.host_page_pool.release([n.host_page for n in self.index.nodes.values() if n.host_page >= 0])
-        self.index.clear()
-
-    def index_only_pages(self) -> list[int]:
-        """Pages no request holds, only the index (in index order)."""
-        held = {p for e in self.planner.entries() for p in e.pages}
-        return [n.page for n in self.index.nodes.values() if n.page >= 0 and n.page not in held]
-
-    def _evictable(self) -> list[Node]:
-        return [n for n in self.index.snapshot_nodes()
-                if self.snap_pool.refcount(n.snapshot) == 1 and id(n) not in self.protected]
-
-    def _free_snapshot(self) -> int | None:
-        if self.snap_pool.num_free == 0:
-            victims = self._evictable()
-            if not victims:
-                return None
-            self._drop(min(victims, key=_victim_order), evicted=True)
-        return self.snap_pool.allocate(1)[0] if self.snap_pool.num_free else None
-
-    def _drop(self, node: Node, evicted: bool) -> None:
-        """Release the node's snapshot and prune the chain that no longer leads to one."""
-        if node.snapshot >= 0:
-            self.snap_pool.release([node.snapshot])
-            node.snapshot = -1
-            self.stats["evictions"] += int(evicted)
-        elif node.host_snapshot >= 0:
-            self.planner.host_slot_pool.release([node.host_snapshot])
-            node.host_snapshot = -1
-            self.stats["evictions"] += int(evicted)
-        removed = self.index.prune(node)
-        self.page_pool.release([n.page for n in removed if n.page >= 0])
-        self.planner.host_page_pool.release([n.host_page for n in removed if n.host_page >= 0])
-
     # ------------------------------------------------------------------ internals
     def _hashes(self, e: Entry, tokens: Sequence[int], upto: int) -> list[bytes]:
         """`e`'s page hashes through token `upto`, extending the ones it has."""
@@ -382,22 +308,3 @@ class PrefixCache:
                 node.page, node.host_page = pages[k], -1
             parent = node
         return parent
-
-
-_KIND_ORDER = {PROMPT: 1, GEN: 2, BRANCH: 3}
-
-
-def _device_chain(n: Node | None) -> bool:
-    while n is not None:
-        if n.page >= 0:
-            return True
-        n = n.parent
-    return False
-
-
-def _victim_order(n: Node) -> tuple[int, int]:
-    """Eviction order (Marconi-like, by the prefill a snapshot is likely to save): a PROMPT snapshot that a
-    later one of its chain supersedes first, then other PROMPT ones (a prompt's end rarely starts another
-    request), then GEN ones (a conversation's next turn), then BRANCH points (every request of a group);
-    least recently used first within each."""
-    return (0 if n.kind == PROMPT and n.children else _KIND_ORDER.get(n.kind, 0), n.last_used)

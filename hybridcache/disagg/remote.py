@@ -21,7 +21,6 @@ from typing import Any, Sequence
 from ..cache import HostTierFullError
 from ..engine.llm import LLM
 from ..engine.params import SamplingParams
-from ..engine.prefilled import PrefilledRequest
 from ..engine.request import RequestDelta, RequestOutput
 from .channel import KVChannel
 from .config import KVTransferConfig

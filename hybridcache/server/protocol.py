@@ -4,7 +4,7 @@ Fields the API defines but we do not serve (n > 1, best_of, echo, ...) are refus
 ignored silently; unknown fields are ignored, as OpenAI clients send extras."""
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 

@@ -209,7 +209,7 @@ class Model:
 
     # -- the invariant -----------------------------------------------------------------------------
     def check(self) -> None:
-        p, cfg = self.planner, self.cfg
+        p = self.planner
         assert p.requests() == list(self.reqs)
         for rid, q in self.reqs.items():
             e = p.entry(rid)

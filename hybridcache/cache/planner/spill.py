@@ -17,7 +17,8 @@ from collections import Counter
 
 from ..errors import InvalidTransitionError, OutOfDeviceMemoryError
 from ..plans import MovePlan
-from ..prefix_cache import PrefixMatch, _victim_order
+from ..prefix_cache import PrefixMatch
+from ..prefix_eviction import _victim_order
 from ..prefix_index import Node
 from .core import PlannerCore
 
