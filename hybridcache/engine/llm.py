@@ -107,9 +107,6 @@ class LLM:
                 or prefix_snapshot_interval < 1 or prefix_snapshot_interval % page_size):
             raise InvalidParamsError(f"prefix_snapshot_interval must be a positive multiple of page_size {page_size}, "
                                      f"got {prefix_snapshot_interval!r}")
-        if pipeline_parallel_size > 1 and (tensor_parallel_size > 1 or enable_prefix_caching):
-            raise InvalidParamsError("pipeline_parallel_size > 1 does not work with tensor_parallel_size > 1 or "
-                                     "enable_prefix_caching yet")
         if not parallel_timeout_s > 0:
             raise InvalidParamsError(f"parallel_timeout_s must be > 0, got {parallel_timeout_s!r}")
         if not parallel_startup_timeout_s > 0:
@@ -122,14 +119,14 @@ class LLM:
             dtype = dtype if dtype in DTYPES else "float32"
         self.dtype = DTYPES[dtype]
         stage = None  # pipeline stage 0's layers (docs/parallel.md), or None: the whole model (or a TP shard)
-        if pipeline_parallel_size > 1:
+        if pipeline_parallel_size > 1:  # tp: stage 0's tensor-parallel group
             from .pipeline import start_stages
-            self.workers, stage = start_stages(model, pipeline_parallel_size, self.device, self.dtype,
-                                               parallel_timeout_s, parallel_startup_timeout_s)
+            self.workers, stage, tp = start_stages(model, pipeline_parallel_size, tensor_parallel_size, self.device,
+                                                   self.dtype, parallel_timeout_s, parallel_startup_timeout_s)
         else:
             self.workers = self._start_workers(model, tensor_parallel_size, parallel_timeout_s, parallel_startup_timeout_s)
+            tp = self.workers.tp if self.workers else SINGLE
         self._finalizer = weakref.finalize(self, Workers.close, self.workers) if self.workers else None
-        tp = self.workers.tp if self.workers and stage is None else SINGLE  # a stage's layers are whole
         self.model = load_model(model, device=self.device, dtype=self.dtype, tp=tp, stage=stage)  # while the workers load theirs
         if self.workers is not None:
             self.workers.connect()
@@ -146,7 +143,8 @@ class LLM:
         k = speculative.num_draft_tokens if speculative else 0
         self.verify_tokens = k + 1
         self.drafter = NgramDrafter(speculative) if speculative else None
-        planned = self.model if stage is None else model_on_meta(model, self.dtype)  # rank 0 plans every stage
+        # rank 0 plans every stage (its tensor-parallel shard of them)
+        planned = self.model if stage is None else model_on_meta(model, self.dtype, TPGroup(0, tp.size))
         states = planned.state_modules(k)
         pages = planned.page_roles(page_size)
         sizing = sizing_of(states, pages)

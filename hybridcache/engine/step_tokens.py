@@ -47,7 +47,7 @@ def _logprobs(sampled: list[Request], row_logits: torch.Tensor, tokens: torch.Te
         return {}
     logp = torch.log_softmax(row_logits.float(), -1)
     chosen = logp.gather(-1, tokens[..., None])[..., 0]  # [R, T]
-    top_lp, top_ids = logp.topk(max(asks), -1) if max(asks) else (chosen[..., :0], tokens[..., :0])
+    top_lp, top_ids = logp.topk(max(asks), -1) if max(asks) else (logp[..., :0], tokens[..., None][..., :0])
     chosen, top_lp, top_ids = chosen.tolist(), top_lp.tolist(), top_ids.tolist()
     out: dict[int, list[TokenLogprob]] = {}
     for i, r in enumerate(sampled):

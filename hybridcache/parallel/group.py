@@ -36,18 +36,28 @@ class TPGroup:
         return x
 
     def broadcast_object(self, obj: Any = None, idle: bool = False) -> Any:
-        """Rank 0's `obj` on every rank (pickled; a length, then the bytes). `idle`: a receiving rank waits
+        """Rank 0's `obj` on every rank (pickled, then `broadcast_bytes`). `idle`: a receiving rank waits
         for the length without a bound (rank 0 sends when it has work; its death still ends the wait)."""
         if self.rank == 0:
-            data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
-            n = torch.tensor([data.numel()], dtype=torch.int64)
+            self.broadcast_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+            return obj
+        return pickle.loads(self.broadcast_bytes(idle=idle))
+
+    def broadcast_bytes(self, data: bytes | None = None, idle: bool = False) -> bytes:
+        """Rank 0's `data` on every rank: its length, then the bytes (`idle` as in `broadcast_object`)."""
+        if self.rank == 0:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            n = torch.tensor([buf.numel()], dtype=torch.int64)
         else:
             n = torch.zeros(1, dtype=torch.int64)
         n = n.to(self.device)
         self.pg.broadcast([n], self._root(IDLE if idle else self.timeout)).wait()
-        buf = data.to(self.device) if self.rank == 0 else torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
+        if self.rank == 0:
+            buf = buf.to(self.device)
+        else:
+            buf = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
         self.pg.broadcast([buf], self._root(self.timeout)).wait()
-        return obj if self.rank == 0 else pickle.loads(buf.cpu().numpy().tobytes())
+        return data if self.rank == 0 else buf.cpu().numpy().tobytes()
 
     @staticmethod
     def _root(timeout: datetime.timedelta) -> dist.BroadcastOptions:
@@ -59,12 +69,13 @@ class TPGroup:
 SINGLE = TPGroup()
 
 
-def connect(store: dist.Store, tp: TPGroup, timeout_s: float) -> TPGroup:
+def connect(store: dist.Store, tp: TPGroup, timeout_s: float, name: str = "hybridcache_tp") -> TPGroup:
     """Give `tp` its process group over `store` (gloo for CPU tensors, NCCL for CUDA ones), whose
-    collectives each raise after `timeout_s`; returns `tp`."""
+    collectives each raise after `timeout_s`; returns `tp`. `name` keeps the rendezvous of one group apart
+    from another's on the same store (a pipeline stage's tensor-parallel group beside the whole world's)."""
     rank, size, device = tp.rank, tp.size, tp.device
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.PrefixStore("hybridcache_tp", store)
+    store = dist.PrefixStore(name, store)
     if device.type == "cuda":  # NCCL's watchdog applies the group timeout to every collective, idle waits too
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = IDLE

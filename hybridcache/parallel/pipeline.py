@@ -2,7 +2,12 @@
 
 Stage s of `size` holds the contiguous layers `[first, end)` of `split_layers`: layer counts as even as
 they go, the later stages taking one more when `size` does not divide the count (vLLM's rule). The first
-stage holds the embedding, the last the final norm and the LM head. Stage s runs on rank s.
+stage holds the embedding, the last the final norm and the LM head. With T-way tensor parallelism inside each
+stage, stage s runs on ranks `[s*T, (s+1)*T)` (`stage_rank`), which form its tensor-parallel group:
+
+    rank:   0      1      2      3          (pipeline 2 x tensor parallel 2)
+    stage:  0      0      1      1          hidden states go rank t of stage s -> rank t of stage s+1
+    tp:     0      1      0      1          logits: the last stage's tensor-parallel rank 0 -> rank 0
 """
 from __future__ import annotations
 
@@ -54,6 +59,16 @@ def split_layers(num_layers: int, size: int) -> list[Stage]:
         raise ShardingError(f"pipeline_parallel_size {size} exceeds the model's {num_layers} decoder layers")
     bounds = [s * num_layers // size for s in range(size + 1)]
     return [Stage(s, size, bounds[s], bounds[s + 1], num_layers) for s in range(size)]
+
+
+def stage_rank(stage: int, tp_rank: int, tp_size: int) -> int:
+    """The rank (in the group of every stage's ranks) of tensor-parallel rank `tp_rank` of stage `stage`."""
+    return stage * tp_size + tp_rank
+
+
+def stage_group_name(stage: int) -> str:
+    """The rendezvous name of stage `stage`'s tensor-parallel group (`group.connect`)."""
+    return f"hybridcache_stage{stage}"
 
 
 def send_tensor(group: TPGroup, x: torch.Tensor, dst: int) -> None:

@@ -10,6 +10,7 @@ import copy
 import datetime
 import logging
 import multiprocessing as mp
+import pickle
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -37,12 +38,15 @@ class Workers:
 
     `target(rank, size, host, port, timeout_s, *args)` runs in each spawned process (an importable
     function); it loads the rank's shard, calls `ready(store, rank)`, then `connect`s. `processes` is empty
-    when the ranks were started by a launcher (torchrun) and `tp` given.
+    when the ranks were started by a launcher (torchrun) and `tp` given. `subgroups`: smaller groups rank 0
+    also belongs to (a pipeline stage's tensor-parallel group), each with its rendezvous name: `connect`
+    forms them after the whole group, and they go with it.
     Any collective that fails, or any worker found dead, raises TensorParallelError, and so does every
     later call: the group is then unusable (a rank's shard of every request's state is gone)."""
 
     def __init__(self, tp: TPGroup, processes: list[Any], timeout_s: float) -> None:
         self.tp, self.processes, self.timeout_s = tp, processes, timeout_s
+        self.subgroups: list[tuple[TPGroup, str]] = []
         self.failure: str | None = None
         self.closed = False
 
@@ -70,6 +74,8 @@ class Workers:
         self._wait_ready(self._store, self._startup_s)
         with self.guard("connecting to the workers"):
             connect(self._store, self.tp, self.timeout_s)
+            for group, name in self.subgroups:
+                connect(self._store, group, self.timeout_s, name)
 
     def _wait_ready(self, store: dist.TCPStore, startup_s: float) -> None:
         """Until every worker has loaded its shard (`ready(store, rank)`); one that exits first, or a
@@ -87,24 +93,35 @@ class Workers:
 
     # ------------------------------------------------------------------ messages
     def send(self, op: str, *args: Any) -> None:
-        """Broadcast `(op, args)` to every worker."""
+        """Broadcast `(op, args)` to every worker (arguments that do not pickle send nothing)."""
+        self.check()
+        data = pickle.dumps((op, args), protocol=pickle.HIGHEST_PROTOCOL)
         with self.guard(f"sending {op!r} to the workers"):
-            self.tp.broadcast_object((op, args))
+            self.tp.broadcast_bytes(data)
 
     @contextmanager
     def guard(self, what: str) -> Iterator[None]:
-        """Run a collective (or a forward that all-reduces); a distributed failure, or a worker that is
-        found dead, becomes TensorParallelError naming it. Other errors pass unchanged."""
+        """Run rank 0's side of an exchange with the workers: a collective, or a step whose forward
+        all-reduces (or sends and receives). Whatever escapes it fails the group, since the workers may wait
+        inside the same exchange: a distributed failure or a dead worker, and rank 0's own error too (an
+        exception or an interrupt in its forward or its store's execution of the plan). The group is dropped at
+        once, which ends the workers' waits (`_abort`), and the caller gets TensorParallelError naming the
+        failure (chained to it); an interrupt (KeyboardInterrupt, SystemExit) goes on as itself."""
         self.check()
         try:
             yield
-        except dist.DistError as e:
-            self._fail(f"{what} failed: {e}".strip())
-            raise TensorParallelError(self.failure) from e
-        except RuntimeError as e:  # gloo's closed connections are sometimes plain RuntimeErrors
-            if not self._dead(wait_s=1.0) and "gloo" not in str(e).lower():
+        except BaseException as e:
+            # gloo's closed connections are plain RuntimeErrors naming gloo
+            peer = isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in str(e).lower()) \
+                or bool(self._dead())
+            if peer:
+                self._fail(f"{what} failed: {e}".strip())
+            else:
+                self._fail(f"{what} failed on rank 0 ({type(e).__name__}: {e}) while the workers were inside it",
+                           rank0=True)
+            self._abort()
+            if not isinstance(e, Exception):
                 raise
-            self._fail(f"{what} failed: {e}".strip())
             raise TensorParallelError(self.failure) from e
 
     def check(self) -> None:
@@ -125,11 +142,36 @@ class Workers:
                 return dead
             time.sleep(0.05)
 
-    def _fail(self, what: str) -> None:
+    def _fail(self, what: str, rank0: bool = False) -> None:
         dead = self._dead()
-        self.failure = "tensor-parallel worker failure: " + "; ".join(
-            [*dead, what] if what else dead) + " (close this LLM; its requests' state is lost)"
+        head = "tensor-parallel group failure: " if rank0 else "tensor-parallel worker failure: "
+        what = "; ".join([*dead, what] if what else dead)
+        self.failure = f"{head}{what} (close this LLM; its requests' state is lost)"
         log.error(self.failure)
+
+    def _abort(self) -> None:
+        """Drop the failed group (and the subgroups) so that every worker's pending wait ends now rather than at
+        the group timeout: gloo closes its connections when a group goes (a worker's collective raises and its
+        process exits); NCCL's communicators are aborted and the spawned workers are killed (a rank inside an
+        NCCL kernel does not see its peer go). A launcher's default group is destroyed."""
+        pgs = [g.pg for g in (self.tp, *(g for g, _ in self.subgroups)) if g.pg is not None]
+        self._drop_groups()
+        if not pgs:
+            return
+        if not self.processes and dist.is_initialized():
+            dist.destroy_process_group()  # torch holds the launcher's group too
+        elif self.tp.device.type == "cuda":
+            while pgs:
+                pgs.pop().abort()
+            for p in self.processes:
+                if p.exitcode is None:
+                    p.kill()
+        del pgs  # the last references: gloo's connections close here
+
+    def _drop_groups(self) -> None:
+        self.tp.pg = None
+        for group, _ in self.subgroups:
+            group.pg = None
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
@@ -151,7 +193,7 @@ class Workers:
                 p.join(timeout=5)
         if not self.processes and self.tp.pg is not None and dist.is_initialized():
             dist.destroy_process_group()  # a launcher's default group (torchrun)
-        self.tp.pg = None  # drops the process group
+        self._drop_groups()
 
 
 def send_tensor(tp: TPGroup, t: torch.Tensor, dst: int) -> None:

@@ -99,6 +99,10 @@ def test_logprobs_with_speculation_equal_plain_and_nothing_is_kept(tiny):
         assert [x.logprob for x in a.logprobs] == pytest.approx([x.logprob for x in b.logprobs], abs=1e-5)
         assert all(len(x.top) == 3 and x.top[0][0] == x.token_id for x in b.logprobs)  # greedy
     assert LLM(tiny).generate([PROMPTS[0]], SamplingParams(max_tokens=3))[0].logprobs is None
+    zero = llm.generate(PROMPTS, SamplingParams(max_tokens=4, ignore_eos=True, logprobs=0))  # the chosen only
+    for a, b in zip(plain, zero):
+        assert [x.logprob for x in b.logprobs] == pytest.approx([x.logprob for x in a.logprobs[:4]], abs=1e-5)
+        assert all(x.top == () for x in b.logprobs)
     for _ in range(20):
         llm.generate(PROMPTS, SamplingParams(max_tokens=2))
     loop = llm._loop

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from hybridcache import LLM
-from hybridcache.engine.errors import InvalidParamsError
 from hybridcache.models.loader import model_on_meta
 from hybridcache.parallel import ShardingError
 from hybridcache.parallel.pipeline import split_layers
@@ -64,9 +63,9 @@ def test_stages_hold_every_checkpoint_tensor_once(family):
     assert not model_on_meta(path, stage=split_layers(len(model_on_meta(path).layer_kinds()), 2)[1]).state_modules(2)
 
 
-def test_refused_combinations_start_nothing(family):
-    with pytest.raises(InvalidParamsError, match="pipeline_parallel_size > 1 does not work with tensor_parallel_size"):
-        LLM(family[0], pipeline_parallel_size=2, tensor_parallel_size=2)
+def test_refused_splits_start_nothing(family):
+    with pytest.raises(ShardingError, match="tensor_parallel_size 3 does not divide"):
+        LLM(family[0], pipeline_parallel_size=2, tensor_parallel_size=3)
     with pytest.raises(ShardingError, match="exceeds the model's"):
         LLM(family[0], pipeline_parallel_size=9)
 
