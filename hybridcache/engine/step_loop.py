@@ -116,7 +116,9 @@ class StepLoop:
     # exactly its one token, so the step commits as soon as it is launched, and the next step feeds the
     # sampled tokens from the device. The host reads them back only after launching that next step, so
     # its planning overlaps the device's work. A request that stops on a token computes one more step,
-    # which is discarded; one that reaches max_tokens is released at its last step's commit.
+    # which is discarded; one that reaches max_tokens is released at its last step's commit. With prefix
+    # caching, a step's snapshots are saved once the step before is read back (the tokens this step fed are
+    # then known for hashing) and before the next step is launched (the slots still hold this step's state).
     def _steady(self) -> bool:
         """Whether the next schedule can only give generation rows (then it may overlap the in-flight step)."""
         s = self.scheduler
@@ -128,7 +130,7 @@ class StepLoop:
 
     def _launch(self, step: ScheduledStep) -> None:
         """Plan and launch a plain decode step, commit it, then read the step before it back."""
-        rows, prev = step.generation, self.inflight
+        rows, prev, last = step.generation, self.inflight, []
         try:
             with deferred_interrupts():
                 plan = self.manager.planner.plan_step([r.req_id for r in rows], [1] * len(rows))
@@ -142,9 +144,8 @@ class StepLoop:
                 for r in rows:
                     r.num_prefilled += 1  # the fed token is in the cache; the sampled one is on its way
                     r.num_pending += 1
-                    if len(r.output) + r.num_pending >= r.params.max_tokens:  # its last token: release it now
-                        self.scheduler.finish(r)
-                        r.finish("length")
+                    if len(r.output) + r.num_pending >= r.params.max_tokens:  # its last token: release it
+                        last.append(r)
                 self.inflight = (rows, pending)
         except BaseException:
             with deferred_interrupts():
@@ -153,9 +154,21 @@ class StepLoop:
                 if self.inflight is prev and prev is not None:  # its tokens are committed: keep them
                     self.inflight = None
                     self._deliver(*prev)
+            self._release(last)
             raise
         if prev is not None:
             self._deliver(*prev)
+        self._save_snapshots({})
+        self._save_ends(last)
+        self._release(last)
+
+    def _release(self, rows: list[Request]) -> None:
+        """Rows whose last token is in flight leave the cache now (it is delivered later)."""
+        with deferred_interrupts():
+            for r in rows:
+                if not r.finished:
+                    self.scheduler.finish(r)
+                    r.finish("length")
 
     def _device_inputs(self, rows: list[Request], prev) -> torch.Tensor | np.ndarray:
         """Each row's input token: the last known one, or the in-flight step's sample, read on the device."""

@@ -147,3 +147,28 @@ def test_a_failed_async_step_restarts_its_rows_and_keeps_the_step_before(nemotro
     assert raised == 1 and fault.fired == 1
     assert [got[i] for i in ids] == expected
     assert_idle_and_empty(llm)
+
+
+def test_prefix_caching_with_async_steps_gives_the_synchronous_run(checkpoint):
+    """Asynchronous decode with prefix caching: snapshots are saved once the fed tokens are read back and
+    before the next launch; tokens, hit counts and snapshots saved equal the synchronous engine's, through a
+    second turn that starts where the first ended (max_tokens finishes are released before their last token
+    is read)."""
+    rng = random.Random(5)
+    head = [rng.randrange(3, 96) for _ in range(16)]
+    prompts = [head + [rng.randrange(3, 96) for _ in range(rng.randint(1, 9))] for _ in range(4)]
+    params = [SamplingParams(max_tokens=rng.randint(5, 14), ignore_eos=True, temperature=0.9 * (i % 2), seed=i)
+              for i in range(4)]
+    runs = []
+    for async_scheduling in (False, True):
+        llm = LLM(checkpoint, page_size=4, max_model_len=128, max_num_seqs=4, enable_prefix_caching=True,
+                  prefix_snapshot_interval=8, async_scheduling=async_scheduling)
+        llm.step_hook = llm.manager.check_integrity
+        first = [o.token_ids for o in llm.generate(prompts, params)]
+        second = [o.token_ids for o in llm.generate([p + t + [7] for p, t in zip(prompts, first)], params)]
+        s = llm.stats
+        runs.append((first, second, s.prefix_cache_hits, s.num_snapshots_saved))
+        assert llm.manager.requests() == [] and llm.manager.slot_pool.num_owned == 0
+    assert runs[0] == runs[1]
+    committed = sum(len(p) + len(t) - 1 for p, t in zip(prompts, runs[0][0]))
+    assert runs[1][2] >= committed  # every second turn starts exactly where its first ended
