@@ -228,7 +228,11 @@ class HybridCacheManager:
     def unspill(self, match: PrefixMatch) -> PrefixMatch:
         """Bring a match's host-tier pages and snapshot back to the device; returns the match to admit. When
         the device has no room or the copy fails (nothing changed), the match the device alone gives."""
-        planner = self.planner
+        planner, pc = self.planner, self.planner.prefix
+        hit = match.nodes[-1]
+        pages = sum(1 for n in match.nodes if n.host_page >= 0) - planner.page_pool.num_free
+        rows = int(hit.host_snapshot >= 0 and pc.snap_pool.num_free == 0)
+        self.spill(pages=pages, snapshots=rows, protect=match.nodes)  # room by spilling others, not dropping
         try:
             plan = planner.plan_unspill(match)
         except OutOfDeviceMemoryError:

@@ -115,11 +115,11 @@ def test_a_small_snapshot_pool_evicts_and_stays_exact(tiny):
     prompts = grouped(9, groups=4, per=3, shared=16)
     params = mixed_params(len(prompts))
     off = LLM(tiny, page_size=4, max_model_len=128, max_num_seqs=2)
-    on = cached_llm(tiny, max_num_seqs=2)
+    on = cached_llm(tiny, max_num_seqs=2, host_cache_bytes=0)
     prefix = on.manager.planner.prefix
     from hybridcache.cache.id_pool import IdPool
 
-    prefix.snap_pool = IdPool(2)  # two of its rows only: every new snapshot evicts
+    prefix.snap_pool = IdPool(2)  # two of its rows only, and no host tier to spill to: every new snapshot evicts
     assert [o.token_ids for o in on.generate(prompts, params)] == [o.token_ids for o in off.generate(prompts, params)]
     assert on.stats.prefix_cache_evictions > 0 and on.stats.prefix_cache_hits > 0
 
@@ -156,7 +156,7 @@ def _cache_state(planner):
 def test_a_failed_spill_or_unspill_copy_changes_nothing(tiny, monkeypatch):
     prompts = grouped(11, groups=3, per=1, shared=16)
     on = cached_llm(tiny, max_num_seqs=2, host_cache_bytes=1 << 22)
-    on.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
+    first = on.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))[0].token_ids
     mgr, planner = on.manager, on.manager.planner
     assert planner.prefix.snap_pool.num_owned > 0
     real = mgr.store.copy
@@ -174,7 +174,7 @@ def test_a_failed_spill_or_unspill_copy_changes_nothing(tiny, monkeypatch):
     mgr.check_integrity()
 
     mgr.add_request("again")
-    tokens = prompts[0] + [5, 6, 7, 8, 9]
+    tokens = prompts[0] + first + [5, 6, 7, 8, 9]  # the first request's next turn: its end was spilled
     match = planner.match_prefix("again", tokens, len(tokens))
     assert match.unspill and match.tokens > 0
     before = _cache_state(planner)

@@ -43,8 +43,8 @@ class Spill(PlannerCore):
         for node in sorted(pc._evictable(), key=_victim_order):
             if freed >= pages and len(victims) >= snapshots:
                 break
-            if id(node) in keep or hs.num_free <= len(victims):
-                continue
+            if id(node) in keep or hs.num_free <= len(victims) or _victim_order(node)[0] == 0:
+                continue  # a snapshot a later one of its chain supersedes is not worth a host record: dropped
             chain, n = [], node
             while n is not None and below[id(n)] == 1:  # its subtree's last device snapshot is the victim
                 if id(n) not in keep and n.page >= 0 and self.page_pool.refcount(n.page) == 1:
