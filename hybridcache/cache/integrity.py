@@ -116,4 +116,5 @@ def _check_prefix(mgr: "Planner", pages: Counter, host_slots: Counter, host_page
         pages.update(mgr.pending.page_copies[0].tolist())
     if prefix.saving is not None:
         snaps.update(prefix.saving.ids)
+        pages.update(prefix.saving.page_copies[1])
     _check_pool("snapshots", prefix.snap_pool, snaps)

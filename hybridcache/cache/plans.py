@@ -93,13 +93,16 @@ class MovePlan:
 class SnapshotPlan:
     """Recurrent snapshots to save after a committed step: the committed state of request slot
     `slots[i]` (replay history folded in) goes to snapshot slot row `rows[i]`, the state after
-    `boundaries[i]` tokens of `req_ids[i]` (snapshot ids `ids[i]`, reserved until commit or cancel)."""
+    `boundaries[i]` tokens of `req_ids[i]` (snapshot ids `ids[i]`, reserved until commit or cancel).
+    `page_copies` (src, dst): a partial last page of a request that goes on, copied into a page reserved for
+    the index (the request keeps writing its own)."""
 
     req_ids: tuple[Hashable, ...]
     boundaries: tuple[int, ...]
     slots: tuple[int, ...]
     rows: tuple[int, ...]
     ids: tuple[int, ...]
+    page_copies: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
 
 @dataclass(frozen=True)

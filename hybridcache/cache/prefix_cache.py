@@ -73,6 +73,7 @@ class PrefixCache(PrefixEviction):
         self.candidates: list[tuple[Entry, int]] = []  # committed at a boundary it keeps, since the last save
         self.saving: SnapshotPlan | None = None
         self._partial_keys: dict[tuple[Hashable, int], bytes] = {}  # the saving plan's partial nodes
+        self._partial_pages: dict[tuple[Hashable, int], int] = {}  # and the pages reserved for their copies
         self.protected: set[int] = set()  # ids of nodes no eviction may take now (a match coming back)
         self.spilling: tuple | None = None  # the nodes of the spill or unspill in progress (`planner/spill.py`)
         self.stats = {"queries": 0, "hits": 0, "evictions": 0, "snapshots_saved": 0, "spills": 0, "host_hits": 0}
@@ -194,26 +195,28 @@ class PrefixCache(PrefixEviction):
 
     # ------------------------------------------------------------------ saving snapshots
     def after_commit(self, entries: list[Entry], counts: np.ndarray, committed: np.ndarray) -> None:
-        """Rows whose commit landed on a boundary they keep: context rows at a keep, generation rows at
-        every interval boundary."""
-        rows = np.flatnonzero((committed > 0) & (counts % self.interval == 0))
+        """Rows whose commit reached a boundary they keep: context rows at a keep, generation rows whenever
+        they reach or pass an interval boundary (saved where the commit lands: a sampled row's verify step
+        may jump the boundary, since its drafts are not cut there, and then lands inside a page)."""
+        I = self.interval
+        rows = np.flatnonzero((committed > 0) & (counts // I > (counts - committed) // I))
         for i in rows.tolist():
             e, b = entries[i], int(counts[i])
-            if e.status == Status.GENERATION or (e.status == Status.CONTEXT and b in e.keeps):
-                self.candidates.append((e, b))
+            if e.status == Status.GENERATION or (e.status == Status.CONTEXT and b % I == 0 and b in e.keeps):
+                self.candidates.append((e, b, False))
 
     def add_ends(self, entries: Sequence[Entry]) -> None:
         """Requests that finish now: their committed end is saved too, wherever it falls (a partial last
         page becomes a partial node), so a conversation's next turn starts exactly there."""
-        self.candidates += [(e, e.num_tokens) for e in entries if e.on_device and e.num_tokens > 0]
+        self.candidates += [(e, e.num_tokens, True) for e in entries if e.on_device and e.num_tokens > 0]
 
     def plan_save(self, tokens_of: Callable[[Hashable], Sequence[int]]) -> SnapshotPlan | None:
         """Reserve snapshot ids for the candidates (evicting unpinned ones least recently used first);
         None when there is nothing to save."""
         cands, self.candidates = self.candidates, []
-        P, out, taken = self.planner.page_size, [], set()
-        self._partial_keys = {}
-        for e, b in cands:
+        P, out, taken, copies = self.planner.page_size, [], set(), ([], [])
+        self._partial_keys, self._partial_pages = {}, {}
+        for e, b, ending in cands:
             if e.num_tokens != b or not e.on_device or (e.req_id, b) in taken:
                 continue
             taken.add((e.req_id, b))
@@ -231,15 +234,24 @@ class PrefixCache(PrefixEviction):
             if node is not None and node.cached:
                 node.last_used = self.index.tick()
                 continue
+            # a request that goes on keeps writing its partial page: the index gets a copy (if a page is free)
+            own = fill and not ending and self.planner.has_pages
+            if own and self.page_pool.num_free == 0:
+                continue
             sid = self._free_snapshot()
             if sid is None:
                 break
+            if own:
+                page = self.page_pool.allocate(1)[0]
+                self._partial_pages[e.req_id, b] = page
+                copies[0].append(e.pages[full])
+                copies[1].append(page)
             out.append((e, b, sid))
         if not out:
             return None
         self.saving = SnapshotPlan(tuple(e.req_id for e, _, _ in out), tuple(b for _, b, _ in out),
                                    tuple(e.slot for e, _, _ in out), tuple(self.row(s) for _, _, s in out),
-                                   tuple(s for _, _, s in out))
+                                   tuple(s for _, _, s in out), (tuple(copies[0]), tuple(copies[1])))
         return self.saving
 
     def commit_save(self, plan: SnapshotPlan) -> None:
@@ -253,7 +265,14 @@ class PrefixCache(PrefixEviction):
             pages = e.pages if self.planner.has_pages else None
             node = self._insert(e.hashes[:full], pages[:full] if pages is not None else None)
             if fill:
-                node = self._insert_partial(self._partial_keys.pop((rid, b)), node, pages[full] if pages else -1, fill)
+                key, own = self._partial_keys.pop((rid, b)), self._partial_pages.pop((rid, b), -1)
+                if own < 0:  # an ending request's own page: the index shares it
+                    node = self._insert_partial(key, node, pages[full] if pages else -1, fill)
+                elif key in self.index.nodes:  # two rows of one step saved the same prefix
+                    self.page_pool.release([own])
+                    node = self.index.nodes[key]
+                else:  # the copy's reservation is the index's reference
+                    node = self.index.add_partial(key, node, own, fill)
             if node.cached:  # two rows of one step saved the same prefix
                 self.snap_pool.release([sid])
                 continue
@@ -270,8 +289,9 @@ class PrefixCache(PrefixEviction):
     def cancel_save(self, plan: SnapshotPlan) -> None:
         assert plan is self.saving, "that snapshot plan is not the one in progress"
         self.saving = None
-        self._partial_keys = {}
+        self._partial_keys, self._partial_pages = {}, {}
         self.snap_pool.release(list(plan.ids))
+        self.page_pool.release(list(plan.page_copies[1]))
 
     # ------------------------------------------------------------------ internals
     def _hashes(self, e: Entry, tokens: Sequence[int], upto: int) -> list[bytes]:

@@ -96,6 +96,8 @@ class CacheStore:
         dst = self._step.upload(np.asarray(plan.rows, dtype=np.int64))
         for m in self.states:
             m.save_snapshot(self.state_tensors(m), src, dst)
+        if plan.page_copies[0]:
+            self.copy_pages(np.asarray(plan.page_copies[0], dtype=np.int64), np.asarray(plan.page_copies[1], dtype=np.int64))
 
     # ------------------------------------------------------------------ moves
     def copy(self, plan: MovePlan) -> int:
