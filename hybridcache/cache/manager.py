@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .config import CacheConfig
-from .entries import Entry, Status, pages_for
+from .entries import Entry, Status
 from .errors import BudgetTooSmallError, InvalidTransitionError, LayoutError, OutOfDeviceMemoryError, StateLostError
 from .host_tier import HostTier
 from .live_state import read_live_state
@@ -195,18 +195,13 @@ class HybridCacheManager:
         planner, pc = self.planner, self.planner.prefix
         if pc is None:
             return planner.allocate(req_ids, num_new, prefix)
-        pc.allow_drop = False
+        pc.allow_drop, planner.short_pages = False, 0
         try:
             if planner.allocate(req_ids, num_new, prefix):
                 return True
         finally:
             pc.allow_drop = True
-        n = np.broadcast_to(np.asarray(num_new), (len(req_ids),))
-        if prefix is not None:
-            need = pages_for(prefix.tokens + int(n[0]), self.page_size) - len(prefix.shared_pages) if planner.has_pages else 0
-        else:
-            need = sum(planner.pages_needed(r, int(k)) for r, k in zip(req_ids, n))
-        self.spill(pages=need - planner.page_pool.num_free, protect=prefix.nodes if prefix is not None else ())
+        self.spill(pages=planner.short_pages, protect=prefix.nodes if prefix is not None else ())
         return planner.allocate(req_ids, num_new, prefix)
 
     def spill(self, pages: int = 0, snapshots: int = 0, protect=()) -> int:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 from ..cache import BudgetTooSmallError, HostTierFullError, HybridCacheManager, Status
-from ..cache.entries import pages_for
 from .errors import SchedulerStuckError
 from .policy import DemandSplit, PreemptionPolicy
 from .request import Request
@@ -129,11 +128,9 @@ class Scheduler:
             _insert_sorted(self.running, req)
 
     def _growth_after_resume(self, req: Request) -> int:
-        """Pages a suspended request takes beyond the ones it holds or brings back, for its next step."""
-        e, planner = self.planner.entry(req.req_id), self.planner
-        if not planner.has_pages:
-            return 0
-        return max(0, pages_for(e.num_tokens + self.verify_tokens, planner.page_size) - len(e.pages) - len(e.host_pages))
+        """Pages a suspended request takes for its next step beyond those it keeps and those it brings back."""
+        back = len(self.planner.entry(req.req_id).host_pages)
+        return max(0, self.planner.pages_needed(req.req_id, self.verify_tokens) - back)
 
     def _rows(self) -> ScheduledStep:
         """Generation rows, then context rows in the token budget left."""

@@ -50,6 +50,7 @@ class PlannerCore:
         self._layout: Layout | None = None
         self._version = 0
         self.pending: StepPlan | None = None
+        self.short_pages = 0  # set by `_room`
         self._moving: MovePlan | RecarvePlan | None = None
         self.stats = {"suspensions": 0, "resumes": 0, "reprefills": 0, "aborted_rows": 0, "rebalances": 0,
                       "bytes_to_host": 0, "bytes_to_device": 0}
@@ -123,6 +124,7 @@ class PlannerCore:
     def _room(self, pages: int) -> bool:
         """Whether `pages` pages are free, evicting cached ones only the prefix index holds if that makes room."""
         short = pages - self.page_pool.num_free
+        self.short_pages = max(short, 0)  # what the last check lacked before any eviction (the manager spills it)
         return short <= 0 or (self.prefix is not None and self.prefix.reclaim_pages(short))
 
     def make_host_room(self, slots: int, pages: int) -> bool:  # `spill.Spill` drops spilled prefix entries
