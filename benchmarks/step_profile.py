@@ -73,6 +73,16 @@ def by_module(llm, device: str, steps: int) -> None:
     print(f"  per step, by module kind ({'kernels' if cuda else 'aten ops'}, {'GPU' if cuda else 'CPU'} ms):")
     for kind, (count, ms) in sorted(counts.items(), key=lambda kv: -kv[1][0]):
         print(f"    {kind:28} {count / steps:7.0f} {ms / steps:8.3f}   {count / total:5.1%}")
+    if cuda:
+        by_name: dict[str, list[float]] = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                entry = by_name.setdefault(e.name[:70], [0, 0.0])
+                entry[0] += 1
+                entry[1] += e.device_time / 1e3
+        print("  per step, the kernels that take the most GPU time (count, ms):")
+        for name, (count, ms) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]:
+            print(f"    {count / steps:5.0f} {ms / steps:7.3f}  {name}")
 
 
 def _owner(spans: list[tuple[float, float, str]], at: float) -> str:
@@ -123,6 +133,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     add_json_arg(ap)
     ap.add_argument("--by-module", action="store_true", help="eager steps: kernels and time per layer kind")
+    ap.add_argument("--modes", nargs="+", choices=[m[0] for m in MODES], default=[m[0] for m in MODES])
     args = ap.parse_args()
     from hybridcache import LLM
 
@@ -132,7 +143,7 @@ def main() -> None:
     print(f"{args.family} {args.size} on {args.device} {args.dtype}; {args.steps} steady decode steps")
     print(f"{'batch':>5} {'mode':>10} {'wall ms':>8} {'GPU ms':>7} {'busy':>6} {'launches':>9} {'tok/s':>8}")
     for b in args.batch:
-        for mode, eager, overlap in MODES:
+        for mode, eager, overlap in (m for m in MODES if m[0] in args.modes):
             llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=b, max_model_len=args.prompt_len + 1024,
                       max_num_batched_tokens=b * args.prompt_len, enforce_eager=eager, async_scheduling=overlap)
             steady(llm, b, args.prompt_len, llm.vocab_size)

@@ -246,24 +246,33 @@ class HybridCacheManager:
 
     def save_snapshots(self, tokens_of, ends: Sequence[Hashable] = ()) -> int:
         """After a committed step, save the prefix-cache snapshots its rows reached, and the committed end
-        of the requests `ends` (that finish now, before they are freed) — a transaction: a failed copy
-        indexes none of them. `tokens_of(req_id)` gives a request's tokens through its committed ones.
-        Returns how many were saved."""
+        of the requests `ends` (that finish now, before they are freed), in rounds: each spills what the
+        worthy candidates need, saves those that found a row — a transaction: a failed copy indexes none of
+        that round's — and leaves the rest to the next round, until a round saves nothing (more rows than
+        the pool holds may end at once). `tokens_of(req_id)` gives a request's tokens through its committed
+        ones. Returns how many were saved."""
         pc = self.planner.prefix
         if ends:
             self.planner.save_at_end(ends)
-        if pc is not None and len(pc.candidates) > pc.snap_pool.num_free:
-            self.spill(snapshots=len(pc.candidates) - pc.snap_pool.num_free)
-        plan = self.planner.plan_snapshots(tokens_of)
-        if plan is None:
-            return 0
+        saved = 0
         try:
-            self.store.save_snapshots(plan)
-        except BaseException:
-            self.planner.cancel_snapshots(plan)
-            raise
-        self.planner.commit_snapshots(plan)
-        return len(plan.ids)
+            while pc is not None and pc.candidates:
+                if pc.rows_to_spill_for():
+                    self.spill(snapshots=pc.rows_to_spill_for())
+                plan = self.planner.plan_snapshots(tokens_of)
+                if plan is None:
+                    break
+                try:
+                    self.store.save_snapshots(plan)
+                except BaseException:
+                    self.planner.cancel_snapshots(plan)
+                    raise
+                self.planner.commit_snapshots(plan)
+                saved += len(plan.ids)
+        finally:
+            if pc is not None:
+                pc.candidates = []
+        return saved
 
     @property
     def snapshot_bytes(self) -> int:

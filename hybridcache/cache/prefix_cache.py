@@ -29,7 +29,7 @@ from .entries import Entry, Status
 from .errors import InvalidTransitionError
 from .id_pool import IdPool
 from .plans import SnapshotPlan
-from .prefix_eviction import PrefixEviction
+from .prefix_eviction import LIVE_GEN_RANK, PrefixEviction, kind_rank
 from .prefix_index import BRANCH, GEN, PROMPT, ROOT, Node, PrefixIndex, chain_hashes, partial_hash
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ class PrefixCache(PrefixEviction):
         if m.snapshot >= 0:
             node = m.nodes[-1]
             node.hits += 1
-            if node.hits > 1:
+            if node.hits > 1 or node.kind == PROMPT:  # another request shares that prompt's prefix
                 node.kind = BRANCH
             e.tail_node = node if node.kind == GEN else None
         for h in e.hashes[: m.context_len // self.planner.page_size]:
@@ -210,10 +210,19 @@ class PrefixCache(PrefixEviction):
         page becomes a partial node), so a conversation's next turn starts exactly there."""
         self.candidates += [(e, e.num_tokens, True) for e in entries if e.on_device and e.num_tokens > 0]
 
+    def rows_to_spill_for(self) -> int:
+        """Snapshot rows to free by spilling before the candidates are saved: those of the candidates worth
+        a host record, beyond the free rows (a live request's latest state only takes a free row, or one
+        worth less than it)."""
+        worth = sum(1 for c in self.candidates if self._save_rank(*c) > LIVE_GEN_RANK)
+        return max(0, worth - self.snap_pool.num_free)
+
     def plan_save(self, tokens_of: Callable[[Hashable], Sequence[int]]) -> SnapshotPlan | None:
         """Reserve snapshot ids for the candidates (evicting unpinned ones least recently used first);
         None when there is nothing to save."""
-        cands, self.candidates = self.candidates, []
+        # the most valuable kinds take the free rows first: a save never evicts a snapshot worth more
+        cands = sorted(self.candidates, key=lambda c: -self._save_rank(*c))
+        self.candidates = []
         P, out, taken, copies = self.planner.page_size, [], set(), ([], [])
         self._partial_keys, self._partial_pages = {}, {}
         for e, b, ending in cands:
@@ -238,9 +247,10 @@ class PrefixCache(PrefixEviction):
             own = fill and not ending and self.planner.has_pages
             if own and self.page_pool.num_free == 0:
                 continue
-            sid = self._free_snapshot()
-            if sid is None:
-                break
+            sid = self._free_snapshot(self._save_rank(e, b, ending))
+            if sid is None:  # no row now: the next round (`manager.save_snapshots`) tries again
+                self.candidates.append((e, b, ending))
+                continue
             if own:
                 page = self.page_pool.allocate(1)[0]
                 self._partial_pages[e.req_id, b] = page
@@ -277,7 +287,7 @@ class PrefixCache(PrefixEviction):
                 self.snap_pool.release([sid])
                 continue
             node.snapshot, node.last_used = sid, self.index.tick()
-            node.kind = GEN if e.status == Status.GENERATION else BRANCH if b in e.branches else PROMPT
+            node.kind = self._kind_of(e, b)
             self.stats["snapshots_saved"] += 1
             if node.kind != BRANCH:  # a later state of the request replaces its last GEN one (an ancestor)
                 old, e.tail_node = e.tail_node, (node if node.kind == GEN else None)
@@ -294,6 +304,14 @@ class PrefixCache(PrefixEviction):
         self.page_pool.release(list(plan.page_copies[1]))
 
     # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _kind_of(e: Entry, boundary: int) -> str:
+        """The kind of the snapshot `e` saves at `boundary` (see `prefix_index.Node.kind`)."""
+        return GEN if e.status == Status.GENERATION else BRANCH if boundary in e.branches else PROMPT
+
+    def _save_rank(self, e: Entry, boundary: int, ending: bool) -> int:
+        return kind_rank(self._kind_of(e, boundary), live=not ending)
+
     def _hashes(self, e: Entry, tokens: Sequence[int], upto: int) -> list[bytes]:
         """`e`'s page hashes through token `upto`, extending the ones it has."""
         P = self.planner.page_size

@@ -5,13 +5,22 @@ whose state (index, snapshot ids, pins) it works on.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .id_pool import IdPool
 from .prefix_index import BRANCH, GEN, PROMPT, Node, PrefixIndex
 
 if TYPE_CHECKING:
     from .planner import Planner
+
+# how valuable a snapshot is, by kind (higher stays longer; see `PrefixEviction.victim_order`)
+SUPERSEDED, PROMPT_RANK, LIVE_GEN_RANK, GEN_RANK, BRANCH_RANK = 0, 1, 2, 3, 4
+_KIND_RANK = {PROMPT: PROMPT_RANK, GEN: GEN_RANK, BRANCH: BRANCH_RANK}
+
+
+def kind_rank(kind: str, live: bool = False) -> int:
+    """The rank of a snapshot of `kind` (`live`: the latest GEN one of a request that goes on)."""
+    return LIVE_GEN_RANK if live and kind == GEN else _KIND_RANK.get(kind, 0)
 
 
 class PrefixEviction:
@@ -41,7 +50,7 @@ class PrefixEviction:
         target = pool.num_free + need
         spilled = [n for n in self.index.host_nodes()  # their chains hold device pages
                    if _device_chain(n) and id(n) not in self.protected]
-        for n in sorted(self._evictable() + spilled, key=_victim_order):
+        for n in sorted(self._evictable() + spilled, key=self.victim_order()):
             if self.index.nodes.get(n.key) is not n:
                 continue
             self._drop(n, evicted=True)
@@ -70,16 +79,33 @@ class PrefixEviction:
         held = {p for e in self.planner.entries() for p in e.pages}
         return [n.page for n in self.index.nodes.values() if n.page >= 0 and n.page not in held]
 
+    def victim_order(self) -> Callable[[Node], tuple[int, int]]:
+        """The eviction order now, least valuable first (Marconi-like, by the prefill a snapshot is likely
+        to save): a PROMPT snapshot that a later one of its chain supersedes, other PROMPT ones (a prompt's
+        end rarely starts another request), a live request's latest GEN one (its own next save replaces
+        it; only a preemption would restore it), other GEN ones (a conversation's next turn), then BRANCH
+        points (every request of a group); least recently used first within each."""
+        live = {id(e.tail_node) for e in self.planner.entries() if e.tail_node is not None}
+
+        def order(n: Node) -> tuple[int, int]:
+            if n.kind == PROMPT and n.children:
+                return SUPERSEDED, n.last_used
+            return kind_rank(n.kind, id(n) in live), n.last_used
+        return order
+
     def _evictable(self) -> list[Node]:
         return [n for n in self.index.snapshot_nodes()
                 if self.snap_pool.refcount(n.snapshot) == 1 and id(n) not in self.protected]
 
-    def _free_snapshot(self) -> int | None:
+    def _free_snapshot(self, rank: int = BRANCH_RANK) -> int | None:
+        """A snapshot id, evicting the least valuable unpinned snapshot when none is free — only one whose
+        kind ranks at most `rank` (a new snapshot never displaces a more valuable one). None: no room."""
         if self.snap_pool.num_free == 0:
-            victims = self._evictable()
+            order = self.victim_order()
+            victims = [n for n in self._evictable() if order(n)[0] <= rank]
             if not victims:
                 return None
-            self._drop(min(victims, key=_victim_order), evicted=True)
+            self._drop(min(victims, key=order), evicted=True)
         return self.snap_pool.allocate(1)[0] if self.snap_pool.num_free else None
 
     def _drop(self, node: Node, evicted: bool) -> None:
@@ -97,7 +123,6 @@ class PrefixEviction:
         self.planner.host_page_pool.release([n.host_page for n in removed if n.host_page >= 0])
 
 
-_KIND_ORDER = {PROMPT: 1, GEN: 2, BRANCH: 3}
 
 
 def _device_chain(n: Node | None) -> bool:
@@ -107,11 +132,3 @@ def _device_chain(n: Node | None) -> bool:
             return True
         n = n.parent
     return False
-
-
-def _victim_order(n: Node) -> tuple[int, int]:
-    """Eviction order (Marconi-like, by the prefill a snapshot is likely to save): a PROMPT snapshot that a
-    later one of its chain supersedes first, then other PROMPT ones (a prompt's end rarely starts another
-    request), then GEN ones (a conversation's next turn), then BRANCH points (every request of a group);
-    least recently used first within each."""
-    return (0 if n.kind == PROMPT and n.children else _KIND_ORDER.get(n.kind, 0), n.last_used)

@@ -10,7 +10,7 @@ The scheduler never touches a tensor; the request's lifecycle status is the plan
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Hashable, Sequence
 
 from ..cache import BudgetTooSmallError, HostTierFullError, HybridCacheManager, Status
@@ -199,9 +199,15 @@ class Scheduler:
         if self.planner.prefix is None:
             return None
         match = self.planner.match_prefix(req.req_id, req.tokens, req.context_len)
+        if not match.unspill or match.defer:
+            return match
         # entries spilled to the host tier come back now (or the match is the device's alone), so that the
-        # chunk is cut from the prefix that is admitted
-        return self.manager.unspill(match) if match.unspill and not match.defer else match
+        # chunk is cut from the prefix that is admitted; when the device has no room for them while others
+        # run (this step's restores pin snapshot rows until it commits), the request waits a step instead
+        admitted = self.manager.unspill(match)
+        if admitted.tokens < match.tokens and self.running:
+            return replace(admitted, defer=True, leader=None)
+        return admitted
 
     def _chunk(self, req: Request, match, budget: int) -> int:
         """Tokens of the request's next context chunk: what is left after the cached prefix, in the budget,

@@ -124,6 +124,22 @@ def test_a_small_snapshot_pool_evicts_and_stays_exact(tiny):
     assert on.stats.prefix_cache_evictions > 0 and on.stats.prefix_cache_hits > 0
 
 
+def test_a_branch_point_outlives_the_snapshots_its_requests_save_later(tiny):
+    """Three snapshot rows and no host tier: every running request saves generation and end snapshots, which
+    are worth less than the group's branch point, so they never evict it — every request after a group's
+    first starts from the shared prefix (the ceiling), and tokens equal caching off."""
+    prompts = grouped(21, groups=3, per=4, shared=16)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    on = cached_llm(tiny, max_num_seqs=4, host_cache_bytes=0)
+    from hybridcache.cache.id_pool import IdPool
+
+    on.manager.planner.prefix.snap_pool = IdPool(3)  # a row for each group's branch point, none to spare
+    got = [o.token_ids for o in on.generate(prompts, params)]
+    assert got == [o.token_ids for o in LLM(tiny, page_size=4, max_model_len=128).generate(prompts, params)]
+    assert on.stats.prefix_cache_hits == 3 * 3 * 16
+    assert (on.stats.num_snapshots_saved, on.stats.prefix_cache_evictions) == (3, 0)  # the later ones found no row
+
+
 def test_bad_interval_is_refused(tiny):
     with pytest.raises(InvalidParamsError, match="prefix_snapshot_interval"):
         LLM(tiny, page_size=4, enable_prefix_caching=True, prefix_snapshot_interval=6)

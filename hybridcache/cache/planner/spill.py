@@ -1,6 +1,6 @@
 """The planner's side of spilling cached prefix entries to the host tier and bringing them back.
 
-A spill moves the least valuable unpinned device snapshots (`prefix_cache._victim_order`) to host slots,
+A spill moves the least valuable unpinned device snapshots (`PrefixEviction.victim_order`) to host slots,
 with the device pages that only the index holds and that lead to no device snapshot once the victims are
 gone (a shared ancestor moves with the last of its subtree's snapshots); the rest of a chain stays where it
 is, so a chain may be on the device near the root and in the host tier below. An unspill brings a match's
@@ -18,7 +18,7 @@ from collections import Counter
 from ..errors import InvalidTransitionError, OutOfDeviceMemoryError
 from ..plans import MovePlan
 from ..prefix_cache import PrefixMatch
-from ..prefix_eviction import _victim_order
+from ..prefix_eviction import SUPERSEDED
 from ..prefix_index import Node
 from .core import PlannerCore
 
@@ -34,16 +34,18 @@ class Spill(PlannerCore):
         if pc is None or (pages <= 0 and snapshots <= 0):
             return None
         keep = {id(n) for n in protect}
+        self._displace_host(snapshots + int(pages > 0), keep)
         below = _device_snapshots_below(pc.index.snapshot_nodes())
         hs, hp = self.host_slot_pool, self.host_page_pool
         # pages that lead only to host snapshots already (a request held them at the last spill) go first
         orphans = [n for n in pc.index.nodes.values() if below[id(n)] == 0 and id(n) not in keep and n.page >= 0
                    and self.page_pool.refcount(n.page) == 1][: max(0, min(pages, hp.num_free))]
         victims, chains, freed = [], [orphans], len(orphans)
-        for node in sorted(pc._evictable(), key=_victim_order):
+        order = pc.victim_order()
+        for node in sorted(pc._evictable(), key=order):
             if freed >= pages and len(victims) >= snapshots:
                 break
-            if id(node) in keep or hs.num_free <= len(victims) or _victim_order(node)[0] == 0:
+            if id(node) in keep or hs.num_free <= len(victims) or order(node)[0] == SUPERSEDED:
                 continue  # a snapshot a later one of its chain supersedes is not worth a host record: dropped
             chain, n = [], node
             while n is not None and below[id(n)] == 1:  # its subtree's last device snapshot is the victim
@@ -69,6 +71,23 @@ class Spill(PlannerCore):
         self._moving = plan
         pc.spilling = (victims, [n for c in chains for n in c])
         return plan
+
+    def _displace_host(self, want: int, keep: set[int]) -> None:
+        """Make host room for the `want` device snapshots a spill would move first by dropping spilled
+        entries worth less than each of them: the host tier is a cache too, not a record of the first
+        entries that ever spilled."""
+        pc, hs = self.prefix, self.host_slot_pool
+        order = pc.victim_order()
+        incoming = [n for n in sorted(pc._evictable(), key=order)
+                    if id(n) not in keep and order(n)[0] > SUPERSEDED][:want]
+        for k, node in enumerate(incoming):
+            if hs.num_free > k:
+                continue
+            hosted = [n for n in pc.index.host_nodes() if id(n) not in keep and id(n) not in pc.protected]
+            least = min(hosted, key=order, default=None)
+            if least is None or order(least) >= order(node):
+                return
+            pc._drop(least, evicted=True)
 
     def commit_spill(self, plan: MovePlan) -> None:
         """The snapshots and pages are in their host records: the nodes now name those; the device ids go."""
@@ -168,7 +187,7 @@ class Spill(PlannerCore):
         freeable = sum(1 for n in pc.index.nodes.values() if n.host_page >= 0 and id(n) not in kept)
         if hs.num_free + len(hosted) < slots or hp.num_free + freeable < pages:
             return False
-        for n in sorted(hosted, key=_victim_order):
+        for n in sorted(hosted, key=pc.victim_order()):
             if hs.num_free >= slots and hp.num_free >= pages:
                 break
             pc._drop(n, evicted=True)
