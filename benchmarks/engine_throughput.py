@@ -5,7 +5,9 @@ Builds a random checkpoint of the family (saved once under --dir), then times, i
   transformers: model.generate on the same batch (greedy, its torch paths; equal-length prompts, no padding)
 
 tok/s = generated tokens / wall time of the whole generate call (prefill included, for both), the median
-of --repeats runs after one untimed run of the same batch (same prompts, same lengths). Every request of
+of --repeats runs after one untimed run of the same batch (same prompts, same lengths). decode tok/s = the
+tokens after the first / (median time of the whole call - median time of the same call with max_tokens=1),
+timed alike for both engines: the steady decode rate, without the prefill and the first token. Every request of
 the batch is resident: the device cache holds batch x device_bytes_needed(prompt + max_tokens + lookahead),
 and the whole batch's prompts prefill in one step (like transformers); each row records the suspensions,
 re-prefills and rebalances it saw (all 0 when that held).
@@ -82,25 +84,32 @@ def main() -> None:
     first = next(iter(engines.values()))[0]
     rec.extra("spec_state_bytes", state_bytes(first.model))
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    first_params = SamplingParams(max_tokens=1, ignore_eos=True)
     base = dict(family=args.family, size=args.size, device=args.device, dtype=args.dtype,
                 prompt_len=args.prompt_len, max_tokens=args.max_tokens)
-    print(f"{'batch':>5} {'engine':>24} {'tok/s':>9} {'median s':>9} {'vs transformers':>16}")
+    print(f"{'batch':>5} {'engine':>24} {'tok/s':>9} {'median s':>9} {'decode tok/s':>11} {'vs transformers':>16}")
     for b in args.batch:
         prompts = make_prompts(b, first.vocab_size, seed=b, min_len=args.prompt_len, max_len=args.prompt_len)
-        rates = {}
+        rates, decode = {}, {}
         for label, (llm, k) in engines.items():
             def run() -> None:
                 outs = llm.generate(prompts, params)
                 assert all(len(o.token_ids) == args.max_tokens for o in outs), "every request runs max_tokens"
 
+            def first_token() -> None:
+                llm.generate(prompts, first_params)
+
+            first_runs = time_runs(first_token, args.device, args.repeats)
             before = counters(llm)
             runs = time_runs(run, args.device, args.repeats)
             after = counters(llm)
             seen = {key: after[key] - before[key] for key in after}
             tokens = b * args.max_tokens
             rates[label] = tokens / median(runs)
+            decode[label] = decode_rate(b, args.max_tokens, runs, first_runs)
             row = dict(base, batch=b, engine=label, num_draft_tokens=k, tokens=tokens, median_s=median(runs),
-                       runs_s=runs, tok_per_s=rates[label], num_slots=llm.manager.num_slots,
+                       runs_s=runs, tok_per_s=rates[label], first_token_s=median(first_runs),
+                       decode_tok_per_s=decode[label], num_slots=llm.manager.num_slots,
                        num_pages=llm.manager.num_pages, device_cache_bytes=llm.manager.config.device_bytes,
                        max_num_batched_tokens=token_budget, enforce_eager=args.enforce_eager,
                        suspensions=seen["suspensions"],
@@ -109,7 +118,7 @@ def main() -> None:
             if k:
                 row["accepted_per_draft"] = seen["accepted"] / max(seen["drafted"], 1)
             rec.add(**row)
-            print(f"{b:>5} {label:>24} {rates[label]:>9.1f} {median(runs):>9.3f}   ({llm.manager.num_slots} slots, "
+            print(f"{b:>5} {label:>24} {rates[label]:>9.1f} {median(runs):>9.3f} {decode[label]:>11.1f}   ({llm.manager.num_slots} slots, "
                   f"{llm.manager.num_pages} pages; {seen['suspensions']} suspensions, {seen['reprefills']} "
                   f"re-prefills, {seen['rebalances']} rebalances)")
         if hf is not None and b in hf_batches:
@@ -121,14 +130,28 @@ def main() -> None:
                     out = hf.generate(ids, **gen_kw)
                 assert out.shape == (b, args.prompt_len + args.max_tokens), "every row generates max_tokens"
 
+            def hf_first() -> None:
+                with torch.inference_mode():
+                    hf.generate(ids, **dict(gen_kw, max_new_tokens=1, min_new_tokens=1))
+
+            first_runs = time_runs(hf_first, args.device, args.repeats)
             runs = time_runs(hf_run, args.device, args.repeats)
             hf_rate = b * args.max_tokens / median(runs)
+            hf_decode = decode_rate(b, args.max_tokens, runs, first_runs)
             rec.add(**base, batch=b, engine="transformers", num_draft_tokens=0, tokens=b * args.max_tokens,
-                    median_s=median(runs), runs_s=runs, tok_per_s=hf_rate)
-            print(f"{b:>5} {'transformers':>24} {hf_rate:>9.1f} {median(runs):>9.3f} {1.0:>15.2f}x")
+                    median_s=median(runs), runs_s=runs, tok_per_s=hf_rate, first_token_s=median(first_runs),
+                    decode_tok_per_s=hf_decode)
+            print(f"{b:>5} {'transformers':>24} {hf_rate:>9.1f} {median(runs):>9.3f} {hf_decode:>11.1f} {1.0:>15.2f}x")
             for label, rate in rates.items():
-                print(f"{b:>5} {label:>24} {'':>9} {'':>9} {rate / hf_rate:>15.2f}x")
+                print(f"{b:>5} {label:>24} {'':>9} {'':>9} {'':>11} {rate / hf_rate:>15.2f}x "
+                      f"(decode {decode[label] / hf_decode:.2f}x)")
     rec.close()
+
+
+def decode_rate(batch: int, max_tokens: int, runs: list[float], first_runs: list[float]) -> float:
+    """Tokens/s after the first token: the whole call's median less the first-token call's median."""
+    spent = median(runs) - median(first_runs)
+    return batch * (max_tokens - 1) / spent if spent > 0 and max_tokens > 1 else float("nan")
 
 
 def counters(llm) -> dict[str, int]:

@@ -84,8 +84,10 @@ def engine_section(files: list[dict], img: str | None) -> list[str]:
     out = ["## Engine throughput", "",
            "Generated tokens per second of a whole `generate` call (prefill included), greedy, equal-length "
            "prompts; the median of the runs after a warm-up run of the same batch. Every request of a batch is "
-           "resident (the suspension, re-prefill and rebalance counts say so). Random-weight checkpoints of "
-           "each family (`benchmarks/families.py`); transformers runs its torch paths.", ""]
+           "resident (the suspension, re-prefill and rebalance counts say so). *decode tok/s*: the tokens after "
+           "the first over the time the call takes beyond the same call with one new token (prefill and first "
+           "token taken out, alike for both engines). Random-weight checkpoints of each family "
+           "(`benchmarks/families.py`); transformers runs its torch paths.", ""]
     if img:
         out += [f"![tokens/s against batch size]({img}/engine_throughput.png)", ""]
     for data in files:
@@ -94,15 +96,19 @@ def engine_section(files: list[dict], img: str | None) -> list[str]:
                 f"tokens, median of {p['repeats']}{eager(p)})", ""]
         out += provenance(data) + [""]
         hf = {r["batch"]: r["tok_per_s"] for r in data["rows"] if r["engine"] == "transformers"}
+        hf_decode = {r["batch"]: r.get("decode_tok_per_s") for r in data["rows"] if r["engine"] == "transformers"}
         rows = []
         for r in sorted(data["rows"], key=lambda r: (r["batch"], r["engine"] != "transformers", r["engine"])):
             ratio = f"{r['tok_per_s'] / hf[r['batch']]:.2f}x" if r["batch"] in hf else "—"
             resident = "—" if r["engine"] == "transformers" else (
                 f"{r['num_slots']} / {r['num_pages']} / {r['suspensions']} / {r['reprefills']} / {r['rebalances']}")
             accept = f"{r['accepted_per_draft']:.2f}" if "accepted_per_draft" in r else "—"
+            dec, ref = r.get("decode_tok_per_s"), hf_decode.get(r["batch"])
+            dec_ratio = f"{dec / ref:.2f}x" if dec and ref else "—"
             rows.append([str(r["batch"]), r["engine"], f"{r['tok_per_s']:.1f}", f"{r['median_s']:.3f}", ratio,
-                         accept, resident])
-        out += table(["batch", "engine", "tok/s", "median s", "vs transformers", "accepted / draft",
+                         f"{dec:.1f}" if dec else "—", dec_ratio, accept, resident])
+        out += table(["batch", "engine", "tok/s", "median s", "vs transformers", "decode tok/s",
+                      "decode vs transformers", "accepted / draft",
                       "slots / pages / suspensions / re-prefills / rebalances"], rows) + [""]
         spec = data.get("extra", {}).get("spec_state_bytes")
         if spec:
