@@ -2,6 +2,7 @@
 (the step's one host sync), with per-token logprobs for the rows that ask."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .device_sampler import RowParams, sample
@@ -23,6 +24,9 @@ def choose_tokens(step: ScheduledStep, drafts: dict[int, list[int]], logits: tor
         return {}, accepted, {}
     T = width
     props = [drafts.get(r.req_id, []) if i >= num_first else [] for i, r in enumerate(sampled)]
+    if not num_first and all(r.params.greedy and r.params.logprobs is None for r in sampled):
+        new_tokens = _choose_greedy(sampled, props, logits, T, device)
+        return new_tokens, accepted + [len(new_tokens[r.req_id]) for r in step.generation], {}
     rows = RowParams.upload([r.params.temperature for r in sampled], [r.params.top_k for r in sampled],
                             [r.params.top_p for r in sampled], [r.seed for r in sampled],
                             [len(r.output) for r in sampled], props, T - 1, device)
@@ -36,6 +40,25 @@ def choose_tokens(step: ScheduledStep, drafts: dict[int, list[int]], logits: tor
     new_tokens = {r.req_id: row[1 : 1 + row[0]] for r, row in zip(sampled, packed)}
     accepted += [len(new_tokens[r.req_id]) for r in step.generation]
     return new_tokens, accepted, _logprobs(sampled, row_logits, tokens, new_tokens)
+
+
+def _choose_greedy(rows: list[Request], drafts: list[list[int]], logits: torch.Tensor, T: int,
+                   device: torch.device) -> dict[int, list[int]]:
+    """Generation rows that are all greedy, logits [R * T, V] in row order: each row's argmax tokens through
+    its first rejected draft, in a few launches (no per-row parameters, no gather of the logits). A
+    greedy row accepts exactly the drafts equal to the argmax, so its new tokens are the argmax itself at
+    positions 0..accepted — what `sample` gives for greedy rows."""
+    R = len(rows)
+    best = logits.view(R, T, -1).argmax(-1)  # [R, T]
+    if T == 1:
+        return {r.req_id: [t] for r, t in zip(rows, best[:, 0].tolist())}
+    padded = np.full((R, T - 1), -1, dtype=np.int64)  # -1: no draft there, never a token
+    for i, d in enumerate(drafts):
+        padded[i, : len(d)] = d
+    proposed = torch.from_numpy(padded).to(device, non_blocking=True)
+    accepted = (best[:, :-1] == proposed).cumprod(-1).sum(-1, keepdim=True)  # leading accepted drafts
+    packed = torch.cat([accepted, best], 1).tolist()
+    return {r.req_id: row[1 : 2 + row[0]] for r, row in zip(rows, packed)}
 
 
 def _logprobs(sampled: list[Request], row_logits: torch.Tensor, tokens: torch.Tensor,
