@@ -25,6 +25,11 @@ class StateModule:
         for t in tensors.values():
             t[:, slots] = 0
 
+    @property
+    def needs_accept(self) -> bool:
+        """Whether `on_accept` does anything (a store skips uploading the step's counts when no module's does)."""
+        return False
+
     def on_accept(
         self,
         tensors: Mapping[str, torch.Tensor],

@@ -62,13 +62,15 @@ class CacheStore:
         return indices
 
     def accept(self, accept: AcceptPlan) -> None:
-        """Each state module's bookkeeping after a verify step (PNAT, buffer flip, conv window)."""
-        if accept.slots.size == 0:
+        """Each state module's bookkeeping after a verify step (PNAT, buffer flip, conv window); nothing
+        to upload when no module keeps any (plain decode)."""
+        modules = [m for m in self.states if m.needs_accept]
+        if accept.slots.size == 0 or not modules:
             return
         slots = self._step.upload(accept.slots)
         tokens = self._step.upload(accept.num_tokens.astype(np.int32))
         valid = self._step.upload(accept.num_valid.astype(np.int32))
-        for m in self.states:
+        for m in modules:
             m.on_accept(self.state_tensors(m), slots, tokens, valid)
 
     def zero_slots(self, slots: np.ndarray | Sequence[int]) -> None:

@@ -114,6 +114,18 @@ def sample(logits: torch.Tensor, rows: RowParams, all_greedy: bool = False) -> t
     return tokens, accepted + 1
 
 
+def sample_greedy(logits: torch.Tensor, proposed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample` for rows that are all greedy, in four launches: logits [R, T, V]; proposed [R, T - 1] int64,
+    each row's drafts then -1 (no draft). Returns tokens [R, T] and counts [R] as `sample` does (a greedy row
+    accepts exactly the leading drafts equal to the argmax, so its tokens are the argmax at positions
+    0..accepted; past them the padding differs from `sample`'s and is never read)."""
+    best = logits.argmax(-1)  # [R, T]
+    if logits.shape[1] == 1:
+        return best, torch.ones_like(best[:, 0])
+    accepted = (best[:, :-1] == proposed).cumprod(-1).sum(-1)  # leading accepted drafts
+    return best, accepted + 1
+
+
 def _draw(p: torch.Tensor, rows: RowParams, accepted: torch.Tensor, T: int) -> torch.Tensor:
     """One token per row from p [R, V] — or, where the row rejected a draft, from p without it."""
     V = p.shape[-1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .device_sampler import RowParams, sample
+from .device_sampler import RowParams, sample, sample_greedy
 from .request import Request, TokenLogprob
 from .scheduler import ScheduledStep
 
@@ -44,21 +44,15 @@ def choose_tokens(step: ScheduledStep, drafts: dict[int, list[int]], logits: tor
 
 def _choose_greedy(rows: list[Request], drafts: list[list[int]], logits: torch.Tensor, T: int,
                    device: torch.device) -> dict[int, list[int]]:
-    """Generation rows that are all greedy, logits [R * T, V] in row order: each row's argmax tokens through
-    its first rejected draft, in a few launches (no per-row parameters, no gather of the logits). A
-    greedy row accepts exactly the drafts equal to the argmax, so its new tokens are the argmax itself at
-    positions 0..accepted — what `sample` gives for greedy rows."""
+    """Generation rows that are all greedy, logits [R * T, V] in row order: `sample_greedy` on them as they
+    lie (no per-row parameters to upload, no gather of the logits), one copy back."""
     R = len(rows)
-    best = logits.view(R, T, -1).argmax(-1)  # [R, T]
-    if T == 1:
-        return {r.req_id: [t] for r, t in zip(rows, best[:, 0].tolist())}
-    padded = np.full((R, T - 1), -1, dtype=np.int64)  # -1: no draft there, never a token
+    proposed = np.full((R, T - 1), -1, dtype=np.int64)  # -1: no draft there, never a token
     for i, d in enumerate(drafts):
-        padded[i, : len(d)] = d
-    proposed = torch.from_numpy(padded).to(device, non_blocking=True)
-    accepted = (best[:, :-1] == proposed).cumprod(-1).sum(-1, keepdim=True)  # leading accepted drafts
-    packed = torch.cat([accepted, best], 1).tolist()
-    return {r.req_id: row[1 : 2 + row[0]] for r, row in zip(rows, packed)}
+        proposed[i, : len(d)] = d
+    tokens, counts = sample_greedy(logits.view(R, T, -1), torch.from_numpy(proposed).to(device, non_blocking=True))
+    packed = torch.cat([counts[:, None], tokens], 1).tolist()
+    return {r.req_id: row[1 : 1 + row[0]] for r, row in zip(rows, packed)}
 
 
 def _logprobs(sampled: list[Request], row_logits: torch.Tensor, tokens: torch.Tensor,

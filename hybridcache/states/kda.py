@@ -70,6 +70,10 @@ class KDAState(StateModule):
                           pend_n=REPLICATED)
         return splits
 
+    @property
+    def needs_accept(self) -> bool:
+        return self.replay
+
     def on_accept(
         self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,
         num_tokens: torch.Tensor, num_valid: torch.Tensor,

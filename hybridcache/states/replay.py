@@ -36,6 +36,10 @@ class ReplayState(StateModule):
     def replay(self) -> bool:
         return self.num_draft_tokens > 0
 
+    @property
+    def needs_accept(self) -> bool:
+        return self.replay
+
     def snapshot_roles(self) -> tuple[str, ...]:
         return ("conv", "ssm")
 

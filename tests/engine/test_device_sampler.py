@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hybridcache.engine.device_sampler import RowParams, filtered_probs, sample, uniform
+from hybridcache.engine.device_sampler import RowParams, filtered_probs, sample, sample_greedy, uniform
 from hybridcache.engine.params import SamplingParams
 from hybridcache.engine.sampler import choose, probabilities
 from tests.ops.tripwire import no_host_sync
@@ -40,6 +40,26 @@ def test_greedy_equals_choose_row_by_row():
         d = drafts[i, : num[i]].tolist()
         want = choose(logits[i, : len(d) + 1], d, SamplingParams(), None)
         assert tokens[i, : counts[i]].tolist() == want
+
+
+@pytest.mark.parametrize("T", [1, 2, 4])
+def test_sample_greedy_gives_what_sample_gives_greedy_rows(T):
+    """The greedy fast path: the same counts and the same tokens through each row's count as `sample`,
+    with rows of every number of drafts (the rest padded with -1), drafts that match and that do not."""
+    g = torch.Generator().manual_seed(T)
+    R, V = 96, 7
+    logits = torch.randn(R, T, V, generator=g)
+    best = logits.argmax(-1)
+    drafts = torch.where(torch.rand(R, T - 1, generator=g) < 0.7, best[:, :-1], torch.randint(0, V, (R, T - 1), generator=g))
+    num = torch.randint(0, T, (R,), generator=g)
+    proposed = torch.where(torch.arange(T - 1) < num[:, None], drafts, -1)
+    with no_host_sync():
+        fast, fast_counts = sample_greedy(logits, proposed)
+    tokens, counts = sample(logits, rows(R, T, drafts=drafts, num_drafts=num))
+    assert fast_counts.tolist() == counts.tolist()
+    assert (counts > 1).any() and (counts < T).any() if T > 1 else (counts == 1).all()  # both cases occur
+    for i in range(R):
+        assert fast[i, : counts[i]].tolist() == tokens[i, : counts[i]].tolist()
 
 
 @pytest.mark.parametrize("draft", [None, 0, 2])

@@ -74,7 +74,8 @@ def test_a_sampler_fault_after_the_forward_leaves_the_llm_usable(checkpoint, mon
     expected = tokens(LLM(path, page_size=4).generate(PROMPTS[:3], GREEDY))
     llm = LLM(path, page_size=4)
     rids = [llm.add_request(p, GREEDY) for p in PROMPTS[:3]]
-    monkeypatch.setattr(step_tokens, "sample", FailOnCall(step_tokens.sample, 5))  # the forward ran; nothing accepted
+    # greedy generation steps sample through `sample_greedy`: its 5th call fails after the forward ran
+    monkeypatch.setattr(step_tokens, "sample_greedy", FailOnCall(step_tokens.sample_greedy, 5))
     outputs: dict[int, list[int]] = {}
     step_until_raises(llm, outputs)
     llm.manager.check_integrity()
