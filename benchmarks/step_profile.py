@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -85,6 +86,26 @@ def by_module(llm, device: str, steps: int) -> None:
             print(f"    {count / steps:5.0f} {ms / steps:7.3f}  {name}")
 
 
+def host_profile(llm, steps: int) -> None:
+    """Self time per step of the host functions (Python and the torch/CUDA calls they make) over `steps`
+    steps: where the host's part of a step goes."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        llm.step()
+    prof.disable()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(((tt, nc, f"{Path(fn).name}:{line}({name})") for (fn, line, name), (_, nc, tt, _, _) in stats.items()),
+                  reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"  host self time per step: {total / steps * 1e3:.3f} ms (cProfile adds its own); the most:")
+    for tt, nc, where in rows[:22]:
+        print(f"    {tt / steps * 1e6:8.1f} us {nc / steps:6.1f} calls  {where}")
+
+
 def _owner(spans: list[tuple[float, float, str]], at: float) -> str:
     owner = "engine"
     for start, end, kind in spans:  # innermost: the last span (by start) that holds the launch
@@ -133,6 +154,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     add_json_arg(ap)
     ap.add_argument("--by-module", action="store_true", help="eager steps: kernels and time per layer kind")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="also: the host functions that take the most self time per step (cProfile, first mode)")
     ap.add_argument("--modes", nargs="+", choices=[m[0] for m in MODES], default=[m[0] for m in MODES])
     args = ap.parse_args()
     from hybridcache import LLM
@@ -166,6 +189,8 @@ def main() -> None:
                   f"{len(kernels) / args.steps:>9.0f} {b / wall:>8.0f}")
             if eager and args.by_module:
                 by_module(llm, args.device, min(args.steps, 5))
+            if args.host_profile and mode == args.modes[0]:
+                host_profile(llm, args.steps)
             del llm
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
