@@ -48,7 +48,7 @@ def load(folder: Path) -> dict[str, list[dict]]:
 
 def subject(data: dict) -> tuple:
     p = data.get("params", {})
-    if data["benchmark"] in ("engine_throughput", "swap_vs_reprefill", "step_profile"):
+    if data["benchmark"] in ("engine_throughput", "swap_vs_reprefill", "step_profile", "spec_decode"):
         return (p.get("family"), p.get("size"), p.get("dtype"), p.get("device"))
     if data["benchmark"] == "ops_kernels":  # a decode sweep and a prefill-only rerun are different subjects
         return tuple(sorted({str(r.get("kind")) for r in data["rows"]}))
@@ -224,6 +224,25 @@ def step_section(files: list[dict], img: str | None) -> list[str]:
     return out
 
 
+def spec_section(files: list[dict], img: str | None) -> list[str]:
+    out = ["## Speculative decoding: cost at zero acceptance, gain at full acceptance", "",
+           "`benchmarks/spec_decode.py`: generated tokens/s of a whole `generate` call (prefill included) with n-gram "
+           "speculation whose drafts are never the greedy choice (*zero-accept*), and with an oracle that proposes the "
+           "greedy reference continuation (*full-accept*), each against plain decode in the same run.", ""]
+    for data in files:
+        p = data["params"]
+        out += [f"### {p['family']} {p['size']} ({p['dtype']}, k={p['k']}, prompt {p['prompt_len']}, "
+                f"{p['max_tokens']} new tokens, median of {p['repeats']})", ""]
+        out += provenance(data) + [""]
+        rows = [[str(r["batch"]), f"{r['plain_tok_s']:,.1f}", f"{r['zero_accept_tok_s']:,.1f}",
+                 f"{r['zero_accept_tok_s'] / r['plain_tok_s']:.2f}x", f"{r['full_accept_tok_s']:,.1f}",
+                 f"{r['full_accept_tok_s'] / r['plain_tok_s']:.2f}x", f"{r['outputs_equal']} / {r['batch']}"]
+                for r in data["rows"]]
+        out += table(["batch", "plain tok/s", "zero-accept tok/s", "zero / plain", "full-accept tok/s",
+                      "full / plain", "outputs equal to plain"], rows) + [""]
+    return out
+
+
 def prefix_section(files: list[dict], img: str | None) -> list[str]:
     out = ["## Prefix caching: hits, prefill saved, time to first token", "",
            "`benchmarks/prefix_cache.py`: each workload with caching off, then on, in one run. `shared`: groups of "
@@ -271,6 +290,8 @@ def markdown(groups: dict[str, list[dict]], data_dir: str, img: str | None, plot
         out += ops_section(ops, img if plots_made else None)
     if groups.get("step_profile"):
         out += step_section(groups["step_profile"], img if plots_made else None)
+    if groups.get("spec_decode"):
+        out += spec_section(groups["spec_decode"], img if plots_made else None)
     if groups.get("ops_kernels"):
         out += kernels_section(groups["ops_kernels"], img if plots_made else None)
     if groups.get("prefix_cache"):
