@@ -55,8 +55,11 @@ class ModelRunner:
         if not len(logit_positions):  # context chunks whose prompts go on: their state is what they leave
             self.model(ids, batch)
             return None
-        positions = torch.from_numpy(logit_positions).to(self.device, non_blocking=True)
+        every = len(logit_positions) == len(token_ids)  # a decode or verify step: no positions to upload
         logits = self.graphs.run(ids, batch) if self.graphs is not None else None
+        if logits is not None and every:
+            return logits
+        positions = torch.from_numpy(logit_positions).to(self.device, non_blocking=True)
         if logits is not None:
-            return logits if len(logit_positions) == len(token_ids) else logits[positions]
+            return logits[positions]
         return self.model.logits(self.model(ids, batch)[positions])
