@@ -86,29 +86,27 @@ def sample(logits: torch.Tensor, rows: RowParams, all_greedy: bool = False) -> t
     1..num_drafts + 1. Greedy rows accept a draft equal to the argmax; the others keep draft `d` with
     probability p(d) and, at the first rejection, draw from p with `d` removed (plain sampling's
     distribution, exactly); when every draft passes, the new token comes from the last position.
-    `all_greedy` (known on the host) skips the probabilities.
+    `all_greedy` (known on the host): every row is greedy, `sample_greedy` decides (no probabilities).
     """
     R, T, V = logits.shape
     device = logits.device
-    greedy = rows.temperature == 0
-    probs = None if all_greedy else filtered_probs(logits, rows.temperature, rows.top_k, rows.top_p)
-    best = logits.argmax(-1)  # [R, T]
     steps = torch.arange(T - 1, device=device)
+    if all_greedy:
+        return sample_greedy(logits, torch.where(steps < rows.num_drafts[:, None], rows.drafts, -1))
+    greedy = rows.temperature == 0
+    probs = filtered_probs(logits, rows.temperature, rows.top_k, rows.top_p)
+    best = logits.argmax(-1)  # [R, T]
     drafts = rows.drafts
     if T > 1:
-        ok = best[:, :-1] == drafts
-        if probs is not None:
-            p_draft = probs[:, :-1].gather(-1, drafts[..., None])[..., 0]
-            u = uniform(rows.seed, rows.position[:, None] + steps, ACCEPT_STREAM)
-            ok = torch.where(greedy[:, None], ok, u < p_draft)
+        p_draft = probs[:, :-1].gather(-1, drafts[..., None])[..., 0]
+        u = uniform(rows.seed, rows.position[:, None] + steps, ACCEPT_STREAM)
+        ok = torch.where(greedy[:, None], best[:, :-1] == drafts, u < p_draft)
         ok &= steps < rows.num_drafts[:, None]
         accepted = ok.long().cumprod(-1).sum(-1)  # leading accepted drafts
     else:
         accepted = torch.zeros(R, dtype=torch.long, device=device)
     at = torch.arange(R, device=device)
-    token = best[at, accepted]
-    if probs is not None:
-        token = torch.where(greedy, token, _draw(probs[at, accepted], rows, accepted, T))
+    token = torch.where(greedy, best[at, accepted], _draw(probs[at, accepted], rows, accepted, T))
     tokens = torch.cat([drafts, drafts.new_zeros(R, 1)], 1) if T > 1 else token.new_zeros(R, 1)
     tokens = tokens.scatter(1, accepted[:, None], token[:, None])
     return tokens, accepted + 1
