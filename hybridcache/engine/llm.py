@@ -1,7 +1,6 @@
 """`LLM`: the public facade — load a checkpoint, build the cache, run requests to completion."""
 from __future__ import annotations
 
-import os
 import threading
 import logging
 import weakref
@@ -12,17 +11,19 @@ import torch
 
 import numpy as np
 
-from ..cache import CacheConfig, HybridCacheManager, StateLostError, Status, sizing_of
+from ..cache import StateLostError, Status
 from ..models.checkpoint import read_config, read_generation_config
 from ..models.loader import load_model, load_tokenizer, model_on_meta
-from ..parallel import SINGLE, TPGroup
-from ..parallel.workers import MirroredStore, Workers
+from ..parallel import TPGroup
+from ..parallel.workers import Workers
+from .cache_build import build_cache
 from .drafter import NgramDrafter
 from .errors import InvalidParamsError, InvalidRequestError, RequestTooLargeError
-from .params import SamplingParams, SpeculativeConfig
+from .params import SamplingParams, SpeculativeConfig, check_engine_args
 from .interrupts import deferred_interrupts
 from .prefilled import PrefilledRequest
-from .policy import DemandSplit, PreemptionPolicy, snapshot_interval, snapshot_rows
+from .policy import PreemptionPolicy
+from .ranks import attach_ranks, start_ranks
 from .request import Request, RequestDelta, RequestOutput
 from .stats import Stats
 from .runner import ModelRunner
@@ -31,7 +32,6 @@ from .cpu_threads import tune_cpu_threads
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
-DEFAULT_TOKENS_PER_SEQ = 4096
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_new_tokens": "max_tokens"}
 
@@ -95,22 +95,12 @@ class LLM:
     ) -> None:
         if dtype not in DTYPES and dtype != "auto":
             raise InvalidParamsError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
-        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                            ("page_size", page_size), ("max_model_len", 1 if max_model_len is None else max_model_len),
-                            ("num_slots", 1 if num_slots is None else num_slots),
-                            ("tensor_parallel_size", tensor_parallel_size),
-                            ("pipeline_parallel_size", pipeline_parallel_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidParamsError(f"{name} must be an int >= 1, got {value!r}")
-        if prefix_snapshot_interval is not None and (
-                isinstance(prefix_snapshot_interval, bool) or not isinstance(prefix_snapshot_interval, int)
-                or prefix_snapshot_interval < 1 or prefix_snapshot_interval % page_size):
-            raise InvalidParamsError(f"prefix_snapshot_interval must be a positive multiple of page_size {page_size}, "
-                                     f"got {prefix_snapshot_interval!r}")
-        if not parallel_timeout_s > 0:
-            raise InvalidParamsError(f"parallel_timeout_s must be > 0, got {parallel_timeout_s!r}")
-        if not parallel_startup_timeout_s > 0:
-            raise InvalidParamsError(f"parallel_startup_timeout_s must be > 0, got {parallel_startup_timeout_s!r}")
+        check_engine_args(dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                               page_size=page_size, max_model_len=1 if max_model_len is None else max_model_len,
+                               num_slots=1 if num_slots is None else num_slots,
+                               tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size),
+                          page_size, prefix_snapshot_interval,
+                          dict(parallel_timeout_s=parallel_timeout_s, parallel_startup_timeout_s=parallel_startup_timeout_s))
         self.device = torch.device(device)
         cfg = read_config(model)
         tune_cpu_threads(self.device, cfg)
@@ -118,14 +108,8 @@ class LLM:
             dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").removeprefix("torch.")
             dtype = dtype if dtype in DTYPES else "float32"
         self.dtype = DTYPES[dtype]
-        stage = None  # pipeline stage 0's layers (docs/parallel.md), or None: the whole model (or a TP shard)
-        if pipeline_parallel_size > 1:  # tp: stage 0's tensor-parallel group
-            from .pipeline import start_stages
-            self.workers, stage, tp = start_stages(model, pipeline_parallel_size, tensor_parallel_size, self.device,
-                                                   self.dtype, parallel_timeout_s, parallel_startup_timeout_s)
-        else:
-            self.workers = self._start_workers(model, tensor_parallel_size, parallel_timeout_s, parallel_startup_timeout_s)
-            tp = self.workers.tp if self.workers else SINGLE
+        self.workers, stage, tp = start_ranks(model, tensor_parallel_size, pipeline_parallel_size, self.device,
+                                              self.dtype, parallel_timeout_s, parallel_startup_timeout_s)
         self._finalizer = weakref.finalize(self, Workers.close, self.workers) if self.workers else None
         self.model = load_model(model, device=self.device, dtype=self.dtype, tp=tp, stage=stage)  # while the workers load theirs
         if self.workers is not None:
@@ -145,38 +129,12 @@ class LLM:
         self.drafter = NgramDrafter(speculative) if speculative else None
         # rank 0 plans every stage (its tensor-parallel shard of them)
         planned = self.model if stage is None else model_on_meta(model, self.dtype, TPGroup(0, tp.size))
-        states = planned.state_modules(k)
-        pages = planned.page_roles(page_size)
-        sizing = sizing_of(states, pages)
-        if device_cache_bytes is None:
-            # every sequence at full length, but never more than DEFAULT_TOKENS_PER_SEQ tokens each (long-context
-            # configs would otherwise ask for terabytes); pass the budget explicitly for anything else
-            tokens = min(self.max_model_len, DEFAULT_TOKENS_PER_SEQ) + self.verify_tokens
-            device_cache_bytes = max_num_seqs * sizing.request_bytes(tokens, page_size)
-            if enable_prefix_caching:  # the snapshots come on top of the default
-                device_cache_bytes += sizing.bytes_for(snapshot_rows(sizing, device_cache_bytes, max_num_seqs), 0)
-        snapshots = snapshot_rows(sizing, device_cache_bytes, max_num_seqs) if enable_prefix_caching else 0
-        self.split = DemandSplit(sizing, page_size, device_cache_bytes, snapshots, max_num_seqs, self.verify_tokens,
-                                 follow_demand=num_slots is None)
-        if num_slots is None:
-            num_slots = self.split.initial_slots()
-        self.sizing = sizing
-        if host_cache_bytes is None:
-            host_cache_bytes = device_cache_bytes
-        self.manager = HybridCacheManager(
-            states, pages,
-            CacheConfig(device_bytes=device_cache_bytes, host_bytes=host_cache_bytes, page_size=page_size,
-                        num_slots=num_slots, num_dummy_slots=0, device=str(self.device),
-                        snapshot_interval=(prefix_snapshot_interval or snapshot_interval(page_size)) if snapshots else 0,
-                        num_snapshot_slots=snapshots),
-        )
-        self.stages = None  # pipeline parallel: each stage's StageCache
-        if stage is not None:  # each stage builds a store over its layers; rank 0's (stage 0) mirrors to theirs
-            from .pipeline import attach_stages
-            self.stages = attach_stages(self.manager, self.model, self.workers, k, page_size)
-        elif self.workers is not None:  # each worker builds its store like this one; rank 0's store mirrors to theirs
-            self.workers.send("init", k, page_size, self.manager.config, (self.manager.num_slots, self.manager.num_pages))
-            self.manager.store = MirroredStore(self.manager.store, self.workers)
+        built = build_cache(planned, k, page_size, self.device, max_model_len=self.max_model_len,
+                            max_num_seqs=max_num_seqs, device_cache_bytes=device_cache_bytes,
+                            host_cache_bytes=host_cache_bytes, num_slots=num_slots,
+                            enable_prefix_caching=enable_prefix_caching, prefix_snapshot_interval=prefix_snapshot_interval)
+        self.manager, self.split, self.sizing = built.manager, built.split, built.sizing
+        self.stages = attach_ranks(self.manager, self.model, self.workers, stage, k, page_size)  # pipeline: StageCaches
         if preemption is None:  # pinned copies on an H200 reach about 50 GB/s each way; a CPU memcpy about 5
             preemption = PreemptionPolicy(swap_bytes_per_s=50e9 if self.device.type == "cuda" else 5e9)
         self.scheduler = Scheduler(self.manager, max_num_seqs, max_num_batched_tokens, self.verify_tokens,
@@ -189,8 +147,8 @@ class LLM:
             self.runner = ModelRunner(self.model, self.manager, self.device, speculative is not None,
                                       cuda_graphs=not enforce_eager, workers=self.workers)
         log.info("%s on %s %s: device cache %d B (%d slots, %d pages of %d tokens), host tier %d B%s",
-                 Path(model).name, self.device, dtype, device_cache_bytes, self.manager.num_slots,
-                 self.manager.num_pages, page_size, host_cache_bytes,
+                 Path(model).name, self.device, dtype, self.manager.config.device_bytes, self.manager.num_slots,
+                 self.manager.num_pages, page_size, self.manager.config.host_bytes,
                  "" if self.runner.graphs is None else ", CUDA graphs")
         self.seed = seed
         self._next_id = 0
@@ -390,35 +348,12 @@ class LLM:
         return self._loop.step()
 
 
-
-
-
-
-
-
-
     def close(self) -> None:
         """Stop the tensor-parallel workers (nothing to do for one rank); the LLM cannot step afterwards."""
         if self._finalizer is not None:
             self._finalizer()
 
     # ---------------------------------------------------------------------------------- internals
-    def _start_workers(self, model: str | Path, size: int, timeout_s: float, startup_s: float) -> Workers | None:
-        """The N-1 worker ranks, spawned; None for one rank. The split is checked (ShardingError) before
-        any process starts. Under torchrun (TORCHELASTIC_RUN_ID set) every rank runs this constructor:
-        rank 0 returns, the others serve it and exit (`tp_worker.launched_main`)."""
-        if size == 1:
-            return None
-        model_on_meta(model, self.dtype, TPGroup(0, size))
-        from .tp_worker import launched_main, spawned_main  # the workers' entry points
-
-        if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
-            return launched_main(model, self.device, self.dtype, size, timeout_s)
-        return Workers.spawn(size, spawned_main, (str(model), str(self.device), self.dtype), self.device, timeout_s,
-                             startup_s)
-
-
-
     def _encode(self, prompt: Sequence[int] | str) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -458,11 +393,6 @@ class LLM:
                 f"a request of {total} tokens needs {pages} pages; the fixed split (num_slots="
                 f"{self.manager.num_slots}) leaves the device cache {self.manager.num_pages}"
             )
-
-
-
-
-
 
 
 def _int64(seed: int) -> int:

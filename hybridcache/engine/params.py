@@ -127,3 +127,20 @@ class SpeculativeConfig:
             )
         for name, value in [("num_draft_tokens", num_draft_tokens), ("max_ngram", max_ngram), ("min_ngram", min_ngram)]:
             object.__setattr__(self, name, value)
+
+
+def check_engine_args(counts: dict[str, int], page_size: int, prefix_snapshot_interval: int | None,
+                      timeouts: dict[str, float]) -> None:
+    """The LLM's numeric arguments (InvalidParamsError): every count an int >= 1,
+    the snapshot interval a positive multiple of the page size, every timeout > 0."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidParamsError(f"{name} must be an int >= 1, got {value!r}")
+    if prefix_snapshot_interval is not None and (
+            isinstance(prefix_snapshot_interval, bool) or not isinstance(prefix_snapshot_interval, int)
+            or prefix_snapshot_interval < 1 or prefix_snapshot_interval % page_size):
+        raise InvalidParamsError(f"prefix_snapshot_interval must be a positive multiple of page_size {page_size}, "
+                                 f"got {prefix_snapshot_interval!r}")
+    for name, value in timeouts.items():
+        if not value > 0:
+            raise InvalidParamsError(f"{name} must be > 0, got {value!r}")
