@@ -49,7 +49,7 @@ def load(folder: Path) -> dict[str, list[dict]]:
 def subject(data: dict) -> tuple:
     p = data.get("params", {})
     if data["benchmark"] in ("engine_throughput", "swap_vs_reprefill", "step_profile", "spec_decode"):
-        return (p.get("family"), p.get("size"), p.get("dtype"), p.get("device"))
+        return (p.get("family"), p.get("size"), p.get("dtype"), p.get("device"), p.get("backoff", 0))
     if data["benchmark"] == "ops_kernels":  # a decode sweep and a prefill-only rerun are different subjects
         return tuple(sorted({str(r.get("kind")) for r in data["rows"]}))
     return (p.get("op"), p.get("device"))
@@ -231,7 +231,8 @@ def spec_section(files: list[dict], img: str | None) -> list[str]:
            "greedy reference continuation (*full-accept*), each against plain decode in the same run.", ""]
     for data in files:
         p = data["params"]
-        out += [f"### {p['family']} {p['size']} ({p['dtype']}, k={p['k']}, prompt {p['prompt_len']}, "
+        backoff = f", back-off up to {p['backoff']} steps" if p.get("backoff") else ""
+        out += [f"### {p['family']} {p['size']} ({p['dtype']}, k={p['k']}{backoff}, prompt {p['prompt_len']}, "
                 f"{p['max_tokens']} new tokens, median of {p['repeats']})", ""]
         out += provenance(data) + [""]
         rows = [[str(r["batch"]), f"{r['plain_tok_s']:,.1f}", f"{r['zero_accept_tok_s']:,.1f}",

@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--backoff", type=int, default=0,
+                    help="SpeculativeConfig.backoff_max_steps of the speculative engine (0: it drafts at every step)")
     add_json_arg(ap)
     args = ap.parse_args()
     from hybridcache import LLM, SamplingParams, SpeculativeConfig
@@ -73,14 +75,14 @@ def main() -> None:
 
     path = checkpoint(args)
     rec = Record(args.json, "spec_decode", args.device, dict(family=args.family, size=args.size, dtype=args.dtype,
-                                                           k=args.k, prompt_len=args.prompt_len,
+                                                           k=args.k, backoff=args.backoff, prompt_len=args.prompt_len,
                                                            max_tokens=args.max_tokens, repeats=args.repeat))
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=max(args.batch), max_num_batched_tokens=8192,
               max_model_len=args.prompt_len + args.max_tokens + args.k + 16)
     plain = LLM(path, **kw)
-    spec = LLM(path, speculative=SpeculativeConfig(num_draft_tokens=args.k), **kw)
-    print(f"{args.family} {args.size} on {args.device} {args.dtype}; k={args.k}; prompt {args.prompt_len}, "
+    spec = LLM(path, speculative=SpeculativeConfig(num_draft_tokens=args.k, backoff_max_steps=args.backoff), **kw)
+    print(f"{args.family} {args.size} on {args.device} {args.dtype}; k={args.k}, back-off {args.backoff}; prompt {args.prompt_len}, "
           f"{args.max_tokens} new tokens; median of {args.repeat}")
     print(f"{'batch':>5} {'plain tok/s':>12} {'zero-accept':>12} {'ratio':>7} {'full-accept':>12} {'ratio':>7}"
           "   targets: zero-accept >= 0.87x from bs16; full-accept >= 2.5x at bs1")

@@ -1,13 +1,39 @@
-"""Prompt-lookup (n-gram) drafting: propose the tokens that followed the last match of the current suffix."""
+"""Prompt-lookup (n-gram) drafting: propose the tokens that followed the last match of the current suffix;
+and the back-off that stops proposing for a request whose drafts keep being rejected."""
 from __future__ import annotations
 
 from .params import SpeculativeConfig
+from .request import Request
+
+
+class DraftBackoff:
+    """After a verify step that rejected every draft of a request (its `draft_misses`-th such step in a row),
+    the request proposes nothing for its next min(2^misses - 1, `max_steps`) steps, which run as plain decode
+    steps (asynchronous where the engine schedules so); a step that accepts a draft resets the count.
+    Greedy tokens do not depend on drafts, so they are unchanged. `max_steps` 0: every step drafts."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+
+    @staticmethod
+    def drafts(req: Request) -> bool:
+        """Whether `req` proposes drafts at its next step."""
+        return req.draft_skip == 0
+
+    def after_step(self, req: Request, num_drafts: int, num_accepted: int) -> None:
+        """`req` ran a generation step with `num_drafts` drafts, of which it accepted `num_accepted`."""
+        if req.draft_skip:
+            req.draft_skip -= 1
+        elif num_drafts and self.max_steps:
+            req.draft_misses = 0 if num_accepted else min(req.draft_misses + 1, 30)
+            req.draft_skip = min(2 ** req.draft_misses - 1, self.max_steps)
 
 
 class NgramDrafter:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.k = config.num_draft_tokens
         self.max_n, self.min_n = config.max_ngram, config.min_ngram
+        self.backoff = DraftBackoff(config.backoff_max_steps)
 
     def propose(self, tokens: list[int]) -> list[int]:
         """Up to `k` tokens: the continuation of the most recent earlier occurrence of the longest suffix

@@ -57,7 +57,8 @@ class LLM:
 
     `async_scheduling` (on by default on CUDA): a plain decode step is planned and launched before the tokens
     of the step before are read back, so the host's work overlaps the device's; outputs then come back one
-    `step()` later. Speculative decoding, logprobs and tensor or pipeline parallelism take synchronous steps.
+    `step()` later. Speculative steps, logprobs and tensor or pipeline parallelism take synchronous steps (with
+    `SpeculativeConfig.backoff_max_steps`, the steps in which every row backs off are plain and asynchronous).
 
     `tensor_parallel_size=N` shards the model and the cache over N ranks (docs/parallel.md): this process
     is rank 0 (it plans, samples and broadcasts each step) and starts the N-1 others itself; a worker
@@ -155,7 +156,9 @@ class LLM:
         self._generate_lock = threading.Lock()
         if async_scheduling is None:  # where the device runs ahead of the host
             async_scheduling = self.device.type == "cuda"
-        self.async_scheduling = async_scheduling and self.drafter is None and self.workers is None
+        # with a drafter, steps run asynchronously only while every row backs off (SpeculativeConfig.backoff_max_steps)
+        self.async_scheduling = async_scheduling and self.workers is None and (
+            self.drafter is None or speculative.backoff_max_steps > 0)
         self._loop = StepLoop(self.scheduler, self.manager, self.runner, self.drafter, self.tokenizer, self.device,
                               self.async_scheduling)
 

@@ -107,12 +107,15 @@ class SamplingParams:
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding: `method="ngram"` proposes `num_draft_tokens` by prompt lookup, matching the
-    longest suffix of `max_ngram`..`min_ngram` tokens earlier in the sequence."""
+    longest suffix of `max_ngram`..`min_ngram` tokens earlier in the sequence. `backoff_max_steps` > 0: a
+    request whose drafts keep being rejected stops proposing for up to that many steps (`drafter.DraftBackoff`);
+    0 (the default) drafts at every step."""
 
     method: str = "ngram"
     num_draft_tokens: int = 3
     max_ngram: int = 4
     min_ngram: int = 1
+    backoff_max_steps: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method != "ngram":
@@ -125,7 +128,11 @@ class SpeculativeConfig:
             raise InvalidParamsError(
                 f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}"
             )
-        for name, value in [("num_draft_tokens", num_draft_tokens), ("max_ngram", max_ngram), ("min_ngram", min_ngram)]:
+        backoff = _int("backoff_max_steps", self.backoff_max_steps)
+        if backoff < 0:
+            raise InvalidParamsError(f"backoff_max_steps must be >= 0, got {backoff}")
+        for name, value in [("num_draft_tokens", num_draft_tokens), ("max_ngram", max_ngram), ("min_ngram", min_ngram),
+                            ("backoff_max_steps", backoff)]:
             object.__setattr__(self, name, value)
 
 

@@ -36,6 +36,8 @@ class Request:
     text: str = ""  # the decoded output (special tokens skipped), cut before a stop string
     num_tokens_sent: int = 0  # output tokens, logprobs and text characters already handed out as deltas
     num_text_sent: int = 0
+    draft_misses: int = 0  # speculation back-off (`drafter.DraftBackoff`): verify steps in a row that accepted no draft
+    draft_skip: int = 0  # steps left that propose no drafts
 
     @property
     def tokens(self) -> list[int]:

@@ -125,8 +125,11 @@ class StepLoop:
         return not s.waiting and not s.suspended and all(s.status(r) == Status.GENERATION for r in s.running)
 
     def _async_step(self, step: ScheduledStep) -> bool:
+        """A plain decode step: generation rows only, none asking for logprobs, none proposing drafts (with a
+        drafter, only while every row backs off: drafting needs the step before's tokens on the host)."""
         return (self.async_scheduling and not step.context and bool(step.generation)
-                and all(r.params.logprobs is None for r in step.generation))
+                and all(r.params.logprobs is None for r in step.generation)
+                and (self.drafter is None or not any(map(self.drafter.backoff.drafts, step.generation))))
 
     def _launch(self, step: ScheduledStep) -> None:
         """Plan and launch a plain decode step, commit it, then read the step before it back."""
@@ -144,6 +147,8 @@ class StepLoop:
                 for r in rows:
                     r.num_prefilled += 1  # the fed token is in the cache; the sampled one is on its way
                     r.num_pending += 1
+                    if self.drafter is not None:
+                        self.drafter.backoff.after_step(r, 0, 0)
                     if len(r.output) + r.num_pending >= r.params.max_tokens:  # its last token: release it
                         last.append(r)
                 self.inflight = (rows, pending)
@@ -224,11 +229,11 @@ class StepLoop:
         only a row's own drafts are judged, so its tokens and random draws never depend on its batch."""
         if self.drafter is None:
             return {}
-        drafts = {r.req_id: self.drafter.propose(r.tokens) for r in step.generation}
+        drafts = {r.req_id: self.drafter.propose(r.tokens) for r in step.generation if self.drafter.backoff.drafts(r)}
         if self.manager.planner.prefix is not None:
             # a greedy row's commit lands on each snapshot boundary, never past it (fewer drafts change no
             # greedy token; a sampled row's draws depend on its drafts, so it keeps them and may jump one)
-            for r in (r for r in step.generation if r.params.greedy):
+            for r in (r for r in step.generation if r.params.greedy and r.req_id in drafts):
                 room = self.manager.planner.next_keep(r.req_id) - r.num_prefilled - 1
                 drafts[r.req_id] = drafts[r.req_id][: max(room, 0)]
         return drafts
@@ -264,6 +269,8 @@ class StepLoop:
             req.num_prefilled += len(new_tokens[req.req_id])  # the fed token and the accepted drafts
             self.stats.num_draft_tokens += len(drafts.get(req.req_id, []))
             self.stats.num_accepted_tokens += len(new_tokens[req.req_id]) - 1
+            if self.drafter is not None:
+                self.drafter.backoff.after_step(req, len(drafts.get(req.req_id, [])), len(new_tokens[req.req_id]) - 1)
         return self._finish_rows([r for r, _ in step.context] + step.generation, new_tokens, logprobs)
 
     def _finish_rows(self, reqs: list[Request], new_tokens: dict[int, list[int]],
