@@ -18,6 +18,8 @@ class StepIndices:
     cached_lens  [B] int32  tokens already committed before this step
     num_new      [B] int32  tokens this step feeds per row
     fresh        [B] bool   the row starts from a zero state (its context begins now)
+    has_initial  [B] bool   ~fresh
+    cu_seqlens   [B + 1] int32  offsets of the rows' tokens (the running sum of num_new)
     generation   [B] bool   the row is a decode / verify row (its acceptance is recorded)
     host_cached_lens, host_num_new  [B] int64 numpy: the same counts on the host, so that token
                  offsets and positions can be laid out without reading the device back
@@ -28,6 +30,8 @@ class StepIndices:
     cached_lens: torch.Tensor
     num_new: torch.Tensor
     fresh: torch.Tensor
+    has_initial: torch.Tensor
+    cu_seqlens: torch.Tensor
     generation: torch.Tensor
     host_cached_lens: np.ndarray
     host_num_new: np.ndarray
@@ -39,7 +43,10 @@ class StepIndices:
 
 class StepTensors:
     """The device side of the planner's layout: rebuilt when a plan's `version` changes, otherwise only
-    the page-table entries the plan writes and the per-step counts are uploaded."""
+    the page-table entries the plan writes and the per-step counts are uploaded. Tensors that a steady
+    batch repeats (slots, num_new and its offsets, an all-true has_initial) stay the same objects until
+    their content changes, so a graph step need not copy them again (`engine.graphs`); none is written
+    in place."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -61,6 +68,7 @@ class StepTensors:
             self.generation = self.upload(plan.generation)
             self.table = torch.full((b, plan.table_width), -1, dtype=torch.int32, device=self.device)
             self.no_fresh = torch.zeros(b, dtype=torch.bool, device=self.device)
+            self.all_initial = torch.ones(b, dtype=torch.bool, device=self.device)
             self._num_new_key = None
         if plan.table_width > self.table.shape[1]:
             grown = torch.full((self.table.shape[0], plan.table_width), -1, dtype=torch.int32, device=self.device)
@@ -72,10 +80,18 @@ class StepTensors:
         key = plan.num_new.tobytes()
         if key != self._num_new_key:
             self.num_new = self.upload(plan.num_new.astype(np.int32))
+            cu = np.zeros(len(plan.num_new) + 1, dtype=np.int32)
+            np.cumsum(plan.num_new, out=cu[1:])
+            self.cu_seqlens = self.upload(cu)
             self._num_new_key = key
-        fresh = self.upload(plan.fresh) if plan.fresh.any() else self.no_fresh
+        if plan.fresh.any():
+            fresh = self.upload(plan.fresh)
+            has_initial = ~fresh
+        else:
+            fresh, has_initial = self.no_fresh, self.all_initial
         return StepIndices(
             slots=self.slots, page_table=self.table, cached_lens=self.upload(plan.cached_lens.astype(np.int32)),
-            num_new=self.num_new, fresh=fresh, generation=self.generation,
+            num_new=self.num_new, fresh=fresh, has_initial=has_initial, cu_seqlens=self.cu_seqlens,
+            generation=self.generation,
             host_cached_lens=plan.cached_lens, host_num_new=plan.num_new,
         )

@@ -28,10 +28,10 @@ def forward_batch(
     device = step.slots.device
     return ForwardBatch(
         positions=torch.from_numpy(positions).to(device, non_blocking=True),
-        cu_seqlens=torch.from_numpy(cu.astype(np.int32)).to(device, non_blocking=True),
+        cu_seqlens=step.cu_seqlens,
         cached_lens=step.cached_lens,
         slots=step.slots,
-        has_initial=~step.fresh,
+        has_initial=step.has_initial,
         page_table=step.page_table,
         num_context_rows=num_context_rows,
         num_context_tokens=int(cu[num_context_rows]),

@@ -15,7 +15,7 @@ A rebalance re-carves the arena: graphs of an older carving are dropped.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,17 +26,28 @@ from ..ops.attention import HostRows
 MAX_GRAPHS = 64  # captured shapes kept at once (a steady batch uses one; widths and sizes change slowly)
 
 
+# inputs a steady batch passes as the same objects while their content holds (`cache.step.StepTensors`, which
+# never writes them in place): copied into the graph only when another object comes
+_REPEATED = ("cu_seqlens", "slots", "has_initial")
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
     input_ids: torch.Tensor
     batch: ForwardBatch  # its tensors are the graph's static inputs
     logits: torch.Tensor  # [N, V] fp32, the graph's static output
+    loaded: dict = field(default_factory=dict)  # name -> the repeated input last copied in (kept alive here)
 
     def load(self, input_ids: torch.Tensor, batch: ForwardBatch) -> None:
         self.input_ids.copy_(input_ids, non_blocking=True)
-        for name in ("positions", "cu_seqlens", "cached_lens", "slots", "has_initial", "page_table"):
+        for name in ("positions", "cached_lens", "page_table"):
             getattr(self.batch, name).copy_(getattr(batch, name), non_blocking=True)
+        for name in _REPEATED:
+            t = getattr(batch, name)
+            if self.loaded.get(name) is not t:
+                getattr(self.batch, name).copy_(t, non_blocking=True)
+                self.loaded[name] = t
 
 
 class DecodeGraphs:

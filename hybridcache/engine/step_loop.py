@@ -177,6 +177,9 @@ class StepLoop:
 
     def _device_inputs(self, rows: list[Request], prev) -> torch.Tensor | np.ndarray:
         """Each row's input token: the last known one, or the in-flight step's sample, read on the device."""
+        if prev is not None and len(rows) == len(prev[0]) and all(
+                a is b and a.num_pending for a, b in zip(rows, prev[0])):
+            return prev[1].tokens  # a steady batch: every row feeds what it sampled, in the same order
         known = np.asarray([r.tokens[-1] if not r.num_pending else 0 for r in rows], dtype=np.int64)
         if prev is None:
             return known
