@@ -44,14 +44,17 @@ class StepIndices:
 class StepTensors:
     """The device side of the planner's layout: rebuilt when a plan's `version` changes, otherwise only
     the page-table entries the plan writes and the per-step counts are uploaded. Tensors that a steady
-    batch repeats (slots, num_new and its offsets, an all-true has_initial) stay the same objects until
-    their content changes, so a graph step need not copy them again (`engine.graphs`); none is written
-    in place."""
+    batch repeats (slots, the page table, num_new and its offsets, an all-true has_initial) stay the same
+    objects until their content changes, so a graph step need not copy them again (`engine.graphs`); none
+    is written in place (a page-table write makes a new table). Committed lengths that are the step
+    before's plus its tokens (a steady decode step) are added on the device, not uploaded."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._version = -1
         self._num_new_key: bytes | None = None
+        # the step before's row ends: on the host, and as its cached_lens and num_new on the device
+        self._ends: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None
 
     def invalidate(self) -> None:
         self._version = -1
@@ -67,16 +70,21 @@ class StepTensors:
             self.slots = self.upload(plan.slots)
             self.generation = self.upload(plan.generation)
             self.table = torch.full((b, plan.table_width), -1, dtype=torch.int32, device=self.device)
+            self._table_out = False  # handed out in a StepIndices: written from then on only as a copy
             self.no_fresh = torch.zeros(b, dtype=torch.bool, device=self.device)
             self.all_initial = torch.ones(b, dtype=torch.bool, device=self.device)
             self._num_new_key = None
+            self._ends = None
         if plan.table_width > self.table.shape[1]:
             grown = torch.full((self.table.shape[0], plan.table_width), -1, dtype=torch.int32, device=self.device)
             grown[:, : self.table.shape[1]] = self.table
-            self.table = grown
+            self.table, self._table_out = grown, False
         rows, cols, pages = plan.table_writes
         if rows.size:
+            if self._table_out:
+                self.table, self._table_out = self.table.clone(), False
             self.table[self.upload(rows), self.upload(cols)] = self.upload(pages.astype(np.int32))
+        cached_lens = self._cached_lens(plan)
         key = plan.num_new.tobytes()
         if key != self._num_new_key:
             self.num_new = self.upload(plan.num_new.astype(np.int32))
@@ -89,9 +97,19 @@ class StepTensors:
             has_initial = ~fresh
         else:
             fresh, has_initial = self.no_fresh, self.all_initial
+        self._ends = (plan.cached_lens + plan.num_new, cached_lens, self.num_new)
+        self._table_out = True
         return StepIndices(
-            slots=self.slots, page_table=self.table, cached_lens=self.upload(plan.cached_lens.astype(np.int32)),
+            slots=self.slots, page_table=self.table, cached_lens=cached_lens,
             num_new=self.num_new, fresh=fresh, has_initial=has_initial, cu_seqlens=self.cu_seqlens,
             generation=self.generation,
             host_cached_lens=plan.cached_lens, host_num_new=plan.num_new,
         )
+
+    def _cached_lens(self, plan: StepPlan) -> torch.Tensor:
+        """The plan's committed lengths on the device [B] int32: the step before's ends when they match (one
+        add on the device), else uploaded."""
+        ends = self._ends
+        if ends is not None and np.array_equal(plan.cached_lens, ends[0]):
+            return ends[1] + ends[2]
+        return self.upload(plan.cached_lens.astype(np.int32))

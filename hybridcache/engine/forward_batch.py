@@ -16,18 +16,22 @@ def forward_batch(
     generation_tokens: int,
     speculative: bool,
     pages_checked: bool = False,
+    with_positions: bool = True,
 ) -> ForwardBatch:
     """Rows of `step` must be ordered context rows first; generation rows feed `generation_tokens` each.
     `pages_checked`: the plan behind `step` was checked on the host to give every row pages for all its
-    tokens, so the attention ops skip their device-side check (a host sync per layer)."""
+    tokens, so the attention ops skip their device-side check (a host sync per layer).
+    `with_positions=False`: none uploaded (a graph step of generation rows computes them from `cached_lens`)."""
     n, cached = step.host_num_new, step.host_cached_lens
     cu = np.zeros(len(n) + 1, dtype=np.int64)
     np.cumsum(n, out=cu[1:])
-    starts = np.repeat(cu[:-1], n)  # laid out on the host: the counts are known there, no read-back
-    positions = np.repeat(cached, n) + np.arange(cu[-1]) - starts
+    positions = None
+    if with_positions:
+        starts = np.repeat(cu[:-1], n)  # laid out on the host: the counts are known there, no read-back
+        positions = np.repeat(cached, n) + np.arange(cu[-1]) - starts
     device = step.slots.device
     return ForwardBatch(
-        positions=torch.from_numpy(positions).to(device, non_blocking=True),
+        positions=torch.from_numpy(positions).to(device, non_blocking=True) if with_positions else None,
         cu_seqlens=step.cu_seqlens,
         cached_lens=step.cached_lens,
         slots=step.slots,
@@ -41,3 +45,10 @@ def forward_batch(
         speculative=speculative,
         host_rows=HostRows(cached, n, pages_checked),
     )
+
+
+def generation_positions(cached_lens: torch.Tensor, tokens_per_row: int) -> torch.Tensor:
+    """Positions [B * T] int64 of generation rows that feed T tokens each, on the device: row b's are
+    cached_lens[b] + 0 .. T - 1."""
+    offsets = torch.arange(tokens_per_row, device=cached_lens.device)
+    return (cached_lens.long()[:, None] + offsets).flatten()

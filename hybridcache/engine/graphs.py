@@ -1,12 +1,14 @@
-"""CUDA graphs of decode and verify steps: one graph per (rows, tokens per row, page-table width, carving).
+"""CUDA graphs of decode and verify steps: one graph per (row bucket, tokens per row, page-table width, carving).
 
 A step of generation rows only replays a captured graph of the model forward and its LM head: the step's
 inputs are copied into the graph's static tensors, the graph replays, and the logits of every fed token
-are read from its static output. Nothing is padded: a graph serves exactly its batch size, and is
-captured the first time that shape comes (a steady decode batch keeps its shape for many steps).
+are read from its static output. A graph serves a bucket of batch sizes (`bucket_rows`): a step of fewer
+rows fills the first ones, and the rest are padding rows, slot -1 (no recurrent state read or written)
+and no pages (-1: attention writes nothing and reads nothing), whose logits are not returned. A steady
+batch keeps its bucket for many steps; a batch that shrinks as requests finish mostly stays in one.
 
 Capture runs once eagerly first (kernels compile and allocate outside the graph) with every row's slot
-set to -1, so no recurrent state is read or written; attention writes the rows' keys and values at
+set to -1, so no recurrent state is read or written; attention writes the real rows' keys and values at
 positions past their committed tokens, which the real step overwrites. The graph's attention knows no row
 lengths on the host (`HostRows.uniform_new`: its work is sized from the page table's width). A forward
 that cannot be captured (a host sync inside, e.g. fp32 MoE on CUDA past `experts.DENSE_LIMIT` rows x
@@ -22,32 +24,86 @@ import torch
 from ..cache import CacheStore
 from ..models.batch import ForwardBatch
 from ..ops.attention import HostRows
+from .forward_batch import generation_positions
 
 MAX_GRAPHS = 64  # captured shapes kept at once (a steady batch uses one; widths and sizes change slowly)
 
 
+def bucket_rows(rows: int) -> int:
+    """The batch size a graph of `rows` rows is captured at: 1, 2, 4, 8, then multiples of 8 up to 256, then
+    of 32 (padding costs little in a step that reads every weight once, and each graph holds memory)."""
+    if rows <= 8:
+        return 1 << (rows - 1).bit_length()
+    step = 8 if rows <= 256 else 32
+    return -(-rows // step) * step
+
+
 # inputs a steady batch passes as the same objects while their content holds (`cache.step.StepTensors`, which
-# never writes them in place): copied into the graph only when another object comes
-_REPEATED = ("cu_seqlens", "slots", "has_initial")
+# never writes them in place): copied into the graph only when another object comes. Per step only the token
+# ids and committed lengths are copied: positions are computed inside the graph from the lengths, and the
+# offsets (cu_seqlens) not at all, since generation rows feed the same number of tokens each.
+_REPEATED = ("slots", "has_initial", "page_table")
+# what a padding row holds: no recurrent slot, no pages, an empty prefix
+_PADDING = {"slots": -1, "page_table": -1, "cached_lens": 0, "has_initial": False}
 
 
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    input_ids: torch.Tensor
-    batch: ForwardBatch  # its tensors are the graph's static inputs
-    logits: torch.Tensor  # [N, V] fp32, the graph's static output
+    input_ids: torch.Tensor  # [bucket * T]
+    batch: ForwardBatch  # its tensors are the graph's static inputs, `bucket` rows
+    logits: torch.Tensor  # [bucket * T, V] fp32, the graph's static output
+    rows: int  # real rows of the last load: the rest hold padding
     loaded: dict = field(default_factory=dict)  # name -> the repeated input last copied in (kept alive here)
 
     def load(self, input_ids: torch.Tensor, batch: ForwardBatch) -> None:
-        self.input_ids.copy_(input_ids, non_blocking=True)
-        for name in ("positions", "cached_lens", "page_table"):
-            getattr(self.batch, name).copy_(getattr(batch, name), non_blocking=True)
+        """Copies a step of `batch.num_rows` rows (at most the bucket) into the first rows; rows past them
+        become padding when the step before had more."""
+        rows = batch.num_rows
+        self._copy("input_ids", self.input_ids, input_ids)
+        self._copy("cached_lens", self.batch.cached_lens, batch.cached_lens)
         for name in _REPEATED:
             t = getattr(batch, name)
-            if self.loaded.get(name) is not t:
-                getattr(self.batch, name).copy_(t, non_blocking=True)
+            if self.loaded.get(name) is not t or rows > self.rows:
+                self._copy(name, getattr(self.batch, name), t)
                 self.loaded[name] = t
+        if rows < self.rows:
+            for name, value in _PADDING.items():
+                getattr(self.batch, name)[rows:self.rows].fill_(value)
+        self.rows = rows
+
+    def _copy(self, name: str, static: torch.Tensor, src: torch.Tensor) -> None:
+        """static[:len(src)] = src."""
+        dst = static if static.shape == src.shape else static[: src.shape[0]]
+        dst.copy_(src, non_blocking=True)
+
+    def output(self, num_tokens: int) -> torch.Tensor:
+        """Logits [num_tokens, V] of the real rows' tokens (a view of the static output)."""
+        return self.logits if num_tokens == self.logits.shape[0] else self.logits[:num_tokens]
+
+
+def padded_inputs(input_ids: torch.Tensor, batch: ForwardBatch, bucket: int) -> tuple[torch.Tensor, ForwardBatch]:
+    """Fresh static inputs of `bucket` rows for a generation-only `batch`: its rows first, then padding rows
+    (`_PADDING`). Every slot is -1 here, the real rows' too (capture touches no state); `_Graph.load` puts
+    the step's own in before each replay. Positions are None: the graph computes them from cached_lens.
+
+    input_ids [N = B * T] -> [bucket * T]; the batch's [B] and [B, W] tensors -> [bucket] and [bucket, W]."""
+    t, pad = batch.generation_tokens, bucket - batch.num_rows
+
+    def grow(x: torch.Tensor, value, per_row: int = 1) -> torch.Tensor:
+        tail = torch.full((pad * per_row, *x.shape[1:]), value, dtype=x.dtype, device=x.device)
+        return torch.cat([x, tail])
+
+    cu = torch.arange(bucket + 1, dtype=batch.cu_seqlens.dtype, device=batch.cu_seqlens.device) * t
+    static = replace(
+        batch,
+        positions=None, cu_seqlens=cu, cached_lens=grow(batch.cached_lens, 0),
+        slots=torch.full((bucket,), -1, dtype=batch.slots.dtype, device=batch.slots.device),
+        has_initial=grow(batch.has_initial, False), page_table=grow(batch.page_table, -1),
+        host_rows=HostRows(None, None, pages_checked=batch.host_rows is not None and batch.host_rows.pages_checked,
+                           uniform_new=t),  # lengths vary by replay: none baked in
+    )
+    return grow(input_ids, 0, t), static
 
 
 class DecodeGraphs:
@@ -58,6 +114,7 @@ class DecodeGraphs:
         self._generation = store.device_tier.generation
         self.num_captured = 0
         self.num_replays = 0
+        self.num_padding_rows = 0  # padding rows replayed, summed over replays
 
     def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
         """Logits [N, V] of every fed token, or None when the step is not a graph step (the caller then
@@ -68,12 +125,13 @@ class DecodeGraphs:
             self._graphs.clear()
             self._refused.clear()
             self._generation = self.store.device_tier.generation
-        key = (batch.num_rows, batch.generation_tokens, batch.page_table.shape[1], batch.speculative)
+        bucket = bucket_rows(batch.num_rows)
+        key = (bucket, batch.generation_tokens, batch.page_table.shape[1], batch.speculative)
         entry = self._graphs.get(key)
         if entry is None:
             if key in self._refused:
                 return None
-            entry = self._capture(input_ids, batch)
+            entry = self._capture(input_ids, batch, bucket)
             if entry is None:
                 self._refused.add(key)
                 return None
@@ -83,18 +141,11 @@ class DecodeGraphs:
         entry.load(input_ids, batch)
         entry.graph.replay()
         self.num_replays += 1
-        return entry.logits
+        self.num_padding_rows += bucket - batch.num_rows
+        return entry.output(input_ids.shape[0])
 
-    def _capture(self, input_ids: torch.Tensor, batch: ForwardBatch) -> _Graph | None:
-        static = replace(
-            batch,
-            positions=batch.positions.clone(), cu_seqlens=batch.cu_seqlens.clone(),
-            cached_lens=batch.cached_lens.clone(), slots=torch.full_like(batch.slots, -1),
-            has_initial=batch.has_initial.clone(), page_table=batch.page_table.clone(),
-            host_rows=HostRows(None, None, pages_checked=batch.host_rows is not None and batch.host_rows.pages_checked,
-                               uniform_new=batch.generation_tokens),  # lengths vary by replay: none baked in
-        )
-        ids = input_ids.clone()
+    def _capture(self, input_ids: torch.Tensor, batch: ForwardBatch, bucket: int) -> _Graph | None:
+        ids, static = padded_inputs(input_ids, batch, bucket)
         stream = torch.cuda.Stream(ids.device)
         stream.wait_stream(torch.cuda.current_stream(ids.device))
         mode = torch.cuda.get_sync_debug_mode()
@@ -102,15 +153,19 @@ class DecodeGraphs:
             torch.cuda.set_sync_debug_mode("error")  # a host sync in the warm-up: not capturable, say so now
             try:
                 with torch.cuda.stream(stream):
-                    self.model.logits(self.model(ids, static))  # warm-up: compiles, allocates, touches no slot
+                    self._forward(ids, static)  # warm-up: compiles, allocates, touches no slot
             finally:
                 torch.cuda.set_sync_debug_mode(mode)
             torch.cuda.current_stream(ids.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                logits = self.model.logits(self.model(ids, static))
+                logits = self._forward(ids, static)
         except RuntimeError:  # a host sync (or another uncapturable op) inside the forward
             torch.cuda.synchronize(ids.device)
             return None
         self.num_captured += 1
-        return _Graph(graph, ids, static, logits)
+        return _Graph(graph, ids, static, logits, rows=bucket)
+
+    def _forward(self, ids: torch.Tensor, static: ForwardBatch) -> torch.Tensor:
+        positions = generation_positions(static.cached_lens, static.generation_tokens)
+        return self.model.logits(self.model(ids, replace(static, positions=positions)))

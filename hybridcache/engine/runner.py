@@ -4,12 +4,14 @@ It sees plans, token ids and positions, never a request.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
 from ..cache import HybridCacheManager, StepPlan
 from ..parallel.workers import Workers
-from .forward_batch import forward_batch
+from .forward_batch import forward_batch, generation_positions
 from .graphs import DecodeGraphs
 
 
@@ -48,17 +50,20 @@ class ModelRunner:
         indices = store.execute(plan)
         # plan_step refuses a plan whose rows lack pages for their tokens; a dummy row is not checked
         checked = not (plan.dummy & (plan.num_new > 0)).any()
+        graph_step = self.graphs is not None and not num_context_rows and len(logit_positions) > 0
         batch = forward_batch(store, indices, num_context_rows, verify_tokens, self.speculative,
-                              pages_checked=checked)
+                              pages_checked=checked, with_positions=not graph_step)
         # copies from pageable memory that do not wait for the device (a blocking one synchronises on CUDA)
         ids = token_ids if isinstance(token_ids, torch.Tensor) else torch.from_numpy(token_ids).to(self.device, non_blocking=True)
         if not len(logit_positions):  # context chunks whose prompts go on: their state is what they leave
             self.model(ids, batch)
             return None
         every = len(logit_positions) == len(token_ids)  # a decode or verify step: no positions to upload
-        logits = self.graphs.run(ids, batch) if self.graphs is not None else None
+        logits = self.graphs.run(ids, batch) if graph_step else None
         if logits is not None and every:
             return logits
+        if batch.positions is None:  # the graph did not take it after all: eager, positions from the device
+            batch = replace(batch, positions=generation_positions(batch.cached_lens, verify_tokens))
         positions = torch.from_numpy(logit_positions).to(self.device, non_blocking=True)
         if logits is not None:
             return logits[positions]

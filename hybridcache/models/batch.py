@@ -18,7 +18,8 @@ class ForwardBatch:
     `num_context_tokens` tokens (varlen, `cu_seqlens`), then the generation rows, each feeding exactly
     `generation_tokens` tokens (1 for plain decode; k + 1 for a speculative verify step).
 
-    positions     [N] int64   absolute position of each token
+    positions     [N] int64   absolute position of each token (None only on the way into a graph step,
+                              which computes them from cached_lens)
     cu_seqlens    [B+1] int32 token offsets of the rows
     cached_lens   [B] int32   tokens already committed before this step (attention prefix length)
     slots         [B] int64   recurrent slot of each row (negative: padding, reads zeros, writes nothing)
@@ -31,7 +32,7 @@ class ForwardBatch:
                   checked there, so that the attention ops read nothing back; None: the ops read them
     """
 
-    positions: torch.Tensor
+    positions: torch.Tensor | None
     cu_seqlens: torch.Tensor
     cached_lens: torch.Tensor
     slots: torch.Tensor

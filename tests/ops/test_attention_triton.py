@@ -67,6 +67,28 @@ def test_long_prefill_row_and_odd_head_dim() -> None:
     run_case([(0, 23), (9, 1), (30, 17)], 5, 3, torch.float32, d=24)
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_a_row_without_pages_reads_nothing(num_splits: int) -> None:
+    """A graph step's padding row (`engine.graphs`): tokens at positions past an empty prefix, page table all
+    -1. Its output is zeros, not a read of page -1 or of the pool's stale NaN, and the other rows' outputs
+    are those of the step without it."""
+    rows = VERIFY[:3]
+    batch = make_batch(rows, 16, seed=3)
+    seqs = make_sequences(batch, 4, 2, 32, torch.float32, seed=3)
+    kv = make_pool(batch, seqs, 2, 32, torch.float32, fill=float("nan"))
+    q, k, v = (seqs.flat_new(batch, x) for x in "qkv")
+    want = naive.paged_attention(q, k, v, kv, batch.page_table, batch.cached_lens, batch.cu_seqlens)
+    t = rows[0][1]
+    table = torch.cat([batch.page_table, torch.full((1, batch.page_table.shape[1]), -1, dtype=torch.int32)])
+    cached = torch.cat([batch.cached_lens, torch.tensor([0], dtype=torch.int32)])
+    cu = torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1:] + t])
+    padded_q = torch.cat([q, torch.randn(t, *q.shape[1:])])
+    got = attend(padded_q.to(DEVICE), kv.to(DEVICE), *(x.to(DEVICE) for x in (table, cached, cu)),
+                 num_splits=num_splits)
+    torch.testing.assert_close(got[: len(q)].cpu(), want, **TOL[torch.float32])
+    assert torch.equal(got[len(q):].cpu(), torch.zeros(t, *q.shape[1:]))
+
+
 def test_empty_step() -> None:
     batch = make_batch([None, (4, 0)], 16)
     kv = torch.zeros(batch.num_pages, 2, 16, 2, 32, device=DEVICE)

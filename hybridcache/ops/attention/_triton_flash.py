@@ -58,12 +58,14 @@ def key_range(block, count, cached, split,
 
 @triton.jit
 def key_pages(table_row, n0, k_hi, table_width, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Positions [n0, n0 + BLOCK_N), which of them are keys, and each one's page (int64, 0 if not a key)."""
+    """Positions [n0, n0 + BLOCK_N), which of them are keys, and each one's page (int64, 0 if not a key).
+    A position whose page is -1 is no key: a padding row of a graph step (no pages) reads nothing."""
     pos = n0 + tl.arange(0, BLOCK_N)
     col = pos // PAGE_SIZE
     in_k = (pos < k_hi) & (col < table_width)
     page = tl.load(table_row + col, mask=in_k, other=0).to(tl.int64)
-    return pos, in_k, page
+    in_k = in_k & (page >= 0)
+    return pos, in_k, tl.where(in_k, page, 0)
 
 
 @triton.jit
