@@ -28,7 +28,7 @@ import torch
 
 from benchmarks.families import add_model_args, checkpoint, request_bytes
 from benchmarks.record import Record, add_json_arg
-from benchmarks.timing import REPEATS, median, time_runs
+from benchmarks.timing import REPEATS, decode_rate, median, time_runs
 from hybridcache.cache import sizing_of
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -146,12 +146,6 @@ def main() -> None:
                 print(f"{b:>5} {label:>24} {'':>9} {'':>9} {'':>11} {rate / hf_rate:>15.2f}x "
                       f"(decode {decode[label] / hf_decode:.2f}x)")
     rec.close()
-
-
-def decode_rate(batch: int, max_tokens: int, runs: list[float], first_runs: list[float]) -> float:
-    """Tokens/s after the first token: the whole call's median less the first-token call's median."""
-    spent = median(runs) - median(first_runs)
-    return batch * (max_tokens - 1) / spent if spent > 0 and max_tokens > 1 else float("nan")
 
 
 def counters(llm) -> dict[str, int]:

@@ -85,3 +85,10 @@ def graphed(fn: Callable[[], None], device: str, use_graph: bool) -> Callable[[]
     with torch.cuda.graph(graph):
         fn()
     return graph.replay
+
+
+def decode_rate(batch: int, max_tokens: int, runs: list[float], first_runs: list[float]) -> float:
+    """Tokens/s after the first token of a batch: the whole call's median less the median of the same call
+    with max_tokens=1 (prefill and the first token), for `batch` requests of `max_tokens` each."""
+    spent = median(runs) - median(first_runs)
+    return batch * (max_tokens - 1) / spent if spent > 0 and max_tokens > 1 else float("nan")
