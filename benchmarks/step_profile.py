@@ -1,6 +1,10 @@
 """Where a steady decode step's time goes: wall time per step, GPU kernel time per step (busy share),
 kernel launches and host syncs per step, with CUDA graphs and eagerly, measured in one run.
 
+With graphs, `replay ms` is the step's graph replayed back to back alone (CUDA events, no host work
+between): wall - replay is the host's share of a step, replay - GPU the gaps between the graph's kernels.
+(The replays rerun the last step on its slots, so the engine is discarded after.)
+
     python benchmarks/step_profile.py --family nemotron_h --size 1b --device cuda --dtype bfloat16
     python benchmarks/step_profile.py ... --by-module     # also: kernels and their time per layer kind
 
@@ -86,6 +90,22 @@ def by_module(llm, device: str, steps: int) -> None:
             print(f"    {count / steps:5.0f} {ms / steps:7.3f}  {name}")
 
 
+def replay_ms(llm, steps: int) -> float | None:
+    """Milliseconds per replay of the last step's graph, `steps` replays back to back (after one)."""
+    graphs = llm.runner.graphs
+    if graphs is None or graphs.last is None:
+        return None
+    graph = graphs.last.graph
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
 def host_profile(llm, steps: int) -> None:
     """Self time per step of the host functions (Python and the torch/CUDA calls they make) over `steps`
     steps: where the host's part of a step goes."""
@@ -164,7 +184,8 @@ def main() -> None:
     record = Record(args.json, "step_profile", args.device, dict(family=args.family, size=args.size, dtype=args.dtype,
                                                                steps=args.steps, prompt_len=args.prompt_len))
     print(f"{args.family} {args.size} on {args.device} {args.dtype}; {args.steps} steady decode steps")
-    print(f"{'batch':>5} {'mode':>10} {'wall ms':>8} {'GPU ms':>7} {'busy':>6} {'launches':>9} {'tok/s':>8}")
+    print(f"{'batch':>5} {'mode':>10} {'wall ms':>8} {'GPU ms':>7} {'busy':>6} {'launches':>9} {'tok/s':>8} "
+          f"{'replay ms':>9} {'host share':>10}")
     for b in args.batch:
         for mode, eager, overlap in (m for m in MODES if m[0] in args.modes):
             llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=b, max_model_len=args.prompt_len + 1024,
@@ -183,14 +204,16 @@ def main() -> None:
                 sync(args.device)
             kernels = [e for e in prof.events() if cuda and e.device_type == torch.autograd.DeviceType.CUDA]
             gpu = sum(e.device_time for e in kernels) / 1e3 / args.steps  # us -> ms
+            if args.host_profile and mode == args.modes[0]:
+                host_profile(llm, args.steps)  # before the replays below, which rerun a step on its slots
+            replay = replay_ms(llm, args.steps) if cuda and not eager else None
             record.add(batch=b, mode=mode, wall_ms=wall * 1e3, gpu_ms=gpu, launches=len(kernels) / args.steps,
-                       tok_s=b / wall)
+                       tok_s=b / wall, replay_ms=replay)
+            extra = "" if replay is None else f" {replay:>9.2f} {1 - replay / (wall * 1e3):>10.0%}"
             print(f"{b:>5} {mode:>10} {wall * 1e3:>8.2f} {gpu:>7.2f} {gpu / (wall * 1e3):>5.0%} "
-                  f"{len(kernels) / args.steps:>9.0f} {b / wall:>8.0f}")
+                  f"{len(kernels) / args.steps:>9.0f} {b / wall:>8.0f}{extra}")
             if eager and args.by_module:
                 by_module(llm, args.device, min(args.steps, 5))
-            if args.host_profile and mode == args.modes[0]:
-                host_profile(llm, args.steps)
             del llm
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()

@@ -115,6 +115,7 @@ class DecodeGraphs:
         self.num_captured = 0
         self.num_replays = 0
         self.num_padding_rows = 0  # padding rows replayed, summed over replays
+        self.last: _Graph | None = None  # the graph replayed last (benchmarks time its replay alone)
 
     def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
         """Logits [N, V] of every fed token, or None when the step is not a graph step (the caller then
@@ -140,6 +141,7 @@ class DecodeGraphs:
                 del self._graphs[next(iter(self._graphs))]
         entry.load(input_ids, batch)
         entry.graph.replay()
+        self.last = entry
         self.num_replays += 1
         self.num_padding_rows += bucket - batch.num_rows
         return entry.output(input_ids.shape[0])
