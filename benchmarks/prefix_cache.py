@@ -72,6 +72,8 @@ def measure(llm: LLM, waves, turns: bool, params: SamplingParams) -> dict:
     return {"prompt_tokens": prompt_tokens, "hits": s.prefix_cache_hits, "ceiling": ceiling,
             "prefill_tokens": prompt_tokens - s.prefix_cache_hits, "ttft_mean_s": sum(ttft) / len(ttft),
             "total_s": wall, "snapshot_bytes_peak": peak_snap, "evictions": s.prefix_cache_evictions,
+            "spills": s.prefix_cache_spills, "host_hits": s.prefix_cache_host_hits,
+            "snapshot_rows": llm.manager.planner.prefix.snap_pool.total if llm.manager.planner.prefix else 0,
             "outputs": outputs}
 
 
@@ -144,7 +146,8 @@ def run_pair(args, path, name: str, waves, turns: int, params: SamplingParams, l
         "ttft_mean_s_off": off["ttft_mean_s"], "ttft_mean_s_on": on_["ttft_mean_s"],
         "total_s_off": off["total_s"], "total_s_on": on_["total_s"],
         "snapshot_share_of_cache_peak": on_["snapshot_bytes_peak"] / on_["device_cache_bytes"],
-        "evictions": on_["evictions"], "outputs_equal": off["outputs"] == on_["outputs"],
+        "evictions": on_["evictions"], "spills": on_["spills"], "host_hits": on_["host_hits"],
+        "snapshot_rows": on_["snapshot_rows"], "outputs_equal": off["outputs"] == on_["outputs"],
     }
     rec.add(**row)
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
