@@ -95,8 +95,9 @@ def main() -> None:
     ap.add_argument("--cache-scale", type=float, nargs="+", default=[1.0],
                     help="device cache budgets to run, as multiples of the LLM's default (max_num_seqs requests at "
                          "full length, plus snapshot rows); conversations / max_num_seqs holds every conversation")
-    ap.add_argument("--host-scale", type=float, default=1.0,
-                    help="host tier (suspended requests and spilled prefix entries) as a multiple of the device cache")
+    ap.add_argument("--host-scale", type=float, default=None,
+                    help="host tier (suspended requests and spilled prefix entries) as a multiple of the device cache "
+                         "(default: the LLM's own default, policy.default_host_bytes)")
     add_json_arg(ap)
     args = ap.parse_args()
     if args.quick:
@@ -126,18 +127,21 @@ def run_pair(args, path, name: str, waves, turns: int, params: SamplingParams, l
         kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs, page_size=args.page_size,
                   max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=longest, enable_prefix_caching=on)
         llm = LLM(path, **kw)
-        if scale != 1.0 or args.host_scale != 1.0:
+        if scale != 1.0 or args.host_scale is not None:
             device = int(llm.manager.config.device_bytes * scale)
-            llm = LLM(path, **kw, device_cache_bytes=device, host_cache_bytes=int(device * args.host_scale))
+            host = None if args.host_scale is None else int(device * args.host_scale)
+            llm = LLM(path, **kw, device_cache_bytes=device, host_cache_bytes=host)
         interval = llm.manager.planner.prefix.interval if on else 1
         f = measure(llm, waves, turns, params)
         if name == "shared":
             f["ceiling"] = len(waves[0]) * (args.shared_len // interval * interval)
         f["device_cache_bytes"] = llm.manager.config.device_bytes
+        f["host_cache_bytes"] = llm.manager.config.host_bytes
         figures[on] = f
     off, on_ = figures[False], figures[True]
     row = {
         "workload": name, "cache_scale": scale, "host_scale": args.host_scale,
+        "host_cache_bytes_on": on_["host_cache_bytes"],
         "device_cache_bytes_on": on_["device_cache_bytes"],
         "interval": interval, "hits": on_["hits"], "ceiling": on_["ceiling"],
         "hit_ratio_of_ceiling": on_["hits"] / max(on_["ceiling"], 1),

@@ -50,6 +50,9 @@ def subject(data: dict) -> tuple:
     p = data.get("params", {})
     if data["benchmark"] in ("engine_throughput", "swap_vs_reprefill", "step_profile", "spec_decode"):
         return (p.get("family"), p.get("size"), p.get("dtype"), p.get("device"), p.get("backoff", 0))
+    if data["benchmark"] == "prefix_cache":  # a budget sweep is another subject than the run
+        return (p.get("size"), p.get("device"), tuple(p.get("workloads", ())), tuple(p.get("cache_scale", ())),
+                p.get("host_scale"))
     if data["benchmark"] == "ops_kernels":  # a decode sweep and a prefill-only rerun are different subjects
         return tuple(sorted({str(r.get("kind")) for r in data["rows"]}))
     return (p.get("op"), p.get("device"))

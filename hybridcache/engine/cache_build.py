@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cache import CacheConfig, HybridCacheManager, Sizing, sizing_of
-from .policy import DemandSplit, snapshot_interval, snapshot_rows
+from .policy import DemandSplit, default_host_bytes, snapshot_interval, snapshot_rows
 
 DEFAULT_TOKENS_PER_SEQ = 4096
 
@@ -26,7 +26,7 @@ def build_cache(planned: torch.nn.Module, num_draft_tokens: int, page_size: int,
     """`planned`: the model whose state modules and page roles rank 0 plans (every stage's, its shard of
     them). A device budget of None holds `max_num_seqs` sequences at full length, but never more than
     DEFAULT_TOKENS_PER_SEQ tokens each (long-context configs would otherwise ask for terabytes), plus the
-    snapshot rows; a host budget of None equals the device's; `num_slots` None lets the split follow demand."""
+    snapshot rows; a host budget of None equals the device's (`policy.default_host_bytes`: 4x with prefix caching); `num_slots` None lets the split follow demand."""
     verify_tokens = num_draft_tokens + 1
     states = planned.state_modules(num_draft_tokens)
     pages = planned.page_roles(page_size)
@@ -42,7 +42,8 @@ def build_cache(planned: torch.nn.Module, num_draft_tokens: int, page_size: int,
     manager = HybridCacheManager(
         states, pages,
         CacheConfig(device_bytes=device_cache_bytes,
-                    host_bytes=device_cache_bytes if host_cache_bytes is None else host_cache_bytes,
+                    host_bytes=default_host_bytes(device_cache_bytes, bool(snapshots)) if host_cache_bytes is None
+                    else host_cache_bytes,
                     page_size=page_size, num_slots=split.initial_slots() if num_slots is None else num_slots,
                     num_dummy_slots=0, device=str(device),
                     snapshot_interval=(prefix_snapshot_interval or snapshot_interval(page_size)) if snapshots else 0,

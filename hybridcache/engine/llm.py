@@ -41,8 +41,8 @@ class LLM:
 
     `device_cache_bytes` holds recurrent slots and attention pages; their split follows demand (it is
     re-carved live, bit-exact, when one side runs short while the other sits idle) unless `num_slots`
-    fixes it. `host_cache_bytes` is the host tier that suspended requests move to (by default as large as
-    the device budget). `scheduling_policy`: "max_utilization" (admit while there is room now, preempt on
+    fixes it. `host_cache_bytes` is the host tier that suspended requests and spilled prefix-cache entries move
+    to (by default as large as the device budget; with prefix caching 4x it, at most a quarter of memory). `scheduling_policy`: "max_utilization" (admit while there is room now, preempt on
     growth) or "reserve" (admit only with room for the whole length, never preempt on growth).
 
     `enable_prefix_caching` reuses cached prompt prefixes: shared attention pages and recurrent-state

@@ -4,6 +4,7 @@ The scheduler consults them; they read the cache's sizing and the requests' leng
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -13,11 +14,29 @@ from .request import Request
 
 
 SNAPSHOT_SHARE = 0.2  # of the device cache, at most, for prefix-cache snapshots
+# With prefix caching the default host tier is this many times the device budget (at most a quarter of the
+# machine's memory, never less than the device budget): cached prefixes that leave the device spill there with
+# their pages. `benchmarks/prefix_cache.py` multiturn (32 conversations, 16 running) with 6 snapshot rows, as the
+# 1B-class default budget gives: 0.85 of the hit ceiling on the H200 with a 1x host tier; on the CPU (`small`,
+# 0.75x budget) 0.76 with 1x, 1.00 with 4x.
+PREFIX_HOST_FACTOR = 4
 SNAPSHOT_INTERVAL = 64  # tokens between prefix-cache snapshots, rounded down to a multiple of the page size
 
 
 def snapshot_interval(page_size: int) -> int:
     return max(1, SNAPSHOT_INTERVAL // page_size) * page_size
+
+
+def default_host_bytes(device_bytes: int, prefix_caching: bool) -> int:
+    """The host tier's bytes when none are given: the device budget, or with prefix caching
+    `PREFIX_HOST_FACTOR` times it, capped at a quarter of physical memory (but at least the device budget)."""
+    if not prefix_caching:
+        return device_bytes
+    try:
+        quarter = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: no cap known
+        quarter = PREFIX_HOST_FACTOR * device_bytes
+    return max(device_bytes, min(PREFIX_HOST_FACTOR * device_bytes, quarter))
 
 
 def snapshot_rows(sizing: Sizing, budget: int, max_num_seqs: int) -> int:

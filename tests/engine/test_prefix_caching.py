@@ -140,6 +140,23 @@ def test_a_branch_point_outlives_the_snapshots_its_requests_save_later(tiny):
     assert (on.stats.num_snapshots_saved, on.stats.prefix_cache_evictions) == (3, 0)  # the later ones found no row
 
 
+def test_the_default_host_tier_holds_spilled_prefixes(tiny, monkeypatch):
+    """No host budget given: the device's, or with prefix caching `PREFIX_HOST_FACTOR` times it, at most a
+    quarter of physical memory and never below the device's; a given one is kept."""
+    from hybridcache.engine import policy
+
+    device = 1 << 22
+    kw = dict(page_size=4, max_model_len=128, device_cache_bytes=device)
+    assert LLM(tiny, **kw).manager.config.host_bytes == device
+    assert LLM(tiny, enable_prefix_caching=True, **kw).manager.config.host_bytes == policy.PREFIX_HOST_FACTOR * device
+    assert LLM(tiny, enable_prefix_caching=True, host_cache_bytes=3 << 20, **kw).manager.config.host_bytes == 3 << 20
+    pages = {"SC_PHYS_PAGES": (6 << 20) // 4096, "SC_PAGE_SIZE": 4096}  # a quarter of this machine: 1.5 MiB
+    monkeypatch.setattr(policy.os, "sysconf", pages.__getitem__)
+    assert policy.default_host_bytes(device, True) == device
+    pages["SC_PHYS_PAGES"] = (32 << 20) // 4096  # 8 MiB
+    assert policy.default_host_bytes(device, True) == 2 * device
+
+
 def test_bad_interval_is_refused(tiny):
     with pytest.raises(InvalidParamsError, match="prefix_snapshot_interval"):
         LLM(tiny, page_size=4, enable_prefix_caching=True, prefix_snapshot_interval=6)
