@@ -184,8 +184,9 @@ class Scheduler:
     def _look_ahead(self, rows: list[tuple[Request, int]], waiting: list[Request]) -> None:
         """No seat or token is left: still match the next waiting requests (up to `max_num_seqs`), so that an
         in-flight request of their group is asked to save at their branch point (its chunk in this step
-        is cut there) before it prefills past it."""
-        if self.planner.prefix is None:
+        is cut there) before it prefills past it. With no request prefilling (nothing in flight) a match could
+        neither defer nor ask anyone to save, so none is made (a decode-only step costs no matching)."""
+        if self.planner.prefix is None or not self.planner.prefix.inflight:
             return
         for req in waiting[: self.max_num_seqs]:
             if self.status(req) != Status.WAITING:

@@ -111,6 +111,19 @@ def test_the_second_request_of_a_group_sent_at_once_waits_for_the_first_ones_sna
     assert (on.stats.prefix_cache_queries, on.stats.prefix_cache_hits) == (52, 16)
 
 
+def test_a_full_batch_still_asks_an_in_flight_leader_to_save_at_the_branch_point(tiny):
+    """Three groups, their requests interleaved, three seats: the first of each group prefill (16 tokens a
+    step) while the others wait without a seat. The scheduler's look-ahead asks each leader to save at the
+    end of the shared 40 tokens, which its own keeps (its prompt's end) would pass; so every follower hits
+    all 40 (without the look-ahead half of them hit nothing)."""
+    rng = random.Random(0)
+    heads = [[rng.randrange(3, 96) for _ in range(40)] for _ in range(3)]
+    prompts = [heads[g] + [rng.randrange(3, 96) for _ in range(rng.randint(20, 30))] for _ in range(3) for g in range(3)]
+    llm = cached_llm(tiny, max_num_seqs=3, max_num_batched_tokens=16)
+    llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
+    assert llm.stats.prefix_cache_hits == 3 * 2 * 40
+
+
 def test_a_small_snapshot_pool_evicts_and_stays_exact(tiny):
     prompts = grouped(9, groups=4, per=3, shared=16)
     params = mixed_params(len(prompts))
