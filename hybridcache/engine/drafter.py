@@ -2,6 +2,8 @@
 and the back-off that stops proposing for a request whose drafts keep being rejected."""
 from __future__ import annotations
 
+from array import array
+
 from .params import SpeculativeConfig
 from .request import Request
 
@@ -37,15 +39,22 @@ class NgramDrafter:
 
     def propose(self, tokens: list[int]) -> list[int]:
         """Up to `k` tokens: the continuation of the most recent earlier occurrence of the longest suffix
-        (of `max_n` down to `min_n` tokens) of `tokens`. Empty when nothing matches."""
+        (of `max_n` down to `min_n` tokens) of `tokens`. Empty when nothing matches.
+
+        The search runs in C: the tokens as 4-byte words, each suffix looked for with `bytes.rfind` in the
+        words before the last (an occurrence must leave a token after it), a hit that does not start on a
+        word boundary skipped: the same answer as `scan_propose`, 20x faster from 1,000 tokens
+        (`benchmarks/ngram_drafter.py`), which matters per row and step on the host."""
         n_tok = len(tokens)
+        words = array("i", tokens).tobytes()
         for n in range(min(self.max_n, n_tok - 1), self.min_n - 1, -1):
-            suffix = tokens[n_tok - n :]
-            for start in range(n_tok - n - 1, -1, -1):
-                if tokens[start : start + n] == suffix:
-                    follow = tokens[start + n : start + n + self.k]
-                    if follow:
-                        return follow
+            suffix = words[(n_tok - n) * 4 :]
+            end = (n_tok - 1) * 4  # an occurrence at token s ends by token n_tok - 1: s + n <= n_tok - 1
+            while (at := words.rfind(suffix, 0, end)) >= 0:
+                if at % 4 == 0:
+                    start = at // 4 + n
+                    return tokens[start : start + self.k]
+                end = at + len(suffix) - 1  # straddles words: look before it
         return []
 
     @staticmethod
@@ -56,3 +65,14 @@ class NgramDrafter:
         only when the model agrees with it, so outputs are unchanged."""
         fill = drafts[-1] if drafts else last_token
         return drafts + [fill] * (length - len(drafts))
+
+
+def scan_propose(tokens: list[int], k: int, max_n: int, min_n: int) -> list[int]:
+    """`NgramDrafter.propose` as a plain scan: the reference it is tested and measured against."""
+    n_tok = len(tokens)
+    for n in range(min(max_n, n_tok - 1), min_n - 1, -1):
+        suffix = tokens[n_tok - n :]
+        for start in range(n_tok - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []

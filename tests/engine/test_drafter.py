@@ -1,4 +1,7 @@
-from hybridcache.engine.drafter import NgramDrafter
+import hypothesis.strategies as st
+from hypothesis import given, settings
+
+from hybridcache.engine.drafter import NgramDrafter, scan_propose
 from hybridcache.engine.params import SpeculativeConfig
 
 
@@ -28,3 +31,21 @@ def test_no_match_gives_no_drafts_and_padding_fills_to_the_step_length():
 def test_continuation_shorter_than_k_is_returned_as_is():
     d = NgramDrafter(SpeculativeConfig(num_draft_tokens=4, max_ngram=2))
     assert d.propose([9, 3, 9]) == [3, 9]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.integers(0, 5), max_size=60) | st.lists(st.integers(0, 2**31 - 1), max_size=30)
+       | st.lists(st.sampled_from([0, 1, 256, 257, 65536, 65537, 2**24, 2**24 + 1]), max_size=40),
+       st.integers(1, 5), st.integers(1, 4), st.integers(1, 4))
+def test_propose_equals_the_scan(tokens, k, max_n, min_n):
+    """Small alphabets (many matches), large ids, and ids whose bytes repeat (hits that straddle words)."""
+    d = NgramDrafter(SpeculativeConfig(num_draft_tokens=k, max_ngram=max(max_n, min_n), min_ngram=min(max_n, min_n)))
+    assert d.propose(tokens) == scan_propose(tokens, k, max(max_n, min_n), min(max_n, min_n))
+
+
+def test_a_hit_across_word_boundaries_is_not_a_match():
+    # as bytes, [1, 256] is 01 00 00 00 00 01 00 00: the suffix [1] (01 00 00 00) also appears at byte 5
+    d = NgramDrafter(SpeculativeConfig(num_draft_tokens=2, max_ngram=1))
+    assert d.propose([256, 1, 0, 0, 256, 1]) == [0, 0]
+    assert d.propose([1, 256, 256, 1]) == [256, 256]
+    assert d.propose([2, 256, 5, 1]) == []
