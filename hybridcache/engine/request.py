@@ -45,6 +45,11 @@ class Request:
         return self.prompt + self.output
 
     @property
+    def last_token(self) -> int:
+        """`tokens[-1]` without building the list."""
+        return self.output[-1] if self.output else self.prompt[-1]
+
+    @property
     def context_len(self) -> int:
         """Tokens the context phase must put in the cache: everything but the last generated token (which
         may still be on its way back from the device: `num_pending`)."""

@@ -180,7 +180,7 @@ class StepLoop:
         if prev is not None and len(rows) == len(prev[0]) and all(
                 a is b and a.num_pending for a, b in zip(rows, prev[0])):
             return prev[1].tokens  # a steady batch: every row feeds what it sampled, in the same order
-        known = np.asarray([r.tokens[-1] if not r.num_pending else 0 for r in rows], dtype=np.int64)
+        known = np.asarray([r.last_token if not r.num_pending else 0 for r in rows], dtype=np.int64)
         if prev is None:
             return known
         where = {id(r): i for i, r in enumerate(prev[0])}
@@ -255,7 +255,8 @@ class StepLoop:
         for req in step.generation:
             ids.append(req.req_id)
             counts.append(width)
-            tokens += [req.tokens[-1]] + NgramDrafter.pad(drafts.get(req.req_id, []), req.tokens[-1], width - 1)
+            last = req.last_token
+            tokens += [last] + NgramDrafter.pad(drafts.get(req.req_id, []), last, width - 1)
             positions += range(offset, offset + width)
             offset += width
         plan = self.manager.planner.plan_step(ids, counts)
