@@ -66,12 +66,16 @@ class Trunk(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids: [N] (or `hidden` [N, D] from the stage before) -> hidden [N, D], after the final norm
-        on the stage that holds it; each layer maps [N, D] -> [N, D]."""
+        on the stage that holds it. Each layer maps the stream x + delta to (x', delta') (`residual`): its
+        last residual add is left to the next norm, which fuses it (`RMSNorm.add`)."""
         x = self.embedding(input_ids) if hidden is None else hidden
+        delta = None
         for layer in self.layers:
-            x = layer(x, batch)
+            x, delta = layer.residual(x, delta, batch)
         norm = getattr(self, self.norm_name, None)
-        return x if norm is None else norm(x)
+        if norm is not None:
+            return norm.add(x, delta)[0]
+        return x if delta is None else x + delta
 
 
 class HybridLM(nn.Module):

@@ -59,8 +59,14 @@ class Block(nn.Module):
         self.norm, self.mixer = norm, mixer
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        h = self.norm(x)
-        return x + self.tp.all_reduce(self.mixer(h, batch) if self.reads_batch else self.mixer(h))
+        x, out = self.residual(x, None, batch)
+        return x + out
+
+    def residual(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block on the stream x + delta (delta None: x), as (stream, mixer output): the residual add is
+        fused into the norm of the block after it (`RMSNorm.add`)."""
+        h, x = self.norm.add(x, delta)
+        return x, self.tp.all_reduce(self.mixer(h, batch) if self.reads_batch else self.mixer(h))
 
 
 def _blocks(s: NemotronHSpec, device: Device, dtype: torch.dtype, tp: TPGroup, stage: Stage) -> dict[int, Block]:

@@ -6,6 +6,7 @@ Each mode reproduces its torch forward's rounding points in the same order; all 
 r = rsqrt(mean(h²) + eps) over one row of D channels:
 
   PLAIN    (RMSNorm)              out = rnd_x((x·r)·s)                       s = w, or 1 + w when zero-centred
+           with ADD (`RMSNorm.add`): x = rnd_x(x + d) first, stored as the sum (the residual stream), then as above
   GROUP    (GatedGroupRMSNorm)    h = y·silu(z);  out = rnd_out(w·rnd_y(h·r))  out = promote(w, y); a row is one
                                                                               group, w is that group's slice
   SILU     (GatedRMSNorm)         out = rnd_y(rnd_mid(w·rnd_y(y·r))·silu(z))   mid = promote(w, y)
@@ -66,10 +67,10 @@ def _sigmoid(v):
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, z_ptr, w_ptr, out_ptr,
+    x_ptr, z_ptr, w_ptr, out_ptr, sum_ptr,
     rows, G, stride_xm, stride_xg, stride_zm, stride_zg, eps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-    MODE: tl.constexpr, ZERO_CENTRED: tl.constexpr, MID: tl.constexpr,
+    MODE: tl.constexpr, ZERO_CENTRED: tl.constexpr, MID: tl.constexpr, ADD: tl.constexpr,
 ):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK_D)
@@ -77,9 +78,13 @@ def _rms_norm_kernel(
     g = (r % G).to(tl.int64)
     mask = (r < rows)[:, None] & (c < D)[None, :]
     x = tl.load(x_ptr + (m * stride_xm + g * stride_xg)[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
-    if MODE != PLAIN:  # a gate: z (GROUP, SILU) or gate (SIGMOID)
+    X: tl.constexpr = x_ptr.dtype.element_ty
+    if MODE != PLAIN or ADD:  # a gate: z (GROUP, SILU) or gate (SIGMOID); with ADD the delta
         z = tl.load(z_ptr + (m * stride_zm + g * stride_zg)[:, None] + c[None, :], mask=mask, other=0.0)
         z = z.to(tl.float32)
+    if ADD:  # the residual stream x + d, rounded as torch's add in x's dtype, kept and normalised
+        x = _round(x + z, X)
+        tl.store(sum_ptr + r.to(tl.int64)[:, None] * D + c[None, :], x.to(X), mask=mask)
     if MODE == GROUP:  # gate first; the weight slice of this row's group
         x = x * _silu(z)
         w = tl.load(w_ptr + (g * D)[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -87,7 +92,6 @@ def _rms_norm_kernel(
         w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
     n = x * tl.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps)[:, None]  # mean(h²)
 
-    X: tl.constexpr = x_ptr.dtype.element_ty
     if MODE == PLAIN:
         if ZERO_CENTRED:
             w = 1.0 + w
@@ -110,8 +114,9 @@ def _rows(x: Tensor) -> Tensor:
 
 
 def _launch(mode: tl.constexpr, x: Tensor, z: Tensor | None, weight: Tensor, eps: float, out_dtype: torch.dtype,
-            zero_centred: bool = False) -> Tensor:
-    """x, z: [..., G, D] (same shape) -> out [..., G, D] in out_dtype, contiguous."""
+            zero_centred: bool = False, summed: Tensor | None = None) -> Tensor:
+    """x, z: [..., G, D] (same shape) -> out [..., G, D] in out_dtype, contiguous. `summed` (PLAIN only): z is
+    a delta added to x first, and x + z is written there (contiguous, x's shape and dtype)."""
     assert z is None or z.shape == x.shape, f"gate {tuple(z.shape)} != input {tuple(x.shape)}"
     D = x.shape[-1]
     assert D <= MAX_D, f"{D} channels a row: over the fused norm's {MAX_D}"
@@ -128,9 +133,10 @@ def _launch(mode: tl.constexpr, x: Tensor, z: Tensor | None, weight: Tensor, eps
     warps = min(16, max(1, per_program * block_d // 512))  # 16 fp32 elements a thread, up to 16 warps
     mid = torch.promote_types(weight.dtype, x.dtype)
     _rms_norm_kernel[(triton.cdiv(rows, per_program),)](
-        x3, z3, weight, out, rows, G, x3.stride(0), x3.stride(1), z3.stride(0), z3.stride(1), eps,
+        x3, z3, weight, out, out if summed is None else summed,
+        rows, G, x3.stride(0), x3.stride(1), z3.stride(0), z3.stride(1), eps,
         D=D, BLOCK_D=block_d, ROWS=per_program, MODE=mode.value, ZERO_CENTRED=zero_centred, MID=_TL_DTYPE[mid],
-        num_warps=warps,
+        ADD=summed is not None, num_warps=warps,
     )
     return out
 
@@ -142,6 +148,15 @@ def _heads(x: Tensor) -> Tensor:
 def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, zero_centred: bool = False) -> Tensor:
     """`RMSNorm.forward`: x [..., D], weight [D] -> [..., D] in x's dtype."""
     return _launch(PLAIN, _heads(x), None, weight, eps, x.dtype, zero_centred).view(x.shape)
+
+
+def add_rms_norm_triton(x: Tensor, delta: Tensor, weight: Tensor, eps: float,
+                        zero_centred: bool = False) -> tuple[Tensor, Tensor]:
+    """`RMSNorm.add`: (norm(x + delta), x + delta) in one launch; x, delta [..., D] of one dtype, weight [D]."""
+    assert delta.shape == x.shape and delta.dtype == x.dtype, f"delta {tuple(delta.shape)} {delta.dtype} != x"
+    summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = _launch(PLAIN, _heads(x), _heads(delta), weight, eps, x.dtype, zero_centred, summed)
+    return out.view(x.shape), summed
 
 
 def gated_group_rms_norm_triton(y: Tensor, z: Tensor, weight: Tensor, groups: int, eps: float) -> Tensor:

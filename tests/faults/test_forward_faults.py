@@ -19,11 +19,12 @@ SPECS = {"plain": None, "ngram": SPEC}
 
 
 def fail_layer(llm, monkeypatch, position: str, nth: int, exc: type[BaseException] = Injected) -> FailOnCall:
-    """Make one decoder layer instance raise `exc` on its `nth` forward, after running it."""
+    """Make one decoder layer instance raise `exc` on its `nth` call (`residual`, what the trunk calls), after
+    running it."""
     layers = llm.model.trunk.layers
     layer = layers[POSITIONS[position](len(layers))]
-    fault = FailOnCall(layer.forward, nth, exc, after=True)
-    monkeypatch.setattr(layer, "forward", fault)
+    fault = FailOnCall(layer.residual, nth, exc, after=True)
+    monkeypatch.setattr(layer, "residual", fault)
     return fault
 
 

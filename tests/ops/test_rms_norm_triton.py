@@ -104,6 +104,31 @@ def test_rms_norm(both, layout: str, zero_centred: bool, dtype: torch.dtype) -> 
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("zero_centred", [False, True], ids=["w", "1+w"])
+@pytest.mark.parametrize("layout", ["slice", "heads", "vector"])
+def test_residual_add_and_norm(monkeypatch, layout: str, zero_centred: bool, dtype: torch.dtype) -> None:
+    """`RMSNorm.add(x, delta)`: the sum is exactly torch's `x + delta` in x's dtype (the residual stream goes
+    on bit for bit), the norm of it as `forward`'s; one launch. Deltas of another layout than x's."""
+    module = weights(norm.RMSNorm(D, 1e-6, DEVICE, dtype, zero_centred), 0.0 if zero_centred else 1.0, seed=4)
+    x = rms_input(layout, dtype)
+    delta = randn(*x.shape, dtype=dtype, seed=9, scale=3.0)
+    launches = []
+    launch = rms_norm_triton._launch
+    monkeypatch.setattr(rms_norm_triton, "_launch", lambda *a, **kw: launches.append(a[0]) or launch(*a, **kw))
+    monkeypatch.setattr(norm, "runs_triton", lambda t: False)
+    ref, ref_sum = module.add(x, delta)
+    assert torch.equal(ref_sum, x + delta) and not launches
+    monkeypatch.setattr(norm, "runs_triton", lambda t: True)
+    out, summed = module.add(x, delta)
+    assert len(launches) == 1
+    assert summed.dtype == dtype and summed.shape == x.shape and torch.equal(summed, ref_sum)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_matches(ref, out)
+    out_none, same = module.add(x, None)  # nothing to add: the plain norm, the stream as it was
+    assert same is x and torch.equal(out_none, module(x))
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("groups", [1, 4])
 def test_gated_group_rms_norm(both, groups: int, dtype: torch.dtype) -> None:
     """y [N, I] contiguous (the scan's output), z a column slice of the in_proj output; D = 48 a group."""

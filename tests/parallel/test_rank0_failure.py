@@ -47,7 +47,7 @@ def test_a_failure_on_rank_0_mid_step_fails_the_group_at_once(checkpoint, sizes,
         if where == "store":  # rank 0's store executes the plan after the peer received it
             fail_once(llm.manager.store.local, "execute")
         else:  # rank 0's last layer: the peers are in that layer's all-reduce (TP) or a recv (PP)
-            fail_once(llm.model.trunk.layers[-1], "forward", KeyboardInterrupt if where == "interrupt" else Injected)
+            fail_once(llm.model.trunk.layers[-1], "residual", KeyboardInterrupt if where == "interrupt" else Injected)
         if where == "interrupt":
             with pytest.raises(KeyboardInterrupt):
                 llm.generate(PROMPTS, PARAMS)

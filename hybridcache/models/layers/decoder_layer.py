@@ -30,5 +30,12 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] -> [N, D]."""
-        x = x + self.tp.all_reduce(self.mixer(self.input_layernorm(x), batch))
-        return x + self.tp.all_reduce(self.mlp(self.post_attention_layernorm(x)))
+        x, out = self.residual(x, None, batch)
+        return x + out
+
+    def residual(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on the stream x + delta (delta None: x), returned as (stream, the MLP's output) whose sum
+        is the layer's output: each residual add is fused into the norm after it (`RMSNorm.add`)."""
+        h, x = self.input_layernorm.add(x, delta)
+        h, x = self.post_attention_layernorm.add(x, self.tp.all_reduce(self.mixer(h, batch)))
+        return x, self.tp.all_reduce(self.mlp(h))

@@ -49,6 +49,17 @@ class RMSNorm(WeightedNorm):
             scale = 1.0 + scale
         return (rms_normalise(x.float(), self.eps) * scale).to(x.dtype)
 
+    def add(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + delta), x + delta), the sum rounded to x's dtype as `x + delta` is: a pre-norm layer's
+        residual add and its norm, one fused launch on CUDA. delta None: (norm(x), x)."""
+        if delta is None:
+            return self(x), x
+        if runs_triton(x):
+            from ...ops.rms_norm_triton import add_rms_norm_triton
+            return add_rms_norm_triton(x, delta, self.weight, self.eps, self.zero_centred)
+        x = x + delta
+        return self(x), x
+
 
 class GatedGroupRMSNorm(WeightedNorm):
     """Mamba2's `weight * norm_g(y * silu(z))`: gate first, RMS over each of `groups` equal channel slices.
