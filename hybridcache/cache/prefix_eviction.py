@@ -123,8 +123,6 @@ class PrefixEviction:
         self.planner.host_page_pool.release([n.host_page for n in removed if n.host_page >= 0])
 
 
-
-
 def _device_chain(n: Node | None) -> bool:
     """Whether `n` or an ancestor holds a device page."""
     while n is not None:

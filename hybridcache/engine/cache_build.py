@@ -26,7 +26,8 @@ def build_cache(planned: torch.nn.Module, num_draft_tokens: int, page_size: int,
     """`planned`: the model whose state modules and page roles rank 0 plans (every stage's, its shard of
     them). A device budget of None holds `max_num_seqs` sequences at full length, but never more than
     DEFAULT_TOKENS_PER_SEQ tokens each (long-context configs would otherwise ask for terabytes), plus the
-    snapshot rows; a host budget of None equals the device's (`policy.default_host_bytes`: 4x with prefix caching); `num_slots` None lets the split follow demand."""
+    snapshot rows; a host budget of None equals the device's, 4x it with prefix caching
+    (`policy.default_host_bytes`); `num_slots` None lets the split follow demand."""
     verify_tokens = num_draft_tokens + 1
     states = planned.state_modules(num_draft_tokens)
     pages = planned.page_roles(page_size)

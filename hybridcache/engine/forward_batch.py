@@ -25,13 +25,13 @@ def forward_batch(
     n, cached = step.host_num_new, step.host_cached_lens
     cu = np.zeros(len(n) + 1, dtype=np.int64)
     np.cumsum(n, out=cu[1:])
+    device = step.slots.device
     positions = None
     if with_positions:
         starts = np.repeat(cu[:-1], n)  # laid out on the host: the counts are known there, no read-back
-        positions = np.repeat(cached, n) + np.arange(cu[-1]) - starts
-    device = step.slots.device
+        positions = torch.from_numpy(np.repeat(cached, n) + np.arange(cu[-1]) - starts).to(device, non_blocking=True)
     return ForwardBatch(
-        positions=torch.from_numpy(positions).to(device, non_blocking=True) if with_positions else None,
+        positions=positions,
         cu_seqlens=step.cu_seqlens,
         cached_lens=step.cached_lens,
         slots=step.slots,

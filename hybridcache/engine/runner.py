@@ -34,8 +34,9 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan, token_ids: np.ndarray, num_context_rows: int, verify_tokens: int,
             logit_positions: np.ndarray) -> torch.Tensor | None:
-        """token_ids [N] the step's tokens (on the host, or already on the device), row after row (context rows first, then `verify_tokens` per
-        generation row); returns logits [len(logit_positions), V] of those flat positions (None if none).
+        """token_ids [N] the step's tokens (on the host, or already on the device), row after row (context rows
+        first, then `verify_tokens` per generation row); returns logits [len(logit_positions), V] of those flat
+        positions (None if none).
 
         Raises what the forward raises; the caller aborts the plan (its rows may have been written)."""
         if self.workers is not None:
@@ -54,7 +55,8 @@ class ModelRunner:
         batch = forward_batch(store, indices, num_context_rows, verify_tokens, self.speculative,
                               pages_checked=checked, with_positions=not graph_step)
         # copies from pageable memory that do not wait for the device (a blocking one synchronises on CUDA)
-        ids = token_ids if isinstance(token_ids, torch.Tensor) else torch.from_numpy(token_ids).to(self.device, non_blocking=True)
+        ids = token_ids if isinstance(token_ids, torch.Tensor) else torch.from_numpy(token_ids).to(
+            self.device, non_blocking=True)
         if not len(logit_positions):  # context chunks whose prompts go on: their state is what they leave
             self.model(ids, batch)
             return None

@@ -72,6 +72,19 @@ def test_gdn_verify_raw_gate_matches_precomputed(T, hist, K, V, dtype):
         assert torch.equal(raw[r].cpu(), before[r])
 
 
+def assert_views_read_in_place(run, kernel, x: list[torch.Tensor], views: list[torch.Tensor], before) -> None:
+    """The kernel on strided views of one packed projection gives the contiguous inputs' outputs and pools,
+    bit for bit."""
+    assert not any(t.is_contiguous() for t in views)
+    a, b = copies(before, DEVICE), copies(before, DEVICE)
+    slots = torch.tensor(SLOTS, device=DEVICE)
+    o_a = run(kernel, [t.to(DEVICE) for t in x], a, slots, use_qk_l2norm_in_kernel=True)
+    o_b = run(kernel, [t.to(DEVICE) for t in views], b, slots, use_qk_l2norm_in_kernel=True)
+    assert torch.equal(o_a, o_b)
+    for r in a:
+        torch.testing.assert_close(b[r], a[r], rtol=0, atol=0, equal_nan=True, msg=lambda s: f"{r}: {s}")
+
+
 def test_gdn_verify_reads_strided_inputs_in_place():
     """q, k, v as column slices of one conv output [B, T, 2HK + HV·V] and g, beta as slices of a wider tensor:
     the same writes and outputs, bit for bit, as contiguous copies."""
@@ -84,14 +97,7 @@ def test_gdn_verify_reads_strided_inputs_in_place():
     hk = H * K
     views = [qkv[..., :hk].unflatten(-1, (H, K)), qkv[..., hk:2 * hk].unflatten(-1, (H, K)),
              qkv[..., 2 * hk:].unflatten(-1, (HV, V)), gb[..., :HV], gb[..., HV:]]
-    assert not any(t.is_contiguous() for t in views)
-    a, b = copies(before, DEVICE), copies(before, DEVICE)
-    slots = torch.tensor(SLOTS, device=DEVICE)
-    o_a = gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in x], a, slots, use_qk_l2norm_in_kernel=True)
-    o_b = gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in views], b, slots, use_qk_l2norm_in_kernel=True)
-    assert torch.equal(o_a, o_b)
-    for r in a:
-        torch.testing.assert_close(b[r], a[r], rtol=0, atol=0, equal_nan=True, msg=lambda s: f"{r}: {s}")
+    assert_views_read_in_place(gdn_run, gdn_verify_triton, x, views, before)
 
 
 def test_gdn_verify_takes_a_raw_gate_on_the_torch_path():
@@ -175,14 +181,7 @@ def test_kda_verify_reads_strided_inputs_in_place():
     hk = H * K
     views = [qkv[..., :hk].unflatten(-1, (H, K)), qkv[..., hk:2 * hk].unflatten(-1, (H, K)),
              qkv[..., 2 * hk:].unflatten(-1, (H, V)), gb[..., :hk].unflatten(-1, (H, K)), gb[..., hk:]]
-    assert not any(t.is_contiguous() for t in views)
-    a, b = copies(before, DEVICE), copies(before, DEVICE)
-    slots = torch.tensor(SLOTS, device=DEVICE)
-    o_a = kda_run(kda_verify_triton, [t.to(DEVICE) for t in x], a, slots, use_qk_l2norm_in_kernel=True)
-    o_b = kda_run(kda_verify_triton, [t.to(DEVICE) for t in views], b, slots, use_qk_l2norm_in_kernel=True)
-    assert torch.equal(o_a, o_b)
-    for r in a:
-        torch.testing.assert_close(b[r], a[r], rtol=0, atol=0, equal_nan=True, msg=lambda s: f"{r}: {s}")
+    assert_views_read_in_place(kda_run, kda_verify_triton, x, views, before)
 
 
 def test_kda_verify_takes_a_raw_gate_on_the_torch_path():
