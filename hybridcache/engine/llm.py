@@ -9,8 +9,6 @@ from typing import Callable, Sequence
 
 import torch
 
-import numpy as np
-
 from ..cache import StateLostError, Status
 from ..models.checkpoint import read_config, read_generation_config
 from ..models.loader import load_model, load_tokenizer, model_on_meta
@@ -18,13 +16,14 @@ from ..parallel import TPGroup
 from ..parallel.workers import Workers
 from .cache_build import build_cache
 from .drafter import NgramDrafter
-from .errors import InvalidParamsError, InvalidRequestError, RequestTooLargeError
+from .errors import InvalidParamsError, InvalidRequestError
 from .params import SamplingParams, SpeculativeConfig, check_engine_args
 from .interrupts import deferred_interrupts
 from .prefilled import PrefilledRequest
 from .policy import PreemptionPolicy
 from .ranks import attach_ranks, start_ranks
 from .request import Request, RequestDelta, RequestOutput
+from .request_check import RequestCheck
 from .stats import Stats
 from .runner import ModelRunner
 from .step_loop import StepLoop
@@ -161,6 +160,8 @@ class LLM:
             self.drafter is None or speculative.backoff_max_steps > 0)
         self._loop = StepLoop(self.scheduler, self.manager, self.runner, self.drafter, self.tokenizer, self.device,
                               self.async_scheduling)
+        self._check = RequestCheck(self.tokenizer, self._loop.tokenizer_lock, self.vocab_size, self.max_model_len,
+                                   self.verify_tokens, self.manager, self.sizing, self.split)
 
     # ---------------------------------------------------------------------------------- public
     @property
@@ -250,9 +251,9 @@ class LLM:
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
-        encoded = [self._encode(p) for p in prompts]
+        encoded = [self._check.encode(p) for p in prompts]
         for ids, p in zip(encoded, plist):
-            self._validate(ids, p)
+            self._check.validate(ids, p)
         rids: list[int] = []
         done: dict[int, RequestOutput] = {}
         try:
@@ -281,8 +282,8 @@ class LLM:
     def add_request(self, prompt: Sequence[int] | str, params: SamplingParams | None = None) -> int:
         """Queue one request; raises InvalidRequestError (queueing nothing) on bad input."""
         params = params or self.default_params
-        ids = self._encode(prompt)
-        self._validate(ids, params)
+        ids = self._check.encode(prompt)
+        self._check.validate(ids, params)
         with deferred_interrupts():
             rid = self._next_id
             seed = params.seed if params.seed is not None else self.seed * 1_000_003 + rid
@@ -311,8 +312,8 @@ class LLM:
     def add_prefilled(self, p: PrefilledRequest) -> int:
         """Queue a request another engine prefilled (`take_prefilled` there, with the same cache layouts): it
         joins as a suspended request and resumes like one. Raises (queueing nothing) on bad input."""
-        ids = self._encode(p.prompt)
-        self._validate(ids, p.params)
+        ids = self._check.encode(p.prompt)
+        self._check.validate(ids, p.params)
         with deferred_interrupts():
             rid = self._next_id
             req = Request(rid, ids, p.params, tuple(self.eos_token_ids), arrival=rid, seed=_int64(p.seed),
@@ -337,8 +338,8 @@ class LLM:
     def check_request(self, prompt: Sequence[int] | str, params: SamplingParams) -> list[int]:
         """The prompt's token ids if `add_request` would accept it; raises InvalidRequestError otherwise.
         Reads only what a step never changes, so another thread may call it while this LLM runs."""
-        ids = self._encode(prompt)
-        self._validate(ids, params)
+        ids = self._check.encode(prompt)
+        self._check.validate(ids, params)
         return ids
 
     def has_unfinished(self) -> bool:
@@ -350,53 +351,10 @@ class LLM:
         tokens and stay queued."""
         return self._loop.step()
 
-
     def close(self) -> None:
         """Stop the tensor-parallel workers (nothing to do for one rank); the LLM cannot step afterwards."""
         if self._finalizer is not None:
             self._finalizer()
-
-    # ---------------------------------------------------------------------------------- internals
-    def _encode(self, prompt: Sequence[int] | str) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise InvalidRequestError("this checkpoint has no tokenizer: pass token ids, not text")
-            with self._loop.tokenizer_lock:
-                return list(self.tokenizer.encode(prompt))
-        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
-            raise InvalidRequestError(f"a prompt is text or a list of token ids, got {type(prompt).__name__}")
-        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, (int, np.integer))]
-        if bad:
-            raise InvalidRequestError(f"token ids must be ints, got {bad[0]!r} ({type(bad[0]).__name__})")
-        return [int(t) for t in prompt]
-
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise InvalidRequestError("empty prompt")
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        total = len(ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) = {total} exceeds max_model_len {self.max_model_len}"
-            )
-        need = self.device_bytes_needed(total + self.verify_tokens)
-        need += self.sizing.bytes_for(self.manager.config.num_snapshot_slots, 0)  # carved beside the requests
-        if need > self.manager.config.device_bytes:
-            raise RequestTooLargeError(
-                f"a request of {total} tokens needs {need} device bytes even alone; the device cache holds "
-                f"{self.manager.config.device_bytes}"
-            )
-        pages = self.split.whole_pages_of(len(ids), params.max_tokens)
-        if not self.split.follow_demand and pages > self.manager.num_pages:
-            raise RequestTooLargeError(
-                f"a request of {total} tokens needs {pages} pages; the fixed split (num_slots="
-                f"{self.manager.num_slots}) leaves the device cache {self.manager.num_pages}"
-            )
-
 
 def _int64(seed: int) -> int:
     """A seed in [0, 2^64) as the int64 with the same bits."""
