@@ -6,8 +6,9 @@ every entry and every pool is compared before and after). Plans are checked agai
 plan's page-table writes, applied in order to a simulated store's table (reset when `version` changes,
 widened when `table_width` grows), must rebuild every row's pages exactly, writing no cell twice.
 
-One set of rules, two drivers: `Model` draws through a `Draw`, backed by `random.Random` for the plain
-random walk (many operations, cheap) or by hypothesis's `data` for the rule-based machine (shrinking).
+One set of rules, two drivers: `Model` draws through a `Draw` (`planner_walk`), backed by `random.Random` for
+the plain random walk (many operations, cheap) or by hypothesis's `data` for the rule-based machine
+(shrinking). The rules that must be refused live in `planner_refusals`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import itertools
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -40,49 +41,16 @@ from hybridcache.cache import (
     UnknownRequestError,
 )
 from hybridcache.cache.counts import MAX_TOKENS
+from tests.cache.planner_refusals import Refusals
+from tests.cache.planner_walk import (
+    CONTEXT, DUMMY, GENERATION, IDLE, MOVING, ON_DEVICE, PENDING, RECARVING, SUSPENDED, WAITING, DataDraw, RandomDraw,
+)
 
-WAITING, CONTEXT, GENERATION, SUSPENDED, DUMMY = (
-    Status.WAITING, Status.CONTEXT, Status.GENERATION, Status.SUSPENDED, Status.DUMMY)
-ON_DEVICE = (CONTEXT, GENERATION)
 STATS = ("suspensions", "resumes", "reprefills", "aborted_rows", "rebalances", "bytes_to_host", "bytes_to_device")
-IDLE, PENDING, MOVING, RECARVING = "idle", "pending", "moving", "recarving"
 
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-# ---------------------------------------------------------------------------------------------- draws
-class RandomDraw:
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-
-    def int(self, lo: int, hi: int) -> int:
-        return self.rng.randint(lo, hi)
-
-    def pick(self, seq: Sequence):
-        return self.rng.choice(seq)
-
-    def subset(self, seq: Sequence, lo: int = 1, hi: int = 5) -> list:
-        k = self.rng.randint(min(lo, len(seq)), min(hi, len(seq)))
-        return self.rng.sample(list(seq), k)
-
-
-class DataDraw:
-    def __init__(self, data) -> None:
-        self.data = data
-
-    def int(self, lo: int, hi: int) -> int:
-        return self.data.draw(st.integers(lo, hi))
-
-    def pick(self, seq: Sequence):
-        return self.data.draw(st.sampled_from(list(seq)))
-
-    def subset(self, seq: Sequence, lo: int = 1, hi: int = 5) -> list:
-        if not seq:
-            return []
-        return self.data.draw(st.lists(st.sampled_from(list(seq)), min_size=min(lo, len(seq)),
-                                       max_size=min(hi, len(seq)), unique=True))
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -134,6 +102,7 @@ class Model:
         self.free_dummies = list(range(cfg.num_dummies - 1, -1, -1))
         self.num_slots, self.num_pages = cfg.num_slots, cfg.num_pages
         self.stats = dict.fromkeys(STATS, 0)
+        self.refusals = Refusals(self)
         self.counter = 0
         self.step: StepPlan | None = None  # the pending step
         self.move: MovePlan | RecarvePlan | None = None  # the move in progress
@@ -581,111 +550,9 @@ class Model:
             self.outcomes["rebalance"] += 1
         self.move, self.last_move = None, plan
 
-    # -- rules: what must be refused ---------------------------------------------------------------
+    # -- rules: what must be refused (`planner_refusals.Refusals`) --------------------------------------
     def invalid(self, d) -> None:
-        {IDLE: self.invalid_idle, PENDING: self.invalid_pending}.get(self.phase, self.not_idle)(d)
-
-    def invalid_idle(self, d) -> None:
-        p = self.planner
-        known = list(self.reqs)
-        gone = sorted(self.freed)
-        pages = d.int(0, 50)
-        cases: list[tuple] = [
-            (UnknownRequestError, self.call_with(d, "nope")),
-            (OutOfDeviceMemoryError, lambda: p.plan_rebalance(0, pages)),
-        ]
-        if gone:
-            cases.append((DoubleFreeError, self.call_with(d, d.pick(gone))))
-        if not self.free_dummies:
-            cases.append((OutOfDeviceMemoryError, lambda: p.add_dummy("one too many")))
-        if known:
-            twice = [d.pick(known)] * 2
-            entry_point = d.pick([p.allocate, p.plan_step])
-            cases.append((ValueError, lambda: entry_point(twice, 1)))  # a row listed twice
-            some = d.subset(self.ids(WAITING, CONTEXT, GENERATION, DUMMY), 0)
-            bad = self.bad_counts(d, some)
-            cases.append((InvalidCountError, lambda: p.allocate(some, bad)))
-            placed = d.subset(self.ids(CONTEXT, GENERATION, DUMMY), 0)
-            bad_too = self.bad_counts(d, placed)
-            cases.append((InvalidCountError, lambda: p.plan_step(placed, bad_too)))
-        if self.ids(SUSPENDED):
-            held = d.pick(self.ids(SUSPENDED))
-            cases.append((InvalidTransitionError, lambda: p.allocate([held], 1)))
-        for statuses, call in (  # requests in a status the operation does not take
-            ((WAITING, SUSPENDED), lambda r: p.plan_step([r], 1)),
-            ((WAITING, CONTEXT, SUSPENDED, DUMMY), lambda r: p.plan_suspend([r])),
-            ((WAITING, CONTEXT, GENERATION, DUMMY), lambda r: p.plan_resume([r])),
-            ((WAITING, DUMMY), p.reprefill),
-            ((WAITING, GENERATION, SUSPENDED, DUMMY), p.start_generation),
-        ):
-            if self.ids(*statuses):
-                rid = d.pick(self.ids(*statuses))
-                cases.append((InvalidTransitionError, lambda call=call, rid=rid: call(rid)))
-        cases += [(InvalidTransitionError, c) for c in self.stale_calls()]
-        error, call = cases[d.int(0, len(cases) - 1)]
-        self.refused(error, call)
-
-    def call_with(self, d, rid: str) -> Callable[[], object]:
-        """A call naming `rid` (unknown or freed): every entry point looks it up first."""
-        p = self.planner
-        calls = [lambda: p.allocate([rid], 1), lambda: p.plan_step([rid], 1), lambda: p.plan_suspend([rid]),
-                 lambda: p.plan_resume([rid]), lambda: p.free(rid), lambda: p.reprefill(rid),
-                 lambda: p.start_generation(rid), lambda: p.entry(rid)]
-        return calls[d.int(0, len(calls) - 1)]
-
-    def stale_calls(self) -> list[Callable[[], object]]:
-        """Plans that are not the pending step or the move in progress, handed back."""
-        p = self.planner
-        step = self.step or self.last_step
-        move = self.move or self.last_move
-        calls: list = []
-        if step is not None:
-            copy = dataclasses.replace(step)
-            calls += [lambda: p.check_accept(copy, None), lambda: p.abort_step(copy)]
-            if self.step is None:
-                calls.append(lambda: p.check_accept(step, None))
-        if move is not None:
-            copy = dataclasses.replace(move)
-            if isinstance(move, MovePlan):
-                calls += [lambda: p.commit_move(copy, 0), lambda: p.cancel_move(copy)]
-            else:
-                calls += [lambda: p.commit_rebalance(copy), lambda: p.cancel_rebalance(copy, state_lost=True)]
-        return calls
-
-    def invalid_pending(self, d) -> None:
-        p, plan = self.planner, self.step
-        gen = np.flatnonzero(plan.generation).tolist()
-        roll = d.int(0, 3)
-        if roll == 0 and gen:
-            valid = plan.num_new.copy()
-            i = d.pick(gen)
-            valid[i] = d.pick([0, -1, int(plan.num_new[i]) + 1])
-            return self.refused(InvalidCountError, lambda: p.check_accept(plan, valid.tolist()))
-        if roll == 1:
-            wrong = [1] * (plan.batch_size + (d.pick([-1, 1]) if plan.batch_size else 1))
-            return self.refused(InvalidCountError, lambda: p.check_accept(plan, wrong))
-        if roll == 2:
-            accept = p.check_accept(plan, None)
-            copy = dataclasses.replace(plan)
-            return self.refused(InvalidTransitionError, d.pick([lambda: p.commit_step(copy, accept),
-                                                                 lambda: p.abort_step(copy)]))
-        self.not_idle(d)
-
-    def not_idle(self, d) -> None:
-        """While a step is pending or a move is in progress, every other operation is refused."""
-        p = self.planner
-        known = list(self.reqs) or ["nope"]
-        rid = d.pick(known)
-        calls = [lambda: p.allocate([rid], 1), lambda: p.plan_step([rid], 1), lambda: p.reprefill(rid),
-                 lambda: p.free(rid), lambda: p.plan_suspend(self.ids(GENERATION)[:1]),
-                 lambda: p.plan_resume(self.ids(SUSPENDED)[:1]),
-                 lambda: p.plan_rebalance(self.num_slots, self.num_pages)]
-        if self.ids(CONTEXT):
-            ctx = d.pick(self.ids(CONTEXT))
-            calls.append(lambda: p.start_generation(ctx))
-        if self.phase != PENDING:
-            calls += self.stale_calls()
-        self.refused(InvalidTransitionError, calls[d.int(0, len(calls) - 1)])
+        self.refusals.invalid(d)
 
     # -- which rules apply -------------------------------------------------------------------------
     def rules(self) -> list[tuple[int, Callable]]:
