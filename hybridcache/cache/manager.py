@@ -274,6 +274,11 @@ class HybridCacheManager:
                 pc.candidates = []
         return saved
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix entry no request uses, device and host tier (`Planner.reset_prefix`);
+        returns the snapshots dropped. Refused (InvalidTransitionError) while a step or move is pending."""
+        return self.planner.reset_prefix()
+
     @property
     def snapshot_bytes(self) -> int:
         """Device bytes of the prefix-cache snapshot rows held now."""

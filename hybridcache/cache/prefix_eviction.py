@@ -58,14 +58,23 @@ class PrefixEviction:
                 break
         return True
 
-    def drop_all_unpinned(self, host_too: bool = False) -> None:
+    def drop_all_unpinned(self, host_too: bool = False, evicted: bool = True) -> None:
         """Every unpinned device snapshot, and the spilled ones whose chains still hold device pages (with
-        `host_too`, every spilled one)."""
+        `host_too`, every spilled one); `evicted`: counted as evictions."""
         for n in list(self._evictable()):
-            self._drop(n, evicted=True)
+            self._drop(n, evicted)
         for n in list(self.index.host_nodes()):
             if self.index.nodes.get(n.key) is n and (host_too or _device_chain(n)):
-                self._drop(n, evicted=True)
+                self._drop(n, evicted)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing cached: no node, so no snapshot and no page held by the index."""
+        return not self.index.nodes
+
+    def num_snapshots(self) -> int:
+        """Snapshots the index holds, on the device and in the host tier."""
+        return len(list(self.index.snapshot_nodes())) + len(list(self.index.host_nodes()))
 
     def clear(self) -> None:
         """Forget every cached entry (the device lost its rows): host ids go back; device pools are rebuilt by the caller."""

@@ -217,6 +217,14 @@ class LLM:
                 self._loop.restart_lost()
                 raise
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix no request is using (vLLM's name; e.g. before a measured run, or
+        after the weights changed). True when nothing cached is left; False while running requests still
+        hold cached prefixes (those stay) or prefix caching is off."""
+        with deferred_interrupts():
+            self.manager.reset_prefix_cache()
+        return self.manager.planner.prefix is not None and self.manager.planner.prefix.empty
+
     def device_bytes_needed(self, num_tokens: int) -> int:
         """Device bytes one request of `num_tokens` tokens holds: its pages and its slot, every role.
         A budget of `device_bytes_needed(L + num_draft_tokens + 1)` runs any one request of length L; N

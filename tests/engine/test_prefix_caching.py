@@ -235,6 +235,40 @@ def test_a_failed_spill_or_unspill_copy_changes_nothing(tiny, monkeypatch):
     mgr.check_integrity()
 
 
+def test_reset_forgets_every_cached_prefix_on_both_tiers_and_the_next_run_starts_cold(tiny):
+    """Device and spilled entries are dropped (every pool id back, not counted as evictions); the same
+    prompts then hit exactly what they hit the first time, with the same tokens. Refused mid-step."""
+    from hybridcache.cache import InvalidTransitionError
+
+    prompts = grouped(13, groups=3, per=2, shared=16)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    on = cached_llm(tiny, max_num_seqs=2, host_cache_bytes=1 << 22)
+    mgr, planner = on.manager, on.manager.planner
+    first = [o.token_ids for o in on.generate(prompts, params)]
+    hits, evictions = on.stats.prefix_cache_hits, on.stats.prefix_cache_evictions
+    assert hits > 0 and mgr.spill(snapshots=1) > 0  # one entry on the host tier, the rest on the device
+    assert planner.prefix.snap_pool.num_owned > 0 and planner.host_slot_pool.num_owned > 0
+
+    mgr.add_request("mid-step")
+    mgr.allocate(["mid-step"], 4)
+    plan = planner.plan_step(["mid-step"], [4])
+    before = _cache_state(planner)
+    with pytest.raises(InvalidTransitionError, match="pending"):
+        mgr.reset_prefix_cache()
+    assert _cache_state(planner) == before
+    planner.abort_step(plan)
+    mgr.free("mid-step")
+
+    assert on.reset_prefix_cache() is True
+    mgr.check_integrity()
+    assert planner.prefix.snap_pool.num_owned == 0 and planner.host_slot_pool.num_owned == 0
+    assert planner.page_pool.num_owned == 0 and planner.host_page_pool.num_owned == 0
+    assert on.stats.prefix_cache_evictions == evictions and on.stats.num_snapshots == 0
+    assert [o.token_ids for o in on.generate(prompts, params)] == first
+    assert on.stats.prefix_cache_hits == 2 * hits
+    assert LLM(tiny, page_size=4, max_model_len=128).reset_prefix_cache() is False  # caching off
+
+
 def test_a_suspend_drops_spilled_entries_before_it_is_refused(tiny):
     prompts = grouped(12, groups=3, per=1, shared=16)
     on = cached_llm(tiny, max_num_seqs=2, host_cache_bytes=1 << 22)

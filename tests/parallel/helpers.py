@@ -6,7 +6,6 @@ import datetime
 import threading
 from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
 
 from hybridcache.parallel import TPGroup
