@@ -28,9 +28,16 @@ from benchmarks.record import Record, add_json_arg
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-# (name, enforce_eager, async_scheduling): graphs with the host's planning overlapped, graphs with a
-# synchronous step (the host plans while the device idles), eager
-MODES = [("graph", False, True), ("graph-sync", False, False), ("eager", True, True)]
+# (name, enforce_eager, async_scheduling, draft tokens): graphs with the host's planning overlapped, graphs
+# with a synchronous step (the host plans while the device idles), eager; `verify`: every step a k=3 verify
+# (graphs), each row proposing 3 tokens the model does not pick (a verify step is synchronous: the host
+# needs the accepted tokens to draft the next one)
+MODES = [("graph", False, True, 0), ("graph-sync", False, False, 0), ("eager", True, True, 0), ("verify", False, True, 3)]
+
+
+def never_picked(tokens: list[int]) -> list[int]:
+    """Three drafts the greedy choice rarely is (a row's last token, repeated)."""
+    return [tokens[-1]] * 3
 
 
 def steady(llm, batch: int, prompt_len: int, vocab: int) -> None:
@@ -175,10 +182,10 @@ def main() -> None:
     add_json_arg(ap)
     ap.add_argument("--by-module", action="store_true", help="eager steps: kernels and time per layer kind")
     ap.add_argument("--host-profile", action="store_true",
-                    help="also: the host functions that take the most self time per step (cProfile, first mode)")
+                    help="also: the host functions that take the most self time per step (cProfile, each mode)")
     ap.add_argument("--modes", nargs="+", choices=[m[0] for m in MODES], default=[m[0] for m in MODES])
     args = ap.parse_args()
-    from hybridcache import LLM
+    from hybridcache import LLM, SpeculativeConfig
 
     path = checkpoint(args)
     record = Record(args.json, "step_profile", args.device, dict(family=args.family, size=args.size, dtype=args.dtype,
@@ -187,16 +194,21 @@ def main() -> None:
     print(f"{'batch':>5} {'mode':>10} {'wall ms':>8} {'GPU ms':>7} {'busy':>6} {'launches':>9} {'tok/s':>8} "
           f"{'replay ms':>9} {'host share':>10}")
     for b in args.batch:
-        for mode, eager, overlap in (m for m in MODES if m[0] in args.modes):
+        for mode, eager, overlap, k in (m for m in MODES if m[0] in args.modes):
+            spec = SpeculativeConfig(num_draft_tokens=k, backoff_max_steps=0) if k else None
             llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=b, max_model_len=args.prompt_len + 1024,
-                      max_num_batched_tokens=b * args.prompt_len, enforce_eager=eager, async_scheduling=overlap)
+                      max_num_batched_tokens=b * args.prompt_len, enforce_eager=eager, async_scheduling=overlap,
+                      speculative=spec)
+            if k:
+                llm.drafter.propose = never_picked
             steady(llm, b, args.prompt_len, llm.vocab_size)
             sync(args.device)
-            t0 = time.perf_counter()
+            t0, generated = time.perf_counter(), llm.stats.num_generated_tokens
             for _ in range(args.steps):
                 llm.step()
             sync(args.device)
             wall = (time.perf_counter() - t0) / args.steps
+            per_step = (llm.stats.num_generated_tokens - generated) / args.steps if k else b
             cuda = args.device.startswith("cuda")
             with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
                 for _ in range(args.steps):
@@ -204,14 +216,14 @@ def main() -> None:
                 sync(args.device)
             kernels = [e for e in prof.events() if cuda and e.device_type == torch.autograd.DeviceType.CUDA]
             gpu = sum(e.device_time for e in kernels) / 1e3 / args.steps  # us -> ms
-            if args.host_profile and mode == args.modes[0]:
+            if args.host_profile:
                 host_profile(llm, args.steps)  # before the replays below, which rerun a step on its slots
             replay = replay_ms(llm, args.steps) if cuda and not eager else None
             record.add(batch=b, mode=mode, wall_ms=wall * 1e3, gpu_ms=gpu, launches=len(kernels) / args.steps,
-                       tok_s=b / wall, replay_ms=replay)
+                       tok_s=per_step / wall, replay_ms=replay)
             extra = "" if replay is None else f" {replay:>9.2f} {1 - replay / (wall * 1e3):>10.0%}"
             print(f"{b:>5} {mode:>10} {wall * 1e3:>8.2f} {gpu:>7.2f} {gpu / (wall * 1e3):>5.0%} "
-                  f"{len(kernels) / args.steps:>9.0f} {b / wall:>8.0f}{extra}")
+                  f"{len(kernels) / args.steps:>9.0f} {per_step / wall:>8.0f}{extra}")
             if eager and args.by_module:
                 by_module(llm, args.device, min(args.steps, 5))
             del llm
