@@ -220,9 +220,10 @@ class HybridCacheManager:
         self.planner.commit_spill(plan)
         return moved
 
-    def unspill(self, match: PrefixMatch) -> PrefixMatch:
+    def unspill(self, match: PrefixMatch, tokens: Sequence[int] = ()) -> PrefixMatch:
         """Bring a match's host-tier pages and snapshot back to the device; returns the match to admit. When
-        the device has no room or the copy fails (nothing changed), the match the device alone gives."""
+        the device has no room or the copy fails (nothing changed), the match the device alone gives for
+        the request's `tokens` (the ones matched; without them no partial page can match)."""
         planner, pc = self.planner, self.planner.prefix
         hit = match.nodes[-1]
         pages = sum(1 for n in match.nodes if n.host_page >= 0) - planner.page_pool.num_free
@@ -231,18 +232,18 @@ class HybridCacheManager:
         try:
             plan = planner.plan_unspill(match)
         except OutOfDeviceMemoryError:
-            return self._device_match(match)
+            return self._device_match(match, tokens)
         try:
             self.store.copy(plan)
         except Exception:
             planner.cancel_spill(plan)
             log.exception("bringing a cached prefix back from the host tier failed; it is prefilled instead")
-            return self._device_match(match)
+            return self._device_match(match, tokens)
         return planner.commit_unspill(plan, match)
 
-    def _device_match(self, match: PrefixMatch) -> PrefixMatch:
-        e = self.planner.entry(match.req_id)  # its page hashes cover the context already: no tokens needed
-        return self.planner.prefix.match(e, (), match.context_len, host_ok=False)
+    def _device_match(self, match: PrefixMatch, tokens: Sequence[int]) -> PrefixMatch:
+        e = self.planner.entry(match.req_id)  # its full pages' hashes are kept; a partial page's need the tokens
+        return self.planner.prefix.match(e, tokens, match.context_len, host_ok=False)
 
     def save_snapshots(self, tokens_of, ends: Sequence[Hashable] = ()) -> int:
         """After a committed step, save the prefix-cache snapshots its rows reached, and the committed end

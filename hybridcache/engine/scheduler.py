@@ -205,7 +205,7 @@ class Scheduler:
         # entries spilled to the host tier come back now (or the match is the device's alone), so that the
         # chunk is cut from the prefix that is admitted; when the device has no room for them while others
         # run (this step's restores pin snapshot rows until it commits), the request waits a step instead
-        admitted = self.manager.unspill(match)
+        admitted = self.manager.unspill(match, req.tokens)
         if admitted.tokens < match.tokens and self.running:
             return replace(admitted, defer=True, leader=None)
         return admitted

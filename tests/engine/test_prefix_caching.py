@@ -235,6 +235,37 @@ def test_a_failed_spill_or_unspill_copy_changes_nothing(tiny, monkeypatch):
     mgr.check_integrity()
 
 
+def test_a_failed_unspill_falls_back_to_a_partial_page_left_on_the_device(tiny, monkeypatch):
+    """Turn 2 of a conversation ends at 45 and is spilled; a request of its first 42 tokens ends inside a
+    page (a partial node at 42, kept on the device). Turn 3 matches turn 2's end on the host; when that
+    copy fails, it starts from the partial page at 42 (without the request's tokens the fallback could
+    match no partial page, only turn 2's prompt snapshot at 40)."""
+    rng = random.Random(14)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    on = cached_llm(tiny, max_num_seqs=2, host_cache_bytes=1 << 22)
+    mgr, planner = on.manager, on.manager.planner
+    turn1 = [rng.randrange(3, 96) for _ in range(27)]
+    turn2 = turn1 + on.generate([turn1], params)[0].token_ids + [rng.randrange(3, 96) for _ in range(13)]
+    turn3 = turn2 + on.generate([turn2], params)[0].token_ids + [5, 6, 7, 8, 9]
+    on.generate([turn2[:42]], SamplingParams(max_tokens=1, ignore_eos=True))  # its end: 42, inside page 11
+    end42 = next(n for n in planner.prefix.index.nodes.values() if n.fill and n.num_tokens(4) == 42)
+    assert mgr.spill(snapshots=10, pages=10, protect=(end42,)) > 0
+    assert end42.snapshot >= 0 and end42.host_page < 0
+
+    mgr.add_request("turn3")
+    match = planner.match_prefix("turn3", turn3, len(turn3))
+    assert match.unspill and match.tokens == len(turn2) + 2
+
+    def broken(plan):
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(mgr.store, "copy", broken)
+    fallback = mgr.unspill(match, turn3)
+    assert not fallback.unspill and fallback.tokens == 42 and fallback.nodes[-1] is end42
+    assert mgr.allocate(["turn3"], len(turn3) - fallback.tokens, prefix=fallback)
+    mgr.check_integrity()
+
+
 def test_reset_forgets_every_cached_prefix_on_both_tiers_and_the_next_run_starts_cold(tiny):
     """Device and spilled entries are dropped (every pool id back, not counted as evictions); the same
     prompts then hit exactly what they hit the first time, with the same tokens. Refused mid-step."""
