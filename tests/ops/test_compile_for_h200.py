@@ -30,6 +30,7 @@ except Exception as e:  # checked before any compile: a failing compile is a fai
     sys.exit(3)
 from hybridcache.ops import rms_norm_triton
 from hybridcache.ops.attention import triton_mla, triton_paged
+from hybridcache.ops.conv1d import triton_shift
 
 def compile_(fn, sig, consts):
     sig = {**sig, **{n: "constexpr" for n in consts}}
@@ -58,10 +59,13 @@ mla_sig = {"ql_ptr": "*bf16", "qr_ptr": "*bf16", "pages_ptr": "*bf16", "table_pt
 results["mla_attention"] = compile_(triton_mla._mla_kernel, mla_sig, {
     "PAGE_SIZE": 16, "HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_R": 512, "BLOCK_DR": 64, "BLOCK_T": 1, "BLOCK_M": 16,
     "BLOCK_N": 16, "BLOCK_B": 16, "NUM_SPLITS": 2, "PRECISION": "tf32", "UPCAST": False})
+shift_sig = {"conv_ptr": "*bf16", "slot_ptr": "*i64", "valid_ptr": "*i32", "channels": "i32",
+             **{n: "i64" for n in ("stride_l", "stride_s", "stride_c", "stride_j")}}
+results["conv_shift"] = compile_(triton_shift._shift_kernel, shift_sig, {"W": 3, "W_POW2": 4, "BLOCK_C": 256})
 print(json.dumps(results))
 '''
 CASES = ["rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
-         "paged_attention-splits1", "paged_attention-splits4", "mla_attention"]
+         "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "conv_shift"]
 
 
 @pytest.fixture(scope="module")

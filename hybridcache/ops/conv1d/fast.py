@@ -140,6 +140,10 @@ def shift_conv_window(conv: Tensor, slots: Tensor, num_valid: Tensor, width: int
     """
     if conv.shape[-1] == width or width == 0:
         return
+    if runs_triton(conv):
+        from hybridcache.ops.conv1d.triton_shift import shift_conv_window_triton
+
+        return shift_conv_window_triton(conv, slots, num_valid, width)
     if not conv.is_cuda:  # on the host a mask costs no sync: drop the rows with v == 1 (an identity for them)
         moved = num_valid > 1
         slots, num_valid = slots[moved], num_valid[moved]
