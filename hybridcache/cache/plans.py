@@ -6,9 +6,12 @@ executes the same plans in the same order holds the same bytes in the same rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import TYPE_CHECKING, Hashable
 
 import numpy as np
+
+if TYPE_CHECKING:  # one exception: `Planner.device_accept` keeps its counts on the device (applied locally, never sent)
+    import torch
 
 
 def frozen(a: np.ndarray) -> np.ndarray:
@@ -67,11 +70,12 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class AcceptPlan:
-    """The verify rows' bookkeeping after a step: slots `[n]`, tokens fed `[n]`, tokens now valid `[n]`."""
+    """The verify rows' bookkeeping after a step: slots `[n]`, tokens fed `[n]`, tokens now valid `[n]` (a
+    device tensor when the store applies it before the counts are read, `Planner.device_accept`)."""
 
     slots: np.ndarray
     num_tokens: np.ndarray
-    num_valid: np.ndarray
+    num_valid: np.ndarray | torch.Tensor
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ class CacheStore:
             return
         slots = self._step.upload(accept.slots)
         tokens = self._step.upload(accept.num_tokens.astype(np.int32))
-        valid = self._step.upload(accept.num_valid.astype(np.int32))
+        valid = (accept.num_valid.to(torch.int32) if isinstance(accept.num_valid, torch.Tensor)  # still on the device
+                 else self._step.upload(accept.num_valid.astype(np.int32)))
         for m in modules:
             m.on_accept(self.state_tensors(m), slots, tokens, valid)
 

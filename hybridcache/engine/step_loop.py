@@ -96,12 +96,23 @@ class StepLoop:
             with deferred_interrupts():
                 plan, tokens, positions = self._plan(step, drafts, 1 + longest)
             logits = self.runner.run(plan, tokens, len(step.context), 1 + longest, positions)
-            new_tokens, accepted, logprobs = choose_tokens(step, drafts, logits, 1 + longest, self.device)
+            early: list[bool] = []
+
+            def accept_on_device(counts: torch.Tensor) -> None:
+                # the verify rows' bookkeeping is queued behind the sampling, before the host waits for
+                # the tokens (a tensor-parallel store broadcasts host counts instead, after the read)
+                if self.runner.workers is None:
+                    self.manager.store.accept(self.manager.planner.device_accept(plan, counts))
+                    early.append(True)
+
+            new_tokens, accepted, logprobs = choose_tokens(step, drafts, logits, 1 + longest, self.device,
+                                                           accept_on_device)
             with deferred_interrupts():
                 # planner and store directly, as the runner executes: a failed accept hook leaves the step
                 # pending, so the handler below restarts its rows (the facade's accept would abort it unseen)
                 accept = self.manager.planner.check_accept(plan, accepted)
-                self.manager.store.accept(accept)
+                if not early:
+                    self.manager.store.accept(accept)
                 self.manager.planner.commit_step(plan, accept)
                 self._save_snapshots(new_tokens)
                 self.ready += self._advance(step, drafts, new_tokens, logprobs)  # kept if a held Ctrl-C fires now

@@ -2,6 +2,8 @@
 (the step's one host sync), with per-token logprobs for the rows that ask."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -11,11 +13,14 @@ from .scheduler import ScheduledStep
 
 
 def choose_tokens(step: ScheduledStep, drafts: dict[int, list[int]], logits: torch.Tensor | None, width: int,
-                  device: torch.device) -> tuple[dict[int, list[int]], list[int], dict[int, list[TokenLogprob]]]:
+                  device: torch.device, before_read: Callable[[torch.Tensor], None] | None = None,
+                  ) -> tuple[dict[int, list[int]], list[int], dict[int, list[TokenLogprob]]]:
     """New tokens per request, and per row the tokens now valid in the cache (context rows: the chunk;
     generation rows: the fed token plus the accepted drafts). Every sampled row is chosen in one batched
     call on the device; its tokens come back in one copy (the step's one host sync). When a row asks for
-    logprobs, every row's come back too, in one more copy: {req_id: [TokenLogprob per new token]}."""
+    logprobs, every row's come back too, in one more copy: {req_id: [TokenLogprob per new token]}.
+    `before_read(counts)`: called with the generation rows' counts [len(step.generation)] on the device
+    before the copy back (device work queued there overlaps the host's wait)."""
     accepted: list[int] = [chunk for _, chunk in step.context]
     sampled = [r for r, chunk in step.context if r.num_prefilled + chunk == r.context_len and not r.output]
     num_first = len(sampled)
@@ -25,7 +30,7 @@ def choose_tokens(step: ScheduledStep, drafts: dict[int, list[int]], logits: tor
     T = width
     props = [drafts.get(r.req_id, []) if i >= num_first else [] for i, r in enumerate(sampled)]
     if not num_first and all(r.params.greedy and r.params.logprobs is None for r in sampled):
-        new_tokens = _choose_greedy(sampled, props, logits, T, device)
+        new_tokens = _choose_greedy(sampled, props, logits, T, device, before_read)
         return new_tokens, accepted + [len(new_tokens[r.req_id]) for r in step.generation], {}
     rows = RowParams.upload([r.params.temperature for r in sampled], [r.params.top_k for r in sampled],
                             [r.params.top_p for r in sampled], [r.seed for r in sampled],
@@ -36,6 +41,8 @@ def choose_tokens(step: ScheduledStep, drafts: dict[int, list[int]], logits: tor
     index = row[:, None] + gen[:, None] * ((row[:, None] - num_first) * (T - 1) + torch.arange(T, device=device))
     row_logits = logits[index]  # [R, T, V]
     tokens, counts = sample(row_logits, rows, all_greedy=all(r.params.greedy for r in sampled))
+    if before_read is not None and step.generation:
+        before_read(counts[num_first:])
     packed = torch.cat([counts[:, None], tokens], 1).tolist()
     new_tokens = {r.req_id: row[1 : 1 + row[0]] for r, row in zip(sampled, packed)}
     accepted += [len(new_tokens[r.req_id]) for r in step.generation]
@@ -43,7 +50,7 @@ def choose_tokens(step: ScheduledStep, drafts: dict[int, list[int]], logits: tor
 
 
 def _choose_greedy(rows: list[Request], drafts: list[list[int]], logits: torch.Tensor, T: int,
-                   device: torch.device) -> dict[int, list[int]]:
+                   device: torch.device, before_read: Callable[[torch.Tensor], None] | None) -> dict[int, list[int]]:
     """Generation rows that are all greedy, logits [R * T, V] in row order: `sample_greedy` on them as they
     lie (no per-row parameters to upload, no gather of the logits), one copy back."""
     R = len(rows)
@@ -51,6 +58,8 @@ def _choose_greedy(rows: list[Request], drafts: list[list[int]], logits: torch.T
     for i, d in enumerate(drafts):
         proposed[i, : len(d)] = d
     tokens, counts = sample_greedy(logits.view(R, T, -1), torch.from_numpy(proposed).to(device, non_blocking=True))
+    if before_read is not None:
+        before_read(counts)
     packed = torch.cat([counts[:, None], tokens], 1).tolist()
     return {r.req_id: row[1 : 1 + row[0]] for r, row in zip(rows, packed)}
 

@@ -2,9 +2,12 @@
 executes), then `check_accept` and `commit_step`, or `abort_step` (its rows restart from their tokens)."""
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import TYPE_CHECKING, Hashable, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # one exception: `Planner.device_accept` keeps its counts on the device (applied locally, never sent)
+    import torch
 
 from ..entries import Status, pages_for
 from ..errors import InvalidCountError, InvalidTransitionError, OutOfDeviceMemoryError
@@ -142,6 +145,16 @@ class Steps(PlannerCore):
                 raise InvalidCountError(f"request {plan.req_ids[i]!r}: {valid[i]} valid tokens of {n[i]}")
         rows = plan.gen_rows
         return AcceptPlan(plan.slots[rows], n[rows], np.where(plan.generation, valid, n)[rows])
+
+    def device_accept(self, plan: StepPlan, num_valid: torch.Tensor) -> AcceptPlan:
+        """The pending step's accept plan while its generation rows' counts `[n]` are still on the device
+        (the store can apply it before they are read); `check_accept` validates the host counts after,
+        and a failure there aborts the step as any other does."""
+        self._require_pending(plan)
+        rows = plan.gen_rows
+        if num_valid.shape != rows.shape:
+            raise InvalidCountError(f"{rows.size} generation rows but {tuple(num_valid.shape)} accept counts")
+        return AcceptPlan(plan.slots[rows], plan.num_new[rows], num_valid)
 
     def commit_step(self, plan: StepPlan, accept: AcceptPlan) -> None:
         """The step's tokens are in the cache: context rows all of them, generation rows `accept.num_valid`."""
