@@ -210,8 +210,11 @@ def step_section(files: list[dict], img: str | None) -> list[str]:
            "One steady decode step of the whole engine (`LLM.step()`, every request decoding): wall time, GPU kernel "
            "time and its share of the wall time, kernels launched, and tokens/s. `graph`: CUDA graphs with "
            "asynchronous scheduling (the next step is planned and launched before this one's tokens are read back); "
-           "`graph-sync`: CUDA graphs, the host plans while the device idles; `eager`: no graphs. The weight-bandwidth "
-           "limit is the checkpoint's bytes read once per step at 4.2 TB/s.", ""]
+           "`graph-sync`: CUDA graphs, the host plans while the device idles; `eager`: no graphs; `verify`: every step "
+           "a k=3 verify under graphs whose drafts the model does not pick (synchronous: the host drafts from the "
+           "tokens read back), tok/s of the committed tokens. *replay ms*: the step's graph replayed back to back "
+           "alone; *host share* = 1 - replay / wall. The weight-bandwidth limit is the checkpoint's bytes read once "
+           "per step at 4.2 TB/s.", ""]
     for data in files:
         p = data["params"]
         out += [f"### {p['family']} {p['size']} ({p['dtype']}, prompt {p['prompt_len']}, mean of {p['steps']} steps)", ""]
@@ -219,11 +222,14 @@ def step_section(files: list[dict], img: str | None) -> list[str]:
         if data.get("extra", {}).get("note"):
             out += [data["extra"]["note"], ""]
         limit = WEIGHT_BANDWIDTH_TOK_S.get(p["family"]) if p["size"] == "1b" else None
+        replays = any(r.get("replay_ms") for r in data["rows"])
         rows = [[str(r["batch"]), r["mode"], f"{r['wall_ms']:.2f}", f"{r['gpu_ms']:.2f}", f"{r['gpu_ms'] / r['wall_ms']:.0%}",
                  f"{r['launches']:.0f}", f"{r['tok_s']:,.0f}",
-                 f"{r['tok_s'] / limit:.0%}" if limit and r["batch"] == 1 else "-"] for r in data["rows"]]
+                 f"{r['tok_s'] / limit:.0%}" if limit and r["batch"] == 1 and r["mode"] != "verify" else "-"]
+                + ([f"{r['replay_ms']:.2f}", f"{1 - r['replay_ms'] / r['wall_ms']:.0%}"] if r.get("replay_ms") else ["-", "-"]
+                   if replays else []) for r in data["rows"]]
         out += table(["batch", "mode", "wall ms", "GPU ms", "GPU busy", "launches", "tok/s",
-                      "bs1 of weight-bandwidth limit"], rows) + [""]
+                      "bs1 of weight-bandwidth limit"] + (["replay ms", "host share"] if replays else []), rows) + [""]
     return out
 
 
@@ -260,7 +266,11 @@ def prefix_section(files: list[dict], img: str | None) -> list[str]:
            "requests with a common prefix and unique suffixes, all sent at once (ceiling: every request's shared "
            "tokens rounded down to the snapshot interval; a group's first request cannot hit). `multiturn`: "
            "conversations whose next turn is the last turn's prompt, output and new tokens (ceiling: every token "
-           "the last turn committed). Prefill tokens are the prompt tokens minus the hits.", ""]
+           "the last turn committed). Prefill tokens are the prompt tokens minus the hits. Each engine first runs "
+           "a smaller workload of other tokens untimed, then resets its cache (runs from 2026-12-01T23:00 on). "
+           "*outputs equal*: in bf16 a prefix restored from a snapshot and one computed through round differently, "
+           "and the greedy tokens of random weights flip; in fp32 the tokens are equal (the CPU run here, and "
+           "`tests/engine/test_cuda_prefix_caching.py` on the GPU).", ""]
     for data in files:
         out += provenance(data) + [""]
         rows = [[r["workload"], f"{r['cache_scale']:g}", f"{r['hits']:,}", f"{r['ceiling']:,}",
