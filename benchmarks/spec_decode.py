@@ -5,7 +5,8 @@
 
 Decode tok/s (the ratios' basis) = the tokens after the first / (median time of the generate call - median
 time of the same call with max_tokens=1): the steady rate, without the prefill and the first token, which
-speculation does not touch. The whole call's ratio is printed beside it.
+speculation does not touch. The whole call's ratio is printed beside it. With asynchronous scheduling (the
+CUDA default) greedy verify steps draft on the device: both drafters propose there too.
 
     python benchmarks/spec_decode.py --family nemotron_h --size 1b --device cuda --dtype bfloat16
     python benchmarks/spec_decode.py --size tiny                                     # CPU smoke test
@@ -15,6 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 
+import torch
+
 from benchmarks.families import add_model_args, checkpoint
 from benchmarks.record import Record, add_json_arg
 from benchmarks.timing import decode_rate, median, time_runs
@@ -23,16 +26,33 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 class OracleDrafter:
-    """Proposes the next `k` tokens of each request's reference continuation (matched by its prompt)."""
+    """Proposes the next `k` tokens of each request's reference continuation (matched by its prompt), on
+    the host (`propose`) and on the device (`propose_on_device`, for asynchronous verify steps)."""
 
     def __init__(self, refs: dict[tuple[int, ...], list[int]], k: int) -> None:
         self.refs, self.k = refs, k
         self.prompt_len = len(next(iter(refs)))  # the prompts are of one length: a dict lookup per row
+        longest = max(map(len, refs.values()))
+        table = [list(p) + c + [-1] * (longest - len(c)) for p, c in refs.items()]
+        self.table = torch.tensor(table, dtype=torch.long)  # [N, prompt + continuation], -1 past its end
 
     def propose(self, tokens: list[int]) -> list[int]:
         cont = self.refs.get(tuple(tokens[: self.prompt_len]))
         n = len(tokens) - self.prompt_len
         return cont[n : n + self.k] if cont is not None and n >= 0 else []
+
+    def propose_on_device(self, history: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`propose` per row of history [R, W], padded to k by repeating the last token; and how many are
+        the reference's [R]."""
+        if self.table.device != history.device:
+            self.table = self.table.to(history.device)
+        P, k = self.prompt_len, self.k
+        which = (history[:, None, :P] == self.table[None, :, :P]).all(-1).float().argmax(-1)  # [R]
+        at = (lengths[:, None] + torch.arange(k, device=history.device)).clamp(max=self.table.shape[1] - 1)
+        drafts = self.table[which[:, None], at]
+        real = drafts >= 0
+        last = history.gather(1, (lengths - 1)[:, None])
+        return torch.where(real, drafts, last), real.sum(-1)
 
 
 class WrongDrafter:
@@ -43,6 +63,15 @@ class WrongDrafter:
 
     def propose(self, tokens: list[int]) -> list[int]:
         return [(t + 1) % self.vocab for t in self.oracle.propose(tokens)] or [0] * self.oracle.k
+
+    def propose_on_device(self, history: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        drafts, _ = self.oracle.propose_on_device(history, lengths)
+        return (drafts + 1) % self.vocab, torch.full_like(lengths, self.oracle.k)
+
+
+def use(drafter, llm) -> None:
+    """Make `drafter` the speculative engine's, on the host and on the device."""
+    llm.drafter.propose, llm.drafter.propose_on_device = drafter.propose, drafter.propose_on_device
 
 
 def rates(llm, prompts, params, first_params, device: str, repeat: int) -> tuple[float, float]:
@@ -63,6 +92,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--backoff", type=int, default=0,
                     help="SpeculativeConfig.backoff_max_steps of the speculative engine (0: it drafts at every step)")
+    ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                    help="LLM(async_scheduling=...) for both engines (default: the LLM's, on for CUDA)")
     add_json_arg(ap)
     args = ap.parse_args()
     from hybridcache import LLM, SamplingParams, SpeculativeConfig
@@ -75,7 +106,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     first_params = SamplingParams(max_tokens=1, ignore_eos=True)
     kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=max(args.batch), max_num_batched_tokens=8192,
-              max_model_len=args.prompt_len + args.max_tokens + args.k + 16)
+              max_model_len=args.prompt_len + args.max_tokens + args.k + 16, async_scheduling=args.async_scheduling)
     plain = LLM(path, **kw)
     spec = LLM(path, speculative=SpeculativeConfig(num_draft_tokens=args.k, backoff_max_steps=args.backoff), **kw)
     print(f"{args.family} {args.size} on {args.device} {args.dtype}; k={args.k}, back-off {args.backoff}; prompt {args.prompt_len}, "
@@ -87,9 +118,9 @@ def main() -> None:
         refs = {tuple(p): o.token_ids for p, o in zip(prompts, plain.generate(prompts, params))}
         oracle = OracleDrafter(refs, args.k)
         base, base_call = rates(plain, prompts, params, first_params, args.device, args.repeat)
-        spec.drafter.propose = WrongDrafter(oracle, plain.vocab_size).propose
+        use(WrongDrafter(oracle, plain.vocab_size), spec)
         zero, zero_call = rates(spec, prompts, params, first_params, args.device, args.repeat)
-        spec.drafter.propose = oracle.propose
+        use(oracle, spec)
         full, full_call = rates(spec, prompts, params, first_params, args.device, args.repeat)
         same = sum(o.token_ids == refs[tuple(p)] for p, o in zip(prompts, spec.generate(prompts, params)))
         rec.add(batch=b, plain_tok_s=base, zero_accept_tok_s=zero, full_accept_tok_s=full, outputs_equal=same,

@@ -30,14 +30,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # (name, enforce_eager, async_scheduling, draft tokens): graphs with the host's planning overlapped, graphs
 # with a synchronous step (the host plans while the device idles), eager; `verify`: every step a k=3 verify
-# (graphs), each row proposing 3 tokens the model does not pick (a verify step is synchronous: the host
-# needs the accepted tokens to draft the next one)
-MODES = [("graph", False, True, 0), ("graph-sync", False, False, 0), ("eager", True, True, 0), ("verify", False, True, 3)]
+# (graphs, asynchronous: drafted on the device), each row proposing 3 tokens the model does not pick;
+# `verify-sync`: the same, synchronous (the host drafts from the tokens read back)
+MODES = [("graph", False, True, 0), ("graph-sync", False, False, 0), ("eager", True, True, 0), ("verify", False, True, 3),
+         ("verify-sync", False, False, 3)]
 
 
 def never_picked(tokens: list[int]) -> list[int]:
     """Three drafts the greedy choice rarely is (a row's last token, repeated)."""
     return [tokens[-1]] * 3
+
+
+def never_picked_on_device(history: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`never_picked` for an asynchronous verify step: history [R, W] -> drafts [R, 3], 3 proposed each."""
+    last = history.gather(1, (lengths - 1)[:, None])
+    return last.expand(-1, 3).contiguous(), torch.full_like(lengths, 3)
 
 
 def steady(llm, batch: int, prompt_len: int, vocab: int) -> None:
@@ -200,7 +207,7 @@ def main() -> None:
                       max_num_batched_tokens=b * args.prompt_len, enforce_eager=eager, async_scheduling=overlap,
                       speculative=spec)
             if k:
-                llm.drafter.propose = never_picked
+                llm.drafter.propose, llm.drafter.propose_on_device = never_picked, never_picked_on_device
             steady(llm, b, args.prompt_len, llm.vocab_size)
             sync(args.device)
             t0, generated = time.perf_counter(), llm.stats.num_generated_tokens

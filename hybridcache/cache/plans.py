@@ -39,6 +39,9 @@ class StepPlan:
                  they start from that state); `restore_ids` the snapshot ids, pinned until commit or abort
     page_copies  (src, dst) int64 [c]: pages to copy before the forward (a partial prefix-cache page into
                  the page of the request that continues it); the `src` pages are pinned until commit or abort
+    lens_on_device  the rows' committed lengths are known on the device only (a verify step before them is
+                 committed unsettled, `Planner.commit_unsettled`): `cached_lens` is an upper bound, and the
+                 store takes the lengths from the step before's on the device plus its accepted counts
     """
 
     req_ids: tuple[Hashable, ...]
@@ -54,6 +57,7 @@ class StepPlan:
     restore: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (_NONE, _NONE))
     restore_ids: tuple[int, ...] = ()
     page_copies: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (_NONE, _NONE))
+    lens_on_device: bool = False
 
     @property
     def batch_size(self) -> int:

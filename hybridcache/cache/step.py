@@ -23,6 +23,8 @@ class StepIndices:
     generation   [B] bool   the row is a decode / verify row (its acceptance is recorded)
     host_cached_lens, host_num_new  [B] int64 numpy: the same counts on the host, so that token
                  offsets and positions can be laid out without reading the device back
+    lens_on_device  host_cached_lens is only an upper bound (the plan's `lens_on_device`): positions and
+                 row lengths must come from the device tensors
     """
 
     slots: torch.Tensor
@@ -35,6 +37,7 @@ class StepIndices:
     generation: torch.Tensor
     host_cached_lens: np.ndarray
     host_num_new: np.ndarray
+    lens_on_device: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -55,6 +58,7 @@ class StepTensors:
         self._num_new_key: bytes | None = None
         # the step before's row ends: on the host, and as its cached_lens and num_new on the device
         self._ends: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None
+        self._accepted: torch.Tensor | None = None  # `chain`: the last step's accepted counts, on the device
 
     def invalidate(self) -> None:
         self._version = -1
@@ -63,7 +67,18 @@ class StepTensors:
         t = torch.from_numpy(np.array(a, copy=True, order="C"))  # plans are read-only and outlive the step
         return t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
 
+    def chain(self, accepted: torch.Tensor) -> None:
+        """The step just executed commits `accepted` [B] tokens per row, known on the device only: a next
+        plan with `lens_on_device` (the same rows) takes its committed lengths as that step's plus these."""
+        self._accepted = accepted
+
     def update(self, plan: StepPlan) -> StepIndices:
+        chained = None
+        if plan.lens_on_device:  # before any rebuild: the same rows in the same order, maybe a new layout
+            if self._ends is None or self._accepted is None or len(self._ends[0]) != plan.batch_size:
+                raise RuntimeError("a plan with lengths on the device follows no chained step of its rows")
+            chained = self._ends[1] + self._accepted
+        self._accepted = None
         if plan.version != self._version:
             b = plan.batch_size
             self._version = plan.version
@@ -84,7 +99,7 @@ class StepTensors:
             if self._table_out:
                 self.table, self._table_out = self.table.clone(), False
             self.table[self.upload(rows), self.upload(cols)] = self.upload(pages.astype(np.int32))
-        cached_lens = self._cached_lens(plan)
+        cached_lens = chained if chained is not None else self._cached_lens(plan)
         key = plan.num_new.tobytes()
         if key != self._num_new_key:
             self.num_new = self.upload(plan.num_new.astype(np.int32))
@@ -103,7 +118,7 @@ class StepTensors:
             slots=self.slots, page_table=self.table, cached_lens=cached_lens,
             num_new=self.num_new, fresh=fresh, has_initial=has_initial, cu_seqlens=self.cu_seqlens,
             generation=self.generation,
-            host_cached_lens=plan.cached_lens, host_num_new=plan.num_new,
+            host_cached_lens=plan.cached_lens, host_num_new=plan.num_new, lens_on_device=plan.lens_on_device,
         )
 
     def _cached_lens(self, plan: StepPlan) -> torch.Tensor:

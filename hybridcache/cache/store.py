@@ -61,9 +61,12 @@ class CacheStore:
         self.copies.fence()
         return indices
 
-    def accept(self, accept: AcceptPlan) -> None:
+    def accept(self, accept: AcceptPlan, chain: bool = False) -> None:
         """Each state module's bookkeeping after a verify step (PNAT, buffer flip, conv window); nothing
-        to upload when no module keeps any (plain decode)."""
+        to upload when no module keeps any (plain decode). `chain` (counts on the device, every row a
+        verify row): the next step's committed lengths are taken from these (`StepTensors.chain`)."""
+        if chain:
+            self._step.chain(accept.num_valid.to(torch.int32))
         modules = [m for m in self.states if m.needs_accept]
         if accept.slots.size == 0 or not modules:
             return

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from array import array
 
+import torch
+
 from .params import SpeculativeConfig
 from .request import Request
 
@@ -56,6 +58,38 @@ class NgramDrafter:
                     return tokens[start : start + self.k]
                 end = at + len(suffix) - 1  # straddles words: look before it
         return []
+
+    @property
+    def drafts_on_device(self) -> bool:
+        """Whether `propose_on_device` proposes what `propose` does: not when `propose` alone was replaced
+        on this instance (a test's or a benchmark's drafter); then every verify step drafts on the host."""
+        return "propose" not in vars(self) or "propose_on_device" in vars(self)
+
+    def propose_on_device(self, history: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`pad(propose(tokens), tokens[-1], k)` for every row at once, on the device, no host sync:
+        history [R, W] int64 (row i's tokens in its first lengths[i] columns, lengths >= 1); returns
+        drafts [R, k] int64 and how many of them `propose` gave [R] (the rest is padding). Each suffix
+        length n is matched against every window of the history (`unfold`), the latest window that leaves
+        a token after it wins, the longest n first."""
+        R, W = history.shape
+        k, device = self.k, history.device
+        cols = torch.arange(W, device=device)
+        last = history.gather(1, (lengths - 1)[:, None])  # [R, 1]
+        start = torch.full((R,), -1, dtype=torch.long, device=device)  # where the continuation starts
+        for n in range(min(self.max_n, W - 1), self.min_n - 1, -1):
+            at = (lengths[:, None] - n + torch.arange(n, device=device)).clamp(min=0)
+            suffix = history.gather(1, at)  # [R, n]
+            windows = history.unfold(1, n, 1)  # [R, W - n + 1, n]
+            s = cols[: W - n + 1]
+            hit = (windows == suffix[:, None, :]).all(-1) & (s <= lengths[:, None] - 1 - n) & (lengths[:, None] > n)
+            latest = torch.where(hit, s, -1).amax(-1)  # [R]
+            start = torch.where((start < 0) & (latest >= 0), latest + n, start)
+        j = torch.arange(k, device=device)
+        # a continuation shorter than k repeats its last token; no match repeats the row's last token
+        upto = torch.minimum(start[:, None] + j, lengths[:, None] - 1)
+        drafts = history.gather(1, upto.clamp(min=0))
+        proposed = torch.where(start >= 0, (lengths - start).clamp(max=k), 0)
+        return torch.where(start[:, None] >= 0, drafts, last), proposed
 
     @staticmethod
     def pad(drafts: list[int], last_token: int, length: int) -> list[int]:

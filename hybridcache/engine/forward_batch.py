@@ -21,12 +21,17 @@ def forward_batch(
     """Rows of `step` must be ordered context rows first; generation rows feed `generation_tokens` each.
     `pages_checked`: the plan behind `step` was checked on the host to give every row pages for all its
     tokens, so the attention ops skip their device-side check (a host sync per layer).
-    `with_positions=False`: none uploaded (a graph step of generation rows computes them from `cached_lens`)."""
+    `with_positions=False`: none uploaded (a graph step of generation rows computes them from `cached_lens`;
+    so does a step whose lengths live on the device, `StepIndices.lens_on_device`)."""
     n, cached = step.host_num_new, step.host_cached_lens
     cu = np.zeros(len(n) + 1, dtype=np.int64)
     np.cumsum(n, out=cu[1:])
     device = step.slots.device
     positions = None
+    host_rows = HostRows(cached, n, pages_checked)
+    if step.lens_on_device:  # the host holds upper bounds only: lengths and positions from the device
+        with_positions = False
+        host_rows = HostRows(None, None, pages_checked, uniform_new=generation_tokens)
     if with_positions:
         starts = np.repeat(cu[:-1], n)  # laid out on the host: the counts are known there, no read-back
         positions = torch.from_numpy(np.repeat(cached, n) + np.arange(cu[-1]) - starts).to(device, non_blocking=True)
@@ -43,7 +48,7 @@ def forward_batch(
         states={m.name: store.state_tensors(m) for m in store.states},
         pages=store.page_tensors(),
         speculative=speculative,
-        host_rows=HostRows(cached, n, pages_checked),
+        host_rows=host_rows,
     )
 
 

@@ -56,7 +56,9 @@ class LLM:
 
     `async_scheduling` (on by default on CUDA): a plain decode step is planned and launched before the tokens
     of the step before are read back, so the host's work overlaps the device's; outputs then come back one
-    `step()` later. Speculative steps, logprobs and tensor or pipeline parallelism take synchronous steps (with
+    `step()` later. So is a verify step whose rows are all greedy and drafting (n-gram drafts proposed on the
+    device from the tokens kept there, `engine/async_verify.py`), without prefix caching. Sampled speculative
+    rows, logprobs and tensor or pipeline parallelism take synchronous steps (with
     `SpeculativeConfig.backoff_max_steps`, the steps in which every row backs off are plain and asynchronous).
 
     `tensor_parallel_size=N` shards the model and the cache over N ranks (docs/parallel.md): this process
@@ -155,9 +157,7 @@ class LLM:
         self._generate_lock = threading.Lock()
         if async_scheduling is None:  # where the device runs ahead of the host
             async_scheduling = self.device.type == "cuda"
-        # with a drafter, steps run asynchronously only while every row backs off (SpeculativeConfig.backoff_max_steps)
-        self.async_scheduling = async_scheduling and self.workers is None and (
-            self.drafter is None or speculative.backoff_max_steps > 0)
+        self.async_scheduling = async_scheduling and self.workers is None
         self._loop = StepLoop(self.scheduler, self.manager, self.runner, self.drafter, self.tokenizer, self.device,
                               self.async_scheduling)
         self._check = RequestCheck(self.tokenizer, self._loop.tokenizer_lock, self.vocab_size, self.max_model_len,
@@ -211,6 +211,7 @@ class LLM:
         requests that no longer fit are preempted, the rest move with every role. Refused
         (BudgetTooSmallError, nothing changed) when the split could not run the longest request known."""
         with deferred_interrupts():
+            self._loop.settle()
             try:
                 return self.scheduler.rebalance(num_slots)
             except StateLostError:
@@ -323,6 +324,7 @@ class LLM:
         ids = self._check.encode(p.prompt)
         self._check.validate(ids, p.params)
         with deferred_interrupts():
+            self._loop.settle()
             rid = self._next_id
             req = Request(rid, ids, p.params, tuple(self.eos_token_ids), arrival=rid, seed=_int64(p.seed),
                           output=[int(t) for t in p.output], num_prefilled=len(ids),

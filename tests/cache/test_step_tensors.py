@@ -85,3 +85,26 @@ def test_indices_follow_the_plans_and_nothing_handed_out_changes():
     new_table = np.pad(new_table, ((0, 0), (0, 4)), constant_values=-1)
     new_table[1, 4] = 6
     check(st.update(grown), grown, new_table)
+
+
+def test_chained_lengths_are_the_step_befores_plus_its_device_counts():
+    """A plan with `lens_on_device` (its host lengths are upper bounds) takes the step before's committed
+    lengths plus the counts `chain` gave, uploading no lengths, through a new layout of the same rows too;
+    one without a chained step before it is refused."""
+    from dataclasses import replace
+
+    import pytest
+
+    st = Counting(torch.device("cpu"))
+    st.update(plan(1, [8, 5], [4, 4], writes=([0, 1], [0, 0], [3, 5])))
+    st.chain(torch.tensor([2, 4], dtype=torch.int32))
+    st.uploads = 0
+    ix = st.update(replace(plan(1, [12, 9], [4, 4]), lens_on_device=True))  # upper bounds: 8 + 4, 5 + 4
+    assert ix.cached_lens.tolist() == [10, 9] and ix.lens_on_device and st.uploads == 0
+    st.chain(torch.tensor([1, 3], dtype=torch.int32))
+    ix = st.update(replace(plan(2, [16, 13], [4, 4], writes=([0, 1], [0, 0], [3, 5])), lens_on_device=True))
+    assert ix.cached_lens.tolist() == [11, 12]  # a new layout version of the same rows keeps the chain
+    ix = st.update(plan(2, [11, 12], [4, 4]))  # settled: the host lengths again
+    assert ix.cached_lens.tolist() == [11, 12] and not ix.lens_on_device
+    with pytest.raises(RuntimeError, match="no chained step"):
+        st.update(replace(plan(2, [15, 16], [4, 4]), lens_on_device=True))

@@ -49,3 +49,22 @@ def test_a_hit_across_word_boundaries_is_not_a_match():
     assert d.propose([256, 1, 0, 0, 256, 1]) == [0, 0]
     assert d.propose([1, 256, 256, 1]) == [256, 256]
     assert d.propose([2, 256, 5, 1]) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), min_size=1, max_size=5),
+       st.integers(1, 4), st.integers(1, 4), st.integers(1, 3), st.integers(0, 6))
+def test_propose_on_device_equals_the_host_proposal_padded(rows, k, max_n, min_n, spare):
+    """Every row of a padded history [R, W] (-1 past its tokens, `spare` extra columns) gets what the host
+    drafter proposes for it, padded to k as a verify step feeds it."""
+    import torch
+
+    min_n = min(min_n, max_n)
+    d = NgramDrafter(SpeculativeConfig(num_draft_tokens=k, max_ngram=max_n, min_ngram=min_n))
+    width = max(map(len, rows)) + spare
+    history = torch.full((len(rows), width), -1, dtype=torch.long)
+    for i, r in enumerate(rows):
+        history[i, : len(r)] = torch.tensor(r)
+    drafts, proposed = d.propose_on_device(history, torch.tensor([len(r) for r in rows]))
+    assert drafts.tolist() == [NgramDrafter.pad(d.propose(r), r[-1], k) for r in rows]
+    assert proposed.tolist() == [len(d.propose(r)) for r in rows]

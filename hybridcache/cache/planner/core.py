@@ -50,6 +50,9 @@ class PlannerCore:
         self._layout: Layout | None = None
         self._version = 0
         self.pending: StepPlan | None = None
+        # verify steps committed before their counts were read (`Steps.commit_unsettled`), oldest first:
+        # (the rows' entries, tokens each committed), until `settle` takes their rejected drafts back
+        self.unsettled: list[tuple[list[Entry], np.ndarray]] = []
         self.short_pages = 0  # set by `_room`
         self._moving: MovePlan | RecarvePlan | None = None
         self.stats = {"suspensions": 0, "resumes": 0, "reprefills": 0, "aborted_rows": 0, "rebalances": 0,
@@ -137,6 +140,11 @@ class PlannerCore:
             raise InvalidTransitionError("a planned step is pending; commit or abort it first")
         if self._moving is not None:
             raise InvalidTransitionError("a move is in progress; commit or cancel it first")
+
+    def _require_settled(self) -> None:
+        """What reads a request's committed length (a move, a re-prefill, a new split) waits for `settle`."""
+        if self.unsettled:
+            raise InvalidTransitionError("a verify step's counts are not settled yet; settle it first")
 
     def _require_pending(self, plan: StepPlan) -> None:
         if self.pending is None or plan is not self.pending:

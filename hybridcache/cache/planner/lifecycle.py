@@ -52,6 +52,7 @@ class Lifecycle(PlannerCore):
     def reprefill(self, req_id: Hashable) -> None:
         """Drop everything the request holds (either tier); its next step starts its context from zero."""
         self._require_idle()
+        self._require_settled()
         e = self.entry(req_id)
         if e.status in (Status.WAITING, Status.DUMMY):
             raise InvalidTransitionError(f"request {req_id!r} is {e.status.name}; nothing to re-prefill")
@@ -80,6 +81,7 @@ class Lifecycle(PlannerCore):
         """Reserve host ids for generating requests' live bytes. Raises HostTierFullError (changing
         nothing) when the host tier cannot hold them all."""
         self._require_idle()
+        self._require_settled()
         entries = self._distinct(req_ids)
         for e in entries:
             if e.status != Status.GENERATION:
@@ -105,6 +107,7 @@ class Lifecycle(PlannerCore):
         (unreserved) beside them. Raises OutOfDeviceMemoryError (changing nothing but cached prefix entries
         evicted for room) when the device has too little free."""
         self._require_idle()
+        self._require_settled()
         entries = self._distinct(req_ids)
         for e in entries:
             if e.status != Status.SUSPENDED:
@@ -160,6 +163,7 @@ class Lifecycle(PlannerCore):
         registers the request SUSPENDED (or `cancel_move` releases the ids). Raises DuplicateRequestError,
         InvalidCountError or HostTierFullError, changing nothing."""
         self._require_idle()
+        self._require_settled()
         if req_id in self._entries:
             raise DuplicateRequestError(f"request {req_id!r} already exists")
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 < num_tokens <= MAX_TOKENS:

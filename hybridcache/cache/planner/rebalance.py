@@ -18,6 +18,7 @@ class Rebalance(PlannerCore):
         allocated is its own); only those holding committed tokens are copied. Raises
         OutOfDeviceMemoryError when they do not fit."""
         self._require_idle()
+        self._require_settled()
         live = [e for e in self._entries.values() if e.on_device]
         _, held = self.live_counts()
         if num_slots < 1 or len(live) > num_slots or held > num_pages:

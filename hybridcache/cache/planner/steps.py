@@ -95,12 +95,16 @@ class Steps(PlannerCore):
         fresh = layout.take_fresh()
         restore, restore_ids = self._take_restores(layout) if self.prefix is not None else ((), ())
         copies = self._take_page_copies(layout) if self.prefix is not None else None
+        on_device = bool(self.unsettled)
+        if on_device and key != tuple(e.req_id for e in self.unsettled[-1][0]) and any(
+                self._entries.get(e.req_id) is e and e.status == Status.GENERATION for e in self.unsettled[-1][0]):
+            raise InvalidTransitionError("the rows of an unsettled verify step step together until it is settled")
         self._layout = layout
         self.pending = StepPlan(
             req_ids=key, version=layout.version, slots=layout.slots, generation=layout.generation,
             cached_lens=frozen(cached), num_new=frozen(n), fresh=fresh, table_width=layout.width,
             table_writes=writes, dummy=layout.dummy, **({"restore": restore, "restore_ids": restore_ids} if restore_ids else {}),
-            **({"page_copies": copies} if copies is not None else {}),
+            **({"page_copies": copies} if copies is not None else {}), lens_on_device=on_device,
         )
         return self.pending
 
@@ -168,6 +172,34 @@ class Steps(PlannerCore):
             self.prefix.snap_pool.release(list(plan.restore_ids))
             self.page_pool.release(plan.page_copies[0].tolist())
             self.prefix.after_commit(self._layout.entries, self._tokens.counts[self._layout.handles], commit)
+
+    def commit_unsettled(self, plan: StepPlan) -> None:
+        """Commit a verify step of generation rows before its counts are read (asynchronous verify): each
+        row commits every token it fed, an upper bound, and `settle` later takes its rejected drafts back.
+        Until then only these rows step again (their lengths then live on the device: `lens_on_device`)
+        and nothing that reads a committed length runs (suspend, resume, re-prefill, rebalance, adopt);
+        freeing is fine. Not with prefix caching (its saves need the counts at commit)."""
+        self._require_pending(plan)
+        if self.prefix is not None:
+            raise InvalidTransitionError("an unsettled verify step needs prefix caching off")
+        if not plan.generation.all() or plan.dummy.any():
+            raise InvalidTransitionError("an unsettled verify step has generation rows only")
+        self.commit_step(plan, AcceptPlan(plan.slots, plan.num_new, plan.num_new))
+        self.unsettled.append((list(self._layout.entries), plan.num_new.copy()))
+
+    def settle(self, num_valid: Sequence[int] | np.ndarray) -> None:
+        """The oldest unsettled step's counts, read back: row i keeps `num_valid[i]` (1..its tokens) of the
+        tokens it committed. Rows freed or restarted since keep nothing to take back."""
+        if not self.unsettled:
+            raise InvalidTransitionError("no verify step is unsettled")
+        entries, fed = self.unsettled[0]
+        valid = int_array(num_valid, "accept counts")
+        if valid.shape != fed.shape or ((valid < 1) | (valid > fed)).any():
+            raise InvalidCountError(f"accept counts {valid.tolist()} do not fit the step's {fed.tolist()} tokens")
+        self.unsettled.pop(0)
+        for e, back in zip(entries, (fed - valid).tolist()):
+            if back and self._entries.get(e.req_id) is e and e.status == Status.GENERATION:
+                e.num_tokens -= back
 
     def abort_step(self, plan: StepPlan) -> list[Hashable]:
         """A step failed after it may have written its rows: every request in it drops what it holds and

@@ -1,0 +1,175 @@
+"""Asynchronous verify (`engine/async_verify.py`, `StepLoop._launch_verify`): a greedy verify step drafts on
+the device and launches before the step before is read. Everything a caller sees must equal the
+synchronous speculative engine's and plain decode's (greedy): tokens, finish reasons, stops on a token,
+accept counts, aborts, memory pressure with suspensions, re-prefills and rebalances, and a forward that
+fails in the middle; the planner's unsettled commits are all settled when the engine is idle. On a CPU the
+overlap buys nothing, but every path of the bookkeeping runs."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hybridcache import LLM, SamplingParams, SpeculativeConfig
+from hybridcache.engine import step_loop
+from tests.engine.arrivals import run_with_arrivals
+from tests.engine.test_async_scheduling import assert_idle_and_empty, checkpoint, outputs  # noqa: F401 (a fixture)
+from tests.faults.helpers import FailOnCall, Injected
+from tests.ops.tripwire import count_host_syncs
+
+SPEC = SpeculativeConfig(num_draft_tokens=3)
+KW = dict(max_num_seqs=4, page_size=4, max_model_len=128)
+
+
+def repetitive(seed: int, n: int = 6) -> list[list[int]]:
+    """Prompts that repeat, so that the n-gram drafts are accepted often but not always."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 40) for _ in range(rng.randint(3, 7))] * rng.randint(2, 4) for _ in range(n)]
+
+
+def greedy(n: int, max_tokens: int = 30, **kw) -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=max_tokens + 3 * i, temperature=0.0, **kw) for i in range(n)]
+
+
+class Launches:
+    """Counts the loop's asynchronous verify launches and synchronous steps."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.verify = self.sync = 0
+        launch, run = step_loop.StepLoop._launch_verify, step_loop.StepLoop._run_step
+
+        def counted_launch(loop, step):
+            self.verify += 1
+            return launch(loop, step)
+
+        def counted_run(loop, step):
+            self.sync += 1
+            return run(loop, step)
+
+        monkeypatch.setattr(step_loop.StepLoop, "_launch_verify", counted_launch)
+        monkeypatch.setattr(step_loop.StepLoop, "_run_step", counted_run)
+
+
+def test_async_verify_gives_the_synchronous_and_the_plain_tokens(checkpoint, monkeypatch):
+    prompts = repetitive(0)
+    params = greedy(len(prompts), ignore_eos=True)
+    plain = outputs(LLM(checkpoint, **KW), prompts, params)
+    sync = LLM(checkpoint, speculative=SPEC, async_scheduling=False, **KW)
+    assert outputs(sync, prompts, params) == plain
+    launches = Launches(monkeypatch)
+    llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW)
+    llm.step_hook = llm.manager.check_integrity
+    assert outputs(llm, prompts, params) == plain
+    assert launches.verify > launches.sync > 0  # the tails (near max_tokens) and the prefills run synchronously
+    # accept counts may differ: a synchronous step where no row has a draft runs one token per row, an
+    # asynchronous one always verifies k (padding repeats the last token, which the model may confirm)
+    assert llm.stats.num_accepted_tokens > 0 and llm.manager.planner.unsettled == []
+    assert_idle_and_empty(llm)
+
+
+def test_stops_on_a_token_and_eos_mid_verify_equal_the_synchronous_run(checkpoint):
+    prompts = repetitive(1)
+    plain_llm = LLM(checkpoint, **KW)
+    expected = outputs(plain_llm, prompts, greedy(len(prompts), ignore_eos=True))
+    stop = next(toks[len(toks) // 2] for toks, _ in expected if len(toks) > 6)
+    params = greedy(len(prompts), stop_token_ids=[stop])
+    want = outputs(plain_llm, prompts, params)
+    assert any(reason == "stop" for _, reason in want)
+    llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW)
+    llm.step_hook = llm.manager.check_integrity
+    assert outputs(llm, prompts, params) == want
+    assert_idle_and_empty(llm)
+
+
+def test_sampled_rows_step_synchronously_beside_greedy_ones(checkpoint, monkeypatch):
+    """A batch with a sampled row takes the synchronous verify step (its draws depend on its drafts, which
+    the host proposes): every token equals the synchronous engine's, the greedy ones plain decode's."""
+    prompts = repetitive(2, 4)
+    params = [SamplingParams(max_tokens=20, temperature=0.9 if i == 1 else 0.0, seed=i) for i in range(4)]
+    want = outputs(LLM(checkpoint, speculative=SPEC, async_scheduling=False, **KW), prompts, params)
+    llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW)
+    assert outputs(llm, prompts, params) == want
+    assert_idle_and_empty(llm)
+
+
+def test_an_abort_discards_the_verify_in_flight(checkpoint):
+    prompts = repetitive(3, 4)
+    params = greedy(4, max_tokens=24, ignore_eos=True)
+    expected = outputs(LLM(checkpoint, **KW), prompts, params)
+    llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW)
+    llm.step_hook = llm.manager.check_integrity
+    ids = [llm.add_request(p, s) for p, s in zip(prompts, params)]
+    got: dict[int, list[int]] = {}
+    aborted = False
+    while llm.has_unfinished():
+        for out in llm.step():
+            got[out.request_id] = out.token_ids
+        victim = llm._loop.requests.get(ids[1])
+        if not aborted and victim is not None and victim.num_pending and len(victim.output) >= 3:
+            llm.abort_request(ids[1])
+            aborted = True
+    assert aborted and ids[1] not in got
+    assert [got[i] for i in ids if i != ids[1]] == [toks for i, (toks, _) in enumerate(expected) if i != 1]
+    assert_idle_and_empty(llm)
+
+
+def test_pressure_arrivals_and_rebalances_equal_the_unconstrained_run(checkpoint):
+    prompts = repetitive(4, 10)
+    params = greedy(10, max_tokens=16, ignore_eos=True)
+    free = LLM(checkpoint, max_num_seqs=16, max_model_len=128, page_size=4)
+    expected = [toks for toks, _ in outputs(free, prompts, params)]
+    sizing = LLM(checkpoint, max_num_seqs=16, max_model_len=128, page_size=4, speculative=SPEC).sizing
+    per = sizing.request_bytes(max(map(len, prompts)) + 16 + 27 + 4, 4)
+    budget = 4 * sizing.bytes_per_slot + int((per - sizing.bytes_per_slot) * 1.3)
+    llm = LLM(checkpoint, max_num_seqs=4, max_model_len=128, page_size=4, num_slots=4, device_cache_bytes=budget,
+              host_cache_bytes=int(per * 1.5), max_num_batched_tokens=16, speculative=SPEC, async_scheduling=True)
+    llm.step_hook = llm.manager.check_integrity
+    got, rebalances = run_with_arrivals(llm, prompts, params, seed=3)
+    assert got == expected
+    s = llm.stats
+    assert rebalances > 0 and s.num_suspensions + s.num_reprefills > 0, s
+    assert llm.manager.planner.unsettled == []
+    assert_idle_and_empty(llm)
+
+
+@pytest.mark.parametrize("nth", [5, 9])
+def test_a_failed_verify_launch_restarts_its_rows_and_keeps_the_step_before(checkpoint, nth):
+    prompts = repetitive(5, 4)
+    params = greedy(4, max_tokens=20, ignore_eos=True)
+    expected = outputs(LLM(checkpoint, **KW), prompts, params)
+    llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW)
+    fault = FailOnCall(llm.runner.run, nth)
+    llm.runner.run = fault
+    ids = [llm.add_request(p, s) for p, s in zip(prompts, params)]
+    got: dict[int, tuple[list[int], str]] = {}
+    raised = 0
+    while llm.has_unfinished():
+        try:
+            outs = llm.step()
+        except Injected:
+            raised += 1
+            llm.manager.check_integrity()
+            continue
+        got.update((o.request_id, (o.token_ids, o.finish_reason)) for o in outs)
+    assert raised == 1 and fault.fired == 1
+    assert [got[i] for i in ids] == expected
+    assert llm.manager.planner.unsettled == []
+    assert_idle_and_empty(llm)
+
+
+def test_a_steady_async_verify_step_makes_at_most_one_host_sync(checkpoint, monkeypatch):
+    """The CPU tripwire (tests/ops/tripwire.py) over steady steps of asynchronous verify: the one sync is
+    the step before's copy back."""
+    launches = Launches(monkeypatch)
+    llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, enforce_eager=True, **KW)
+    for p, s in zip(repetitive(6, 4), greedy(4, max_tokens=60, ignore_eos=True)):
+        llm.add_request(p, s)
+    for _ in range(3):
+        llm.step()
+    before = launches.verify
+    for _ in range(5):
+        with count_host_syncs(cuda=False) as syncs:
+            llm.step()
+        assert syncs.count <= 1, syncs
+        assert all(site.rsplit(":", 1)[0].endswith("hybridcache/engine/async_verify.py") for _, site in syncs.calls), syncs
+    assert launches.verify - before == 5
