@@ -1,12 +1,24 @@
-"""What an asynchronous verify step keeps on the device: each row's tokens, so the next step's drafts are
-proposed there (`NgramDrafter.propose_on_device`) from tokens the host has not read yet, and the step's
-chosen tokens and accepted counts, copied back while the next step runs."""
+"""Asynchronous verify: a greedy verify step whose drafts are proposed on the device, so it launches before
+the step before is read. Each row's tokens are kept there (`TokenHistory`), the step before's accepted
+tokens are appended there, and the n-gram search runs there (`NgramDrafter.propose_on_device`). The step
+commits every token it feeds (`Planner.commit_unsettled`, an upper bound); the next step's committed
+lengths are that step's plus its accepted counts, on the device (`StepTensors.chain`); the read takes the
+rejected drafts back (`Planner.settle`). Rows step together until a read: a row that finishes, a new
+arrival, a page shortage or a row near its max_tokens reads the in-flight step first (`StepLoop.step`)."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from .device_sampler import sample_greedy
+from .interrupts import deferred_interrupts
 from .request import Request
+
+if TYPE_CHECKING:
+    from .scheduler import ScheduledStep
+    from .step_loop import StepLoop
 
 
 class TokenHistory:
@@ -64,3 +76,91 @@ class PendingVerify:
             self._ready.synchronize()
         rows = self._host.tolist()
         return [row[2 : 2 + row[0]] for row in rows], [row[0] for row in rows], [row[1] for row in rows]
+
+
+class AsyncVerify:
+    """The step loop's asynchronous verify steps (`loop.inflight` holds one as (rows, PendingVerify))."""
+
+    def __init__(self, loop: "StepLoop") -> None:
+        self.loop = loop
+        self.history: TokenHistory | None = None  # the in-flight rows' tokens on the device
+
+    def _in_flight(self) -> bool:
+        return self.loop.inflight is not None and isinstance(self.loop.inflight[1], PendingVerify)
+
+    def eligible(self, rows: list[Request]) -> bool:
+        """Every row greedy and drafting, with room for two more steps of tokens before its max_tokens; no
+        prefix caching (saves need host counts), no tensor-parallel workers (plans broadcast host counts),
+        and a drafter that proposes the same on the device (`NgramDrafter.drafts_on_device`)."""
+        loop = self.loop
+        T = 1 + loop.drafter.k
+        flying = T if self._in_flight() else 0
+        return (loop.runner.workers is None and loop.manager.planner.prefix is None and loop.drafter.drafts_on_device
+                and all(r.params.greedy and loop.drafter.backoff.drafts(r)
+                        and len(r.output) + flying + T <= r.params.max_tokens for r in rows))
+
+    def continues(self, rows: list[Request]) -> bool:
+        """Whether a verify step of `rows` chains on the one in flight (the same rows, in the same order)."""
+        return self.history is not None and self.history.same_rows(rows)
+
+    def fits(self) -> bool:
+        """With a verify step in flight: the next one's pages are free without preempting anyone (a
+        preemption reads committed lengths, which must be settled first)."""
+        if not self._in_flight():
+            return True
+        loop = self.loop
+        planner, T = loop.manager.planner, 1 + loop.drafter.k
+        return sum(planner.pages_needed(r.req_id, T) for r in loop.scheduler.running) <= planner.page_pool.num_free
+
+    def launch(self, step: "ScheduledStep") -> None:
+        """Draft on the device, plan, launch and commit a verify step unsettled, then read the step before."""
+        loop = self.loop
+        mgr, rows, prev = loop.manager, step.generation, loop.inflight
+        T = 1 + loop.drafter.k
+        try:
+            if prev is None:
+                self.history = TokenHistory(rows, loop.device)
+            else:
+                self.history.append(prev[1].tokens, prev[1].counts)
+            drafts, proposed = loop.drafter.propose_on_device(self.history.history, self.history.lengths)
+            ids = torch.cat([self.history.last()[:, None], drafts], 1).flatten()
+            with deferred_interrupts():
+                plan = mgr.planner.plan_step([r.req_id for r in rows], [T] * len(rows))
+            logits = loop.runner.run(plan, ids, 0, T, np.arange(len(rows) * T))
+            tokens, counts = sample_greedy(logits.view(len(rows), T, -1), drafts)
+            with deferred_interrupts():
+                mgr.store.accept(mgr.planner.device_accept(plan, counts), chain=True)
+                mgr.planner.commit_unsettled(plan)
+                for r in rows:
+                    r.num_pending += T  # at most T tokens are on their way back
+                loop.inflight = (rows, PendingVerify(tokens, counts, proposed))
+        except BaseException:
+            with deferred_interrupts():
+                self.history = None
+                if mgr.has_pending_step:
+                    loop.scheduler.restart(mgr.abort_step(), loop.requests)
+                if loop.inflight is prev and prev is not None:  # its tokens are committed: keep them
+                    loop.inflight = None
+                    loop.deliver(*prev)
+            raise
+        if prev is not None:
+            loop.deliver(*prev)
+
+    def deliver(self, rows: list[Request], pending: PendingVerify) -> None:
+        """The in-flight verify step's tokens and counts (its one host sync): the rejected drafts are taken
+        back from the committed lengths, the accepted tokens appended."""
+        loop = self.loop
+        tokens, counts, proposed = pending.read()
+        T = pending.tokens.shape[1]
+        with deferred_interrupts():
+            loop.manager.planner.settle(counts)
+            new_tokens = {}
+            for r, toks, c, d in zip(rows, tokens, counts, proposed):
+                if r.num_pending:  # 0: aborted, or finished on an earlier step (these are discarded)
+                    r.num_pending -= T
+                    r.num_prefilled += c  # the fed token and the accepted drafts are in the cache
+                    new_tokens[r.req_id] = toks
+                    loop.stats.num_draft_tokens += d
+                    loop.stats.num_accepted_tokens += c - 1
+                    loop.drafter.backoff.after_step(r, d, c - 1)
+            loop.ready += loop.finish_rows([r for r in rows if r.req_id in new_tokens], new_tokens, {})

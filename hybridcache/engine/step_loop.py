@@ -12,8 +12,7 @@ import numpy as np
 import torch
 
 from ..cache import HybridCacheManager, StateLostError, Status
-from .async_verify import PendingVerify, TokenHistory
-from .device_sampler import sample_greedy
+from .async_verify import AsyncVerify, PendingVerify
 from .drafter import NgramDrafter
 from .interrupts import deferred_interrupts
 from .request import Request, RequestDelta, RequestOutput, TokenLogprob
@@ -42,7 +41,7 @@ class StepLoop:
         self.stream_deltas = False  # record per-step deltas (the engine core sets it)
         self.step_hook: Callable[[], None] | None = None  # tests call check_integrity() here
         self.inflight: tuple[list[Request], PendingTokens | PendingVerify] | None = None
-        self.history: TokenHistory | None = None  # the in-flight verify rows' tokens on the device
+        self.verify = AsyncVerify(self)  # asynchronous greedy verify steps
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work or self.inflight is not None
@@ -64,7 +63,7 @@ class StepLoop:
         decode, those that finished in the step before). If it raises, the step's rows restart from their
         tokens and stay queued."""
         start = time.perf_counter()
-        if self.inflight is not None and not (self._steady() and self._verify_fits()):
+        if self.inflight is not None and not (self._steady() and self.verify.fits()):
             self.read_inflight()  # who runs next may depend on those tokens
         with deferred_interrupts():
             try:
@@ -85,7 +84,7 @@ class StepLoop:
         if kind == "decode":
             self._launch(step)
         elif kind == "verify":
-            self._launch_verify(step)
+            self.verify.launch(step)
         else:
             self._run_step(step)
         self.stats.num_steps += 1
@@ -145,20 +144,20 @@ class StepLoop:
 
     def _async_kind(self, step: ScheduledStep) -> str | None:
         """"decode": a plain decode step (generation rows only, none asking for logprobs, none drafting);
-        "verify": an asynchronous verify step (below); None: the synchronous step."""
+        "verify": an asynchronous verify step (`async_verify.AsyncVerify`); None: the synchronous step."""
         rows = step.generation
         if not self.async_scheduling or step.context or not rows or any(r.params.logprobs is not None for r in rows):
             return None
         if self.drafter is None or not any(map(self.drafter.backoff.drafts, rows)):
             return "decode"
-        return "verify" if self._verify_async(rows) else None
+        return "verify" if self.verify.eligible(rows) else None
 
     def _continues(self, step: ScheduledStep) -> bool:
         """Whether `step` may launch before the in-flight step is read: the same kind, and for verify the
         same rows in the same order (their tokens and lengths chain on the device)."""
         kind, pending = self._async_kind(step), self.inflight[1]
         if isinstance(pending, PendingVerify):
-            return kind == "verify" and self.history is not None and self.history.same_rows(step.generation)
+            return kind == "verify" and self.verify.continues(step.generation)
         return kind == "decode"
 
     def _launch(self, step: ScheduledStep) -> None:
@@ -188,91 +187,14 @@ class StepLoop:
                     self.scheduler.restart(self.manager.abort_step(), self.requests)
                 if self.inflight is prev and prev is not None:  # its tokens are committed: keep them
                     self.inflight = None
-                    self._deliver(*prev)
+                    self.deliver(*prev)
             self._release(last)
             raise
         if prev is not None:
-            self._deliver(*prev)
+            self.deliver(*prev)
         self._save_snapshots({})
         self._save_ends(last)
         self._release(last)
-
-    # ------------------------------------------------------------------ asynchronous verify
-    # A greedy verify step whose drafts are proposed on the device: each row's tokens are kept there
-    # (`TokenHistory`), the step before's accepted tokens are appended there, and the n-gram search runs
-    # there, so the step launches before the step before is read. It commits every token it feeds
-    # (`Planner.commit_unsettled`, an upper bound); the next step's committed lengths are that step's plus
-    # its accepted counts, on the device (`StepTensors.chain`); the read takes the rejected drafts back
-    # (`Planner.settle`). Rows step together until a read: a row that finishes, a new arrival, a page
-    # shortage or a row near its max_tokens reads the in-flight step first.
-    def _verify_async(self, rows: list[Request]) -> bool:
-        """Every row greedy and drafting, with room for two more steps of tokens before its max_tokens; no
-        prefix caching (saves need host counts), no tensor-parallel workers (plans broadcast host counts),
-        and a drafter that proposes the same on the device (`NgramDrafter.drafts_on_device`)."""
-        T = 1 + self.drafter.k
-        flying = T if self.inflight is not None and isinstance(self.inflight[1], PendingVerify) else 0
-        return (self.runner.workers is None and self.manager.planner.prefix is None and self.drafter.drafts_on_device
-                and all(r.params.greedy and self.drafter.backoff.drafts(r)
-                        and len(r.output) + flying + T <= r.params.max_tokens for r in rows))
-
-    def _verify_fits(self) -> bool:
-        """With a verify step in flight: the next one's pages are free without preempting anyone (a
-        preemption reads committed lengths, which must be settled first)."""
-        if self.inflight is None or not isinstance(self.inflight[1], PendingVerify):
-            return True
-        planner, T = self.manager.planner, 1 + self.drafter.k
-        return sum(planner.pages_needed(r.req_id, T) for r in self.scheduler.running) <= planner.page_pool.num_free
-
-    def _launch_verify(self, step: ScheduledStep) -> None:
-        """Draft on the device, plan, launch and commit a verify step unsettled, then read the step before."""
-        rows, prev = step.generation, self.inflight
-        T = 1 + self.drafter.k
-        try:
-            if prev is None:
-                self.history = TokenHistory(rows, self.device)
-            else:
-                self.history.append(prev[1].tokens, prev[1].counts)
-            drafts, proposed = self.drafter.propose_on_device(self.history.history, self.history.lengths)
-            ids = torch.cat([self.history.last()[:, None], drafts], 1).flatten()
-            with deferred_interrupts():
-                plan = self.manager.planner.plan_step([r.req_id for r in rows], [T] * len(rows))
-            logits = self.runner.run(plan, ids, 0, T, np.arange(len(rows) * T))
-            tokens, counts = sample_greedy(logits.view(len(rows), T, -1), drafts)
-            with deferred_interrupts():
-                self.manager.store.accept(self.manager.planner.device_accept(plan, counts), chain=True)
-                self.manager.planner.commit_unsettled(plan)
-                for r in rows:
-                    r.num_pending += T  # at most T tokens are on their way back
-                self.inflight = (rows, PendingVerify(tokens, counts, proposed))
-        except BaseException:
-            with deferred_interrupts():
-                self.history = None
-                if self.manager.has_pending_step:
-                    self.scheduler.restart(self.manager.abort_step(), self.requests)
-                if self.inflight is prev and prev is not None:  # its tokens are committed: keep them
-                    self.inflight = None
-                    self._deliver(*prev)
-            raise
-        if prev is not None:
-            self._deliver(*prev)
-
-    def _deliver_verify(self, rows: list[Request], pending: PendingVerify) -> None:
-        """The in-flight verify step's tokens and counts (its one host sync): the rejected drafts are taken
-        back from the committed lengths, the accepted tokens appended."""
-        tokens, counts, proposed = pending.read()
-        T = pending.tokens.shape[1]
-        with deferred_interrupts():
-            self.manager.planner.settle(counts)
-            new_tokens = {}
-            for r, toks, c, d in zip(rows, tokens, counts, proposed):
-                if r.num_pending:  # 0: aborted, or finished on an earlier step (these are discarded)
-                    r.num_pending -= T
-                    r.num_prefilled += c  # the fed token and the accepted drafts are in the cache
-                    new_tokens[r.req_id] = toks
-                    self.stats.num_draft_tokens += d
-                    self.stats.num_accepted_tokens += c - 1
-                    self.drafter.backoff.after_step(r, d, c - 1)
-            self.ready += self._finish_rows([r for r in rows if r.req_id in new_tokens], new_tokens, {})
 
     def _release(self, rows: list[Request]) -> None:
         """Rows whose last token is in flight leave the cache now (it is delivered later)."""
@@ -304,12 +226,12 @@ class StepLoop:
     def read_inflight(self) -> None:
         if self.inflight is not None:
             rows_pending, self.inflight = self.inflight, None
-            self._deliver(*rows_pending)
+            self.deliver(*rows_pending)
 
-    def _deliver(self, rows: list[Request], pending) -> None:
+    def deliver(self, rows: list[Request], pending) -> None:
         """The in-flight step's tokens (its one host sync), appended to the requests still waiting for them."""
         if isinstance(pending, PendingVerify):
-            return self._deliver_verify(rows, pending)
+            return self.verify.deliver(rows, pending)
         tokens = pending.read()
         with deferred_interrupts():
             new_tokens = {}
@@ -317,7 +239,7 @@ class StepLoop:
                 if r.num_pending:  # 0: aborted, or stopped on an earlier token (this one is discarded)
                     r.num_pending -= 1
                     new_tokens[r.req_id] = [t]
-            self.ready += self._finish_rows([r for r in rows if r.req_id in new_tokens], new_tokens, {})
+            self.ready += self.finish_rows([r for r in rows if r.req_id in new_tokens], new_tokens, {})
 
     def take_ready(self) -> list[RequestOutput]:
         """Outputs of committed steps not yet returned (a Ctrl-C can land right after a commit)."""
@@ -390,9 +312,9 @@ class StepLoop:
             self.stats.num_accepted_tokens += len(new_tokens[req.req_id]) - 1
             if self.drafter is not None:
                 self.drafter.backoff.after_step(req, len(drafts.get(req.req_id, [])), len(new_tokens[req.req_id]) - 1)
-        return self._finish_rows([r for r, _ in step.context] + step.generation, new_tokens, logprobs)
+        return self.finish_rows([r for r, _ in step.context] + step.generation, new_tokens, logprobs)
 
-    def _finish_rows(self, reqs: list[Request], new_tokens: dict[int, list[int]],
+    def finish_rows(self, reqs: list[Request], new_tokens: dict[int, list[int]],
                      logprobs: dict[int, list[TokenLogprob]]) -> list[RequestOutput]:
         """Append each request's new tokens; returns the requests that finished (the cache saves their end
         state for the prefix cache, then forgets them)."""

@@ -1,4 +1,4 @@
-"""Asynchronous verify (`engine/async_verify.py`, `StepLoop._launch_verify`): a greedy verify step drafts on
+"""Asynchronous verify (`engine/async_verify.py`): a greedy verify step drafts on
 the device and launches before the step before is read. Everything a caller sees must equal the
 synchronous speculative engine's and plain decode's (greedy): tokens, finish reasons, stops on a token,
 accept counts, aborts, memory pressure with suspensions, re-prefills and rebalances, and a forward that
@@ -11,7 +11,7 @@ import random
 import pytest
 
 from hybridcache import LLM, SamplingParams, SpeculativeConfig
-from hybridcache.engine import step_loop
+from hybridcache.engine import async_verify, step_loop
 from tests.engine.arrivals import run_with_arrivals
 from tests.engine.test_async_scheduling import assert_idle_and_empty, checkpoint, outputs  # noqa: F401 (a fixture)
 from tests.faults.helpers import FailOnCall, Injected
@@ -36,17 +36,17 @@ class Launches:
 
     def __init__(self, monkeypatch) -> None:
         self.verify = self.sync = 0
-        launch, run = step_loop.StepLoop._launch_verify, step_loop.StepLoop._run_step
+        launch, run = async_verify.AsyncVerify.launch, step_loop.StepLoop._run_step
 
-        def counted_launch(loop, step):
+        def counted_launch(verify, step):
             self.verify += 1
-            return launch(loop, step)
+            return launch(verify, step)
 
         def counted_run(loop, step):
             self.sync += 1
             return run(loop, step)
 
-        monkeypatch.setattr(step_loop.StepLoop, "_launch_verify", counted_launch)
+        monkeypatch.setattr(async_verify.AsyncVerify, "launch", counted_launch)
         monkeypatch.setattr(step_loop.StepLoop, "_run_step", counted_run)
 
 
