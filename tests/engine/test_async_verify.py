@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import random
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from hybridcache import LLM, SamplingParams, SpeculativeConfig
 from hybridcache.engine import async_verify, step_loop
@@ -173,3 +175,61 @@ def test_a_steady_async_verify_step_makes_at_most_one_host_sync(checkpoint, monk
         assert syncs.count <= 1, syncs
         assert all(site.rsplit(":", 1)[0].endswith("hybridcache/engine/async_verify.py") for _, site in syncs.calls), syncs
     assert launches.verify - before == 5
+
+
+def random_lifecycle(llm: LLM, data, prompts: list[list[int]], params: list[SamplingParams]) -> dict[int, list[int]]:
+    """Drawn by hypothesis: before each step add 0-2 requests, abort one now and then, rebalance now and
+    then (refusals skipped), with `check_integrity()` after each operation, until every request is done.
+    Returns the finished requests' tokens by prompt index (aborted ones are left out)."""
+    ids: dict[int, int] = {}
+    pending, done, aborted = list(range(len(prompts))), {}, set()
+    while pending or llm.has_unfinished():
+        for _ in range(data.draw(st.integers(0, 2), label="arrivals")):
+            if pending:
+                i = pending.pop(0)
+                ids[llm.add_request(prompts[i], params[i])] = i
+        live = [rid for rid in ids if ids[rid] not in done and ids[rid] not in aborted]
+        if live and data.draw(st.integers(0, 9), label="abort?") == 9:
+            rid = data.draw(st.sampled_from(live), label="victim")
+            llm.abort_request(rid)
+            aborted.add(ids[rid])
+            llm.manager.check_integrity()
+        if data.draw(st.integers(0, 9), label="rebalance?") == 9:
+            try:
+                llm.rebalance(data.draw(st.sampled_from([2, 3, 4]), label="slots"))
+            except ValueError:
+                pass  # that split leaves no room for the longest request
+            llm.manager.check_integrity()
+        for out in llm.step():
+            done[ids[out.request_id]] = out.token_ids
+        llm.manager.check_integrity()
+    return {i: t for i, t in done.items() if i not in aborted}
+
+
+@pytest.fixture(scope="module")
+def lifecycle_expected(tmp_path_factory):
+    from tests.models import helpers as nemotron
+
+    path, _ = nemotron.save_tiny(tmp_path_factory.mktemp("nemotron_h"))
+    prompts = repetitive(7, 8)
+    params = [SamplingParams(max_tokens=10 + 3 * i, temperature=0.0, ignore_eos=i % 2 == 0) for i in range(8)]
+    return path, prompts, params, [t for t, _ in outputs(LLM(path, **KW), prompts, params)]
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.large_base_example, HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_lifecycles_with_async_verify_keep_every_token(lifecycle_expected, data):
+    """Arrivals, aborts and rebalances drawn by hypothesis over a small budget (suspensions and re-prefills
+    follow), asynchronous verify throughout: every request not aborted gets plain decode's tokens, the
+    integrity check holds after every operation, and nothing is left unsettled or held."""
+    path, prompts, params, expected = lifecycle_expected
+    sizing = LLM(path, max_num_seqs=16, max_model_len=128, page_size=4, speculative=SPEC).sizing
+    per = sizing.request_bytes(max(map(len, prompts)) + 31 + 4, 4)
+    budget = 4 * sizing.bytes_per_slot + int((per - sizing.bytes_per_slot) * data.draw(st.sampled_from([1.5, 2.5, 4.0])))
+    llm = LLM(path, max_num_seqs=4, max_model_len=128, page_size=4, num_slots=4, device_cache_bytes=budget,
+              host_cache_bytes=int(per * 1.5), max_num_batched_tokens=16, speculative=SPEC, async_scheduling=True)
+    got = random_lifecycle(llm, data, prompts, params)
+    assert got == {i: expected[i] for i in got}
+    assert llm.manager.planner.unsettled == []
+    assert_idle_and_empty(llm)
