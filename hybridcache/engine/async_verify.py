@@ -23,11 +23,12 @@ if TYPE_CHECKING:
 
 class TokenHistory:
     """history [R, W] int64: row i's prompt and output in its first lengths[i] columns (W: the longest a
-    row can grow, prompt + max_tokens); kept for one batch of rows in one order while verify steps chain."""
+    row can grow, prompt + max_tokens, and two steps of `tokens_per_step` past it, which a finishing row's
+    discarded step may append); kept for one batch of rows in one order while verify steps chain."""
 
-    def __init__(self, rows: list[Request], device: torch.device) -> None:
+    def __init__(self, rows: list[Request], device: torch.device, tokens_per_step: int) -> None:
         self.rows = rows
-        width = max(len(r.prompt) + r.params.max_tokens for r in rows)
+        width = max(len(r.prompt) + r.params.max_tokens for r in rows) + 2 * tokens_per_step
         host = np.full((len(rows), width), -1, dtype=np.int64)
         for i, r in enumerate(rows):
             tokens = r.tokens
@@ -89,15 +90,16 @@ class AsyncVerify:
         return self.loop.inflight is not None and isinstance(self.loop.inflight[1], PendingVerify)
 
     def eligible(self, rows: list[Request]) -> bool:
-        """Every row greedy and drafting, with room for two more steps of tokens before its max_tokens; no
-        prefix caching (saves need host counts), no tensor-parallel workers (plans broadcast host counts),
-        and a drafter that proposes the same on the device (`NgramDrafter.drafts_on_device`)."""
+        """Every row greedy and possibly short of its max_tokens with the step in flight; no prefix caching
+        (saves need host counts), no tensor-parallel workers (plans broadcast host counts), and a drafter
+        that proposes the same on the device (`NgramDrafter.drafts_on_device`). A row that backs off
+        drafts here too: every row of a verify step feeds k + 1 tokens anyway (the synchronous step pads
+        it), and only a step where no row drafts is a plain decode step. A row that finishes on the step
+        in flight costs the next step's row, discarded; the request check leaves room for its positions."""
         loop = self.loop
-        T = 1 + loop.drafter.k
-        flying = T if self._in_flight() else 0
+        flying = 1 + loop.drafter.k if self._in_flight() else 0
         return (loop.runner.workers is None and loop.manager.planner.prefix is None and loop.drafter.drafts_on_device
-                and all(r.params.greedy and loop.drafter.backoff.drafts(r)
-                        and len(r.output) + flying + T <= r.params.max_tokens for r in rows))
+                and all(r.params.greedy and len(r.output) + flying < r.params.max_tokens for r in rows))
 
     def continues(self, rows: list[Request]) -> bool:
         """Whether a verify step of `rows` chains on the one in flight (the same rows, in the same order)."""
@@ -119,7 +121,7 @@ class AsyncVerify:
         T = 1 + loop.drafter.k
         try:
             if prev is None:
-                self.history = TokenHistory(rows, loop.device)
+                self.history = TokenHistory(rows, loop.device, T)
             else:
                 self.history.append(prev[1].tokens, prev[1].counts)
             drafts, proposed = loop.drafter.propose_on_device(self.history.history, self.history.lengths)
