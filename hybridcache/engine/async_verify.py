@@ -1,4 +1,4 @@
-"""Asynchronous verify: a greedy verify step whose drafts are proposed on the device, so it launches before
+"""Asynchronous verify: a verify step whose drafts are proposed on the device, so it launches before
 the step before is read. Each row's tokens are kept there (`TokenHistory`), the step before's accepted
 tokens are appended there, and the n-gram search runs there (`NgramDrafter.propose_on_device`). The step
 commits every token it feeds (`Planner.commit_unsettled`, an upper bound); the next step's committed
@@ -7,12 +7,13 @@ rejected drafts back (`Planner.settle`). Rows step together until a read: a row 
 arrival, a page shortage or a row near its max_tokens reads the in-flight step first (`StepLoop.step`)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from .device_sampler import sample_greedy
+from .device_sampler import RowParams, sample, sample_greedy
 from .interrupts import deferred_interrupts
 from .request import Request
 
@@ -85,12 +86,13 @@ class AsyncVerify:
     def __init__(self, loop: "StepLoop") -> None:
         self.loop = loop
         self.history: TokenHistory | None = None  # the in-flight rows' tokens on the device
+        self.params: RowParams | None = None  # sampled rows: their parameters, output positions chained
 
     def _in_flight(self) -> bool:
         return self.loop.inflight is not None and isinstance(self.loop.inflight[1], PendingVerify)
 
     def eligible(self, rows: list[Request]) -> bool:
-        """Every row greedy and possibly short of its max_tokens with the step in flight; no prefix caching
+        """Every row possibly short of its max_tokens with the step in flight; no prefix caching
         (saves need host counts), no tensor-parallel workers (plans broadcast host counts), and a drafter
         that proposes the same on the device (`NgramDrafter.drafts_on_device`). A row that backs off
         drafts here too: every row of a verify step feeds k + 1 tokens anyway (the synchronous step pads
@@ -99,7 +101,7 @@ class AsyncVerify:
         loop = self.loop
         flying = 1 + loop.drafter.k if self._in_flight() else 0
         return (loop.runner.workers is None and loop.manager.planner.prefix is None and loop.drafter.drafts_on_device
-                and all(r.params.greedy and len(r.output) + flying < r.params.max_tokens for r in rows))
+                and all(len(r.output) + flying < r.params.max_tokens for r in rows))
 
     def continues(self, rows: list[Request]) -> bool:
         """Whether a verify step of `rows` chains on the one in flight (the same rows, in the same order)."""
@@ -128,8 +130,8 @@ class AsyncVerify:
             ids = torch.cat([self.history.last()[:, None], drafts], 1).flatten()
             with deferred_interrupts():
                 plan = mgr.planner.plan_step([r.req_id for r in rows], [T] * len(rows))
-            logits = loop.runner.run(plan, ids, 0, T, np.arange(len(rows) * T))
-            tokens, counts = sample_greedy(logits.view(len(rows), T, -1), drafts)
+            logits = loop.runner.run(plan, ids, 0, T, np.arange(len(rows) * T)).view(len(rows), T, -1)
+            tokens, counts = self._choose(rows, logits, drafts, proposed, prev)
             with deferred_interrupts():
                 mgr.store.accept(mgr.planner.device_accept(plan, counts), chain=True)
                 mgr.planner.commit_unsettled(plan)
@@ -147,6 +149,22 @@ class AsyncVerify:
             raise
         if prev is not None:
             loop.deliver(*prev)
+
+    def _choose(self, rows: list[Request], logits: torch.Tensor, drafts: torch.Tensor, proposed: torch.Tensor,
+                prev) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens [R, T] and counts [R] of the step, as the synchronous step chooses them: only proposed
+        drafts can pass (the padding never does); sampled rows draw at their output positions, which chain
+        on the device (the step before's plus its counts)."""
+        steps = torch.arange(drafts.shape[1], device=drafts.device)
+        if all(r.params.greedy for r in rows):
+            return sample_greedy(logits, torch.where(steps < proposed[:, None], drafts, -1))
+        if prev is None:
+            self.params = RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
+                                           [r.params.top_p for r in rows], [r.seed for r in rows],
+                                           [len(r.output) for r in rows], [[] for _ in rows], 0, self.loop.device)
+        else:
+            self.params = replace(self.params, position=self.params.position + prev[1].counts)
+        return sample(logits, replace(self.params, drafts=drafts, num_drafts=proposed))
 
     def deliver(self, rows: list[Request], pending: PendingVerify) -> None:
         """The in-flight verify step's tokens and counts (its one host sync): the rejected drafts are taken

@@ -56,10 +56,10 @@ class LLM:
 
     `async_scheduling` (on by default on CUDA): a plain decode step is planned and launched before the tokens
     of the step before are read back, so the host's work overlaps the device's; outputs then come back one
-    `step()` later. So is a verify step whose rows are all greedy and drafting (n-gram drafts proposed on the
-    device from the tokens kept there, `engine/async_verify.py`), without prefix caching. Sampled speculative
-    rows, logprobs and tensor or pipeline parallelism take synchronous steps (with
-    `SpeculativeConfig.backoff_max_steps`, the steps in which every row backs off are plain and asynchronous).
+    `step()` later. So is a verify step (n-gram drafts proposed on the device from the tokens kept there,
+    `engine/async_verify.py`; greedy and seeded sampled rows alike), without prefix caching. Logprobs and
+    tensor or pipeline parallelism take synchronous steps (with `SpeculativeConfig.backoff_max_steps`, the
+    steps in which every row backs off are plain decode steps).
 
     `tensor_parallel_size=N` shards the model and the cache over N ranks (docs/parallel.md): this process
     is rank 0 (it plans, samples and broadcasts each step) and starts the N-1 others itself; a worker

@@ -63,9 +63,9 @@ def test_async_verify_gives_the_synchronous_and_the_plain_tokens(checkpoint, mon
     llm.step_hook = llm.manager.check_integrity
     assert outputs(llm, prompts, params) == plain
     assert launches.verify > launches.sync > 0  # the tails (near max_tokens) and the prefills run synchronously
-    # accept counts may differ: a synchronous step where no row has a draft runs one token per row, an
-    # asynchronous one always verifies k (padding repeats the last token, which the model may confirm)
-    assert llm.stats.num_accepted_tokens > 0 and llm.manager.planner.unsettled == []
+    s, a = sync.stats, llm.stats  # the same drafts pass (padding never does)
+    assert (a.num_accepted_tokens, a.num_draft_tokens) == (s.num_accepted_tokens, s.num_draft_tokens)
+    assert a.num_accepted_tokens > 0 and llm.manager.planner.unsettled == []
     assert_idle_and_empty(llm)
 
 
@@ -83,14 +83,18 @@ def test_stops_on_a_token_and_eos_mid_verify_equal_the_synchronous_run(checkpoin
     assert_idle_and_empty(llm)
 
 
-def test_sampled_rows_step_synchronously_beside_greedy_ones(checkpoint, monkeypatch):
-    """A batch with a sampled row takes the synchronous verify step (its draws depend on its drafts, which
-    the host proposes): every token equals the synchronous engine's, the greedy ones plain decode's."""
-    prompts = repetitive(2, 4)
-    params = [SamplingParams(max_tokens=20, temperature=0.9 if i == 1 else 0.0, seed=i) for i in range(4)]
+def test_seeded_sampled_rows_draw_what_the_synchronous_engine_draws(checkpoint, monkeypatch):
+    """Sampled rows beside greedy ones (temperature, top-k, top-p, seeds): their drafts, draws and output
+    positions on the device give the synchronous speculative engine's tokens exactly."""
+    prompts = repetitive(2, 6)
+    params = [SamplingParams(max_tokens=20 + i, temperature=[0.0, 0.9, 0.7][i % 3], top_k=[0, 0, 5][i % 3],
+                             top_p=[1.0, 0.9, 1.0][i % 3], seed=i) for i in range(6)]
     want = outputs(LLM(checkpoint, speculative=SPEC, async_scheduling=False, **KW), prompts, params)
+    launches = Launches(monkeypatch)
     llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW)
+    llm.step_hook = llm.manager.check_integrity
     assert outputs(llm, prompts, params) == want
+    assert launches.verify > 0
     assert_idle_and_empty(llm)
 
 
@@ -212,8 +216,10 @@ def lifecycle_expected(tmp_path_factory):
 
     path, _ = nemotron.save_tiny(tmp_path_factory.mktemp("nemotron_h"))
     prompts = repetitive(7, 8)
-    params = [SamplingParams(max_tokens=10 + 3 * i, temperature=0.0, ignore_eos=i % 2 == 0) for i in range(8)]
-    return path, prompts, params, [t for t, _ in outputs(LLM(path, **KW), prompts, params)]
+    params = [SamplingParams(max_tokens=10 + 3 * i, temperature=0.8 if i % 3 == 1 else 0.0, seed=i,
+                             ignore_eos=i % 2 == 0) for i in range(8)]
+    sync = LLM(path, speculative=SPEC, async_scheduling=False, **KW)  # a row's draws never depend on its batch
+    return path, prompts, params, [t for t, _ in outputs(sync, prompts, params)]
 
 
 @settings(max_examples=10, deadline=None,
@@ -221,8 +227,9 @@ def lifecycle_expected(tmp_path_factory):
 @given(data=st.data())
 def test_random_lifecycles_with_async_verify_keep_every_token(lifecycle_expected, data):
     """Arrivals, aborts and rebalances drawn by hypothesis over a small budget (suspensions and re-prefills
-    follow), asynchronous verify throughout: every request not aborted gets plain decode's tokens, the
-    integrity check holds after every operation, and nothing is left unsettled or held."""
+    follow), asynchronous verify throughout, greedy and seeded sampled rows: every request not aborted gets
+    the unconstrained synchronous engine's tokens, the integrity check holds after every operation, and
+    nothing is left unsettled or held."""
     path, prompts, params, expected = lifecycle_expected
     sizing = LLM(path, max_num_seqs=16, max_model_len=128, page_size=4, speculative=SPEC).sizing
     per = sizing.request_bytes(max(map(len, prompts)) + 31 + 4, 4)
