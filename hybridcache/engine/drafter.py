@@ -66,28 +66,33 @@ class NgramDrafter:
         return "propose" not in vars(self) or "propose_on_device" in vars(self)
 
     def propose_on_device(self, history: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`pad(propose(tokens), tokens[-1], k)` for every row at once, on the device, no host sync:
-        history [R, W] int64 (row i's tokens in its first lengths[i] columns, lengths >= 1); returns
-        drafts [R, k] int64 and how many of them `propose` gave [R] (the rest is padding). Each suffix
-        length n is matched against every window of the history (`unfold`), the latest window that leaves
-        a token after it wins, the longest n first."""
+        """`pad(propose(tokens), tokens[-1], k)` for every row at once, on the device, no host sync, in a
+        fixed number of launches: history [R, W] int64 (row i's tokens in its first lengths[i] columns,
+        lengths >= 1, tokens >= 0); returns drafts [R, k] int64 and how many of them `propose` gave [R]
+        (the rest is padding).
+
+        Each candidate continuation start c (0..W) is scored by how many tokens before it match the row's
+        suffix: the run of equal tokens at the right end of the windows history[c - N : c] and
+        history[L - N : L] (N = max_n; left of column 0 a token no row holds). The longest match n that
+        fits (n <= L - 1, n <= c, c <= L - 1, n >= min_n) wins, the latest c among equals, as `propose`
+        tries the longest suffix first and takes its last occurrence."""
         R, W = history.shape
-        k, device = self.k, history.device
-        cols = torch.arange(W, device=device)
-        last = history.gather(1, (lengths - 1)[:, None])  # [R, 1]
-        start = torch.full((R,), -1, dtype=torch.long, device=device)  # where the continuation starts
-        for n in range(min(self.max_n, W - 1), self.min_n - 1, -1):
-            at = (lengths[:, None] - n + torch.arange(n, device=device)).clamp(min=0)
-            suffix = history.gather(1, at)  # [R, n]
-            windows = history.unfold(1, n, 1)  # [R, W - n + 1, n]
-            s = cols[: W - n + 1]
-            hit = (windows == suffix[:, None, :]).all(-1) & (s <= lengths[:, None] - 1 - n) & (lengths[:, None] > n)
-            latest = torch.where(hit, s, -1).amax(-1)  # [R]
-            start = torch.where((start < 0) & (latest >= 0), latest + n, start)
+        N, k, device = self.max_n, self.k, history.device
+        padded = torch.cat([history.new_full((R, N), -2), history], 1)  # [R, N + W]
+        windows = padded.unfold(1, N, 1)  # [R, W + 1, N]: windows[:, c] = history[c - N : c]
+        suffix = windows.gather(1, lengths[:, None, None].expand(R, 1, N))  # [R, 1, N]
+        run = (windows == suffix).flip(-1).int().cumprod(-1).sum(-1)  # [R, W + 1] matched tokens before c
+        c = torch.arange(W + 1, device=device)
+        n = torch.minimum(torch.minimum(run, lengths[:, None] - 1), c)
+        ok = (n >= self.min_n) & (c <= lengths[:, None] - 1)
+        score = torch.where(ok, n * (W + 1) + c, -1)
+        best = score.amax(-1)  # [R]
+        start = torch.where(best >= 0, best % (W + 1), -1)  # where the continuation starts
         j = torch.arange(k, device=device)
         # a continuation shorter than k repeats its last token; no match repeats the row's last token
         upto = torch.minimum(start[:, None] + j, lengths[:, None] - 1)
         drafts = history.gather(1, upto.clamp(min=0))
+        last = history.gather(1, (lengths - 1)[:, None])  # [R, 1]
         proposed = torch.where(start >= 0, (lengths - start).clamp(max=k), 0)
         return torch.where(start[:, None] >= 0, drafts, last), proposed
 
