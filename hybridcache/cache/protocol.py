@@ -34,10 +34,11 @@ class StateModule:
         self,
         tensors: Mapping[str, torch.Tensor],
         slots: torch.Tensor,
-        num_tokens: torch.Tensor,
+        num_tokens: torch.Tensor | int,
         num_valid: torch.Tensor,
     ) -> None:
-        """After a verify step of `num_tokens [n]` tokens of which `num_valid [n]` are valid."""
+        """After a verify step of `num_tokens [n]` tokens (an int: every row fed that many) of which
+        `num_valid [n]` are valid."""
 
     def snapshot_roles(self) -> tuple[str, ...]:
         """The roles a request restarts from (a prefix-cache snapshot holds these; restoring zeroes the

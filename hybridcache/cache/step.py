@@ -67,6 +67,13 @@ class StepTensors:
         t = torch.from_numpy(np.array(a, copy=True, order="C"))  # plans are read-only and outlive the step
         return t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
 
+    def rows_on_device(self, slots: np.ndarray) -> torch.Tensor:
+        """`slots` on the device: the last step's own slot tensor when they are its rows (a verify step's
+        accept), else uploaded."""
+        if self._version >= 0 and np.array_equal(slots, self._host_slots):
+            return self.slots
+        return self.upload(slots)
+
     def chain(self, accepted: torch.Tensor) -> None:
         """The step just executed commits `accepted` [B] tokens per row, known on the device only: a next
         plan with `lens_on_device` (the same rows) takes its committed lengths as that step's plus these."""
@@ -83,6 +90,7 @@ class StepTensors:
             b = plan.batch_size
             self._version = plan.version
             self.slots = self.upload(plan.slots)
+            self._host_slots = plan.slots
             self.generation = self.upload(plan.generation)
             self.table = torch.full((b, plan.table_width), -1, dtype=torch.int32, device=self.device)
             self._table_out = False  # handed out in a StepIndices: written from then on only as a copy

@@ -70,8 +70,9 @@ class CacheStore:
         modules = [m for m in self.states if m.needs_accept]
         if accept.slots.size == 0 or not modules:
             return
-        slots = self._step.upload(accept.slots)
-        tokens = self._step.upload(accept.num_tokens.astype(np.int32))
+        slots = self._step.rows_on_device(accept.slots)
+        n = accept.num_tokens  # one count for every row (a verify step): passed as an int, not uploaded
+        tokens = int(n[0]) if n.size and (n == n[0]).all() else self._step.upload(n.astype(np.int32))
         valid = (accept.num_valid.to(torch.int32) if isinstance(accept.num_valid, torch.Tensor)  # still on the device
                  else self._step.upload(accept.num_valid.astype(np.int32)))
         for m in modules:

@@ -76,7 +76,7 @@ class KDAState(StateModule):
 
     def on_accept(
         self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,
-        num_tokens: torch.Tensor, num_valid: torch.Tensor,
+        num_tokens: torch.Tensor | int, num_valid: torch.Tensor,
     ) -> None:
         if not self.replay:
             return

@@ -59,7 +59,7 @@ class ReplayState(StateModule):
 
     def on_accept(
         self, tensors: Mapping[str, torch.Tensor], slots: torch.Tensor,
-        num_tokens: torch.Tensor, num_valid: torch.Tensor,
+        num_tokens: torch.Tensor | int, num_valid: torch.Tensor,
     ) -> None:
         if not self.replay:
             return
