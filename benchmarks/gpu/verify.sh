@@ -7,7 +7,7 @@ OUT=${OUT:-./bench-out}; mkdir -p "$OUT"
 python3 -c "from pathlib import Path; from benchmarks.families import build; build(Path('/tmp/hybridcache-bench-nemotron_h-1b'), 'nemotron_h', '1b')" &
 timeout ${TEST_CAP:-200} python3 -m pytest -n 8 -p no:cacheprovider -o addopts="" -q -rf ${TESTS:-tests/ops/test_conv_shift_triton.py \
     tests/engine/test_cuda_prefix_caching.py tests/engine/test_cuda_graphs.py tests/engine/test_host_syncs.py \
-    tests/engine/test_async_verify.py tests/engine/test_drafter.py} 2>&1 | grep -v "Warning\|warn(" | tail -15
+    tests/engine/test_async_verify.py tests/engine/test_cuda_async_verify.py tests/engine/test_drafter.py} 2>&1 | grep -v "Warning\|warn(" | tail -15
 wait; echo "tests and checkpoint after ${SECONDS}s"
 timeout ${PROFILE_CAP:-100} python3 benchmarks/step_profile.py --family nemotron_h --size 1b --device cuda --dtype bfloat16 \
     --batch 1 16 64 --steps 20 --modes graph verify verify-sync --json $OUT/step_profile-verify.json 2>&1 | grep -v "Warn\|warn\|Loading\|shards\|USDT"

@@ -1,0 +1,35 @@
+"""Asynchronous verify on the GPU (fp32, CUDA graphs): drafts proposed on the device, lengths chained there,
+greedy and seeded sampled rows — the tokens equal the synchronous speculative engine's, for the three
+families. GPU only."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridcache import LLM, SamplingParams, SpeculativeConfig
+from hybridcache.engine import async_verify
+from tests.engine.test_cuda_graphs import PROMPTS, checkpoint  # noqa: F401 (checkpoint is a fixture)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                                reason="needs a CUDA device of compute capability 9.0 (bf16 grouped GEMM for MoE)")
+
+
+def test_async_verify_on_cuda_gives_the_synchronous_tokens(checkpoint, monkeypatch):
+    _, path = checkpoint
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=4, speculative=SpeculativeConfig(num_draft_tokens=3),
+              page_size=4, max_model_len=128)
+    params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.9 * (i % 2), seed=i) for i in range(len(PROMPTS))]
+    want = [o.token_ids for o in LLM(path, async_scheduling=False, **kw).generate(PROMPTS, params)]
+    launches = [0]
+    launch = async_verify.AsyncVerify.launch
+
+    def counted(verify, step):
+        launches[0] += 1
+        return launch(verify, step)
+
+    monkeypatch.setattr(async_verify.AsyncVerify, "launch", counted)
+    llm = LLM(path, async_scheduling=True, **kw)
+    llm.step_hook = llm.manager.check_integrity
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
+    assert launches[0] > 0 and llm.runner.graphs.num_replays > 0
+    assert llm.manager.planner.unsettled == [] and llm.manager.requests() == []
