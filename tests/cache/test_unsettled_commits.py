@@ -104,3 +104,21 @@ def test_only_generation_rows_without_prefix_caching_commit_unsettled():
     assert cached.allocate(["a"], T)
     with pytest.raises(InvalidTransitionError, match="prefix caching"):
         cached.commit_unsettled(cached.plan_step(["a"], T))
+
+
+def test_a_row_restarted_by_an_aborted_step_takes_nothing_back_even_generating_again():
+    rows = ["a", "b"]
+    planner = generating(rows)
+    unsettled_step(planner, rows)  # committed: 10 each
+    assert planner.allocate(rows, T)
+    pending = planner.plan_step(rows, T)
+    with pytest.raises(InvalidTransitionError, match="pending"):  # not while a step is pending
+        planner.settle([1, 1])
+    planner.abort_step(pending)  # both restart from their tokens
+    assert planner.allocate(["a"], 5)
+    step = planner.plan_step(["a"], 5)
+    planner.commit_step(step, planner.check_accept(step, None))
+    planner.start_generation("a")  # GENERATION again with 5 tokens: the same entry
+    planner.settle([1, 1])
+    assert counts(planner, rows) == [5, 0] and planner.unsettled == []
+    planner.check_integrity()

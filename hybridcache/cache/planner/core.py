@@ -51,8 +51,9 @@ class PlannerCore:
         self._version = 0
         self.pending: StepPlan | None = None
         # verify steps committed before their counts were read (`Steps.commit_unsettled`), oldest first:
-        # (the rows' entries, tokens each committed), until `settle` takes their rejected drafts back
-        self.unsettled: list[tuple[list[Entry], np.ndarray]] = []
+        # (the rows' entries, None for a row restarted since; tokens each committed), until `settle` takes
+        # their rejected drafts back
+        self.unsettled: list[tuple[list[Entry | None], np.ndarray]] = []
         self.short_pages = 0  # set by `_room`
         self._moving: MovePlan | RecarvePlan | None = None
         self.stats = {"suspensions": 0, "resumes": 0, "reprefills": 0, "aborted_rows": 0, "rebalances": 0,

@@ -96,8 +96,9 @@ class Steps(PlannerCore):
         restore, restore_ids = self._take_restores(layout) if self.prefix is not None else ((), ())
         copies = self._take_page_copies(layout) if self.prefix is not None else None
         on_device = bool(self.unsettled)
-        if on_device and key != tuple(e.req_id for e in self.unsettled[-1][0]) and any(
-                self._entries.get(e.req_id) is e and e.status == Status.GENERATION for e in self.unsettled[-1][0]):
+        if on_device and key != tuple(e.req_id if e else None for e in self.unsettled[-1][0]) and any(
+                e is not None and self._entries.get(e.req_id) is e and e.status == Status.GENERATION
+                for e in self.unsettled[-1][0]):
             raise InvalidTransitionError("the rows of an unsettled verify step step together until it is settled")
         self._layout = layout
         self.pending = StepPlan(
@@ -190,6 +191,7 @@ class Steps(PlannerCore):
     def settle(self, num_valid: Sequence[int] | np.ndarray) -> None:
         """The oldest unsettled step's counts, read back: row i keeps `num_valid[i]` (1..its tokens) of the
         tokens it committed. Rows freed or restarted since keep nothing to take back."""
+        self._require_idle()
         if not self.unsettled:
             raise InvalidTransitionError("no verify step is unsettled")
         entries, fed = self.unsettled[0]
@@ -198,7 +200,7 @@ class Steps(PlannerCore):
             raise InvalidCountError(f"accept counts {valid.tolist()} do not fit the step's {fed.tolist()} tokens")
         self.unsettled.pop(0)
         for e, back in zip(entries, (fed - valid).tolist()):
-            if back and self._entries.get(e.req_id) is e and e.status == Status.GENERATION:
+            if back and e is not None and self._entries.get(e.req_id) is e and e.status == Status.GENERATION:
                 e.num_tokens -= back
 
     def abort_step(self, plan: StepPlan) -> list[Hashable]:
@@ -218,6 +220,10 @@ class Steps(PlannerCore):
             self._release(e)
             e.status, e.num_tokens = Status.WAITING, 0
             dropped.append(rid)
+        if self.unsettled:  # a restarted row takes nothing back, even once it generates again
+            gone = {rid for rid in dropped}
+            self.unsettled = [([None if e is not None and e.req_id in gone else e for e in entries], fed)
+                              for entries, fed in self.unsettled]
         self.stats["aborted_rows"] += len(dropped)
         self._layout = None
         return dropped
