@@ -27,7 +27,21 @@ class Refusals:
         self.m = m
 
     def invalid(self, d) -> None:
-        {IDLE: self.invalid_idle, PENDING: self.invalid_pending}.get(self.m.phase, self.not_idle)(d)
+        idle = self.invalid_unsettled if self.m.unsettled else self.invalid_idle
+        {IDLE: idle, PENDING: self.invalid_pending}.get(self.m.phase, self.not_idle)(d)
+
+    def invalid_unsettled(self, d) -> None:
+        """A verify step is committed unsettled: what reads a committed length is refused before anything
+        else (even for an unknown request), and a settle with counts that do not fit changes nothing."""
+        p, m = self.m.planner, self.m
+        fed = m.unsettled[0][1]
+        rid = d.pick(list(m.reqs) or ["nope"])
+        calls = [lambda: p.plan_suspend(m.ids(GENERATION)[:1]), lambda: p.plan_resume(m.ids(SUSPENDED)[:1]),
+                 lambda: p.plan_rebalance(m.num_slots, m.num_pages), lambda: p.reprefill(rid)]
+        if d.int(0, 2) == 2:
+            bad = d.pick([[1] * (len(fed) + 1), [k + 1 for k in fed] or [1], [0] * len(fed) or [1, 1]])
+            return m.refused(InvalidCountError, lambda: p.settle(bad))
+        m.refused(InvalidTransitionError, calls[d.int(0, len(calls) - 1)])
 
     def invalid_idle(self, d) -> None:
         p = self.m.planner
@@ -85,7 +99,7 @@ class Refusals:
         calls: list = []
         if step is not None:
             copy = dataclasses.replace(step)
-            calls += [lambda: p.check_accept(copy, None), lambda: p.abort_step(copy)]
+            calls += [lambda: p.check_accept(copy, None), lambda: p.abort_step(copy), lambda: p.commit_unsettled(copy)]
             if self.m.step is None:
                 calls.append(lambda: p.check_accept(step, None))
         if move is not None:
@@ -127,6 +141,8 @@ class Refusals:
         if self.m.ids(CONTEXT):
             ctx = d.pick(self.m.ids(CONTEXT))
             calls.append(lambda: p.start_generation(ctx))
+        if self.m.unsettled:
+            calls.append(lambda: p.settle(self.m.unsettled[0][1]))
         if self.m.phase != PENDING:
             calls += self.stale_calls()
         self.m.refused(InvalidTransitionError, calls[d.int(0, len(calls) - 1)])

@@ -114,6 +114,8 @@ class Model:
         self.version = -1
         self.key: tuple = ()
         self.outcomes: Counter = Counter()
+        # verify steps committed unsettled, oldest first: ([(rid, its Req) or None once restarted], fed counts)
+        self.unsettled: list[tuple[list[tuple[str, Req] | None], list[int]]] = []
 
     # -- queries -----------------------------------------------------------------------------------
     @property
@@ -332,7 +334,12 @@ class Model:
         if any(self.reqs[r].status != DUMMY and cfg.has_pages
                and ceil_div(self.reqs[r].tokens + k, cfg.page_size) > self.reqs[r].pages for r, k in zip(rows, n)):
             return self.refused(OutOfDeviceMemoryError, lambda: p.plan_step(rows, arg))
+        if self.unsettled:
+            last = self.unsettled[-1][0]
+            if tuple(rows) != tuple(x[0] if x else None for x in last) and any(map(self.still_generating, last)):
+                return self.refused(InvalidTransitionError, lambda: p.plan_step(rows, arg))
         plan = p.plan_step(rows, arg)
+        assert plan.lens_on_device == bool(self.unsettled)
         entries = [p.entry(r) for r in rows]
         assert plan.req_ids == tuple(rows) and plan.batch_size == len(rows)
         assert plan.slots.tolist() == [e.slot for e in entries]
@@ -381,6 +388,8 @@ class Model:
 
     def reprefill(self, d) -> None:
         rid = d.pick(self.ids(CONTEXT, GENERATION, SUSPENDED))
+        if self.unsettled:  # it reads committed lengths: not before the settle
+            return self.refused(InvalidTransitionError, lambda: self.planner.reprefill(rid))
         self.planner.reprefill(rid)
         self.reqs[rid] = Req(WAITING)
         self.stats["reprefills"] += 1
@@ -398,6 +407,8 @@ class Model:
     def suspend(self, d) -> None:
         p = self.planner
         rows = d.subset(self.ids(GENERATION), 0 if d.int(0, 9) == 9 else 1)  # now and then none
+        if self.unsettled:
+            return self.refused(InvalidTransitionError, lambda: p.plan_suspend(rows))
         live = [self.live_pages(self.reqs[r]) for r in rows]
         _, _, host_slots, host_pages = self.expected_free()
         if len(rows) > host_slots or sum(live) > host_pages:
@@ -417,6 +428,8 @@ class Model:
     def resume(self, d) -> None:
         p = self.planner
         rows = d.subset(self.ids(SUSPENDED), 0 if d.int(0, 9) == 9 else 1)
+        if self.unsettled:
+            return self.refused(InvalidTransitionError, lambda: p.plan_resume(rows))
         need = sum(self.reqs[r].host_pages for r in rows)
         slots, pages, _, _ = self.expected_free()
         if len(rows) > slots or need > pages:
@@ -448,6 +461,8 @@ class Model:
         p, cfg = self.planner, self.cfg
         num_slots = cfg.num_slots + 2 - d.int(0, cfg.num_slots + 2)  # 0 to a few more than at the start
         num_pages = cfg.num_pages + 8 - d.int(0, cfg.num_pages + 8)
+        if self.unsettled:
+            return self.refused(InvalidTransitionError, lambda: p.plan_rebalance(num_slots, num_pages))
         live = self.ids(*ON_DEVICE)
         counts = [self.live_pages(self.reqs[r]) for r in live]
         held = [self.reqs[r].pages for r in live]
@@ -475,10 +490,14 @@ class Model:
             assert dropped == rows
             for r in rows:
                 self.reqs[r] = Req(WAITING)
+            self.unsettled = [([None if x is None or x[0] in rows else x for x in entries], fed)
+                              for entries, fed in self.unsettled]
             self.stats["aborted_rows"] += len(rows)
             self.step = None
             self.outcomes["abort"] += 1
             return
+        if d.int(0, 9) >= 8:
+            return self.commit_unsettled(plan)
         gen = plan.generation.tolist()
         n = plan.num_new.tolist()
         valid = [d.int(1, k) if g else d.int(0, k + 2) for g, k in zip(gen, n)]  # context counts are ignored
@@ -497,6 +516,38 @@ class Model:
                 self.reqs[r].tokens += v if g else k
         self.step = None
         self.outcomes["commit"] += 1
+
+    def commit_unsettled(self, plan: StepPlan) -> None:
+        """Asynchronous verify's commit: every generation row commits all it fed, settled later."""
+        p = self.planner
+        if not plan.generation.all() or plan.dummy.any():
+            return self.refused(InvalidTransitionError, lambda: p.commit_unsettled(plan))
+        p.commit_unsettled(plan)
+        n = plan.num_new.tolist()
+        for r, k in zip(plan.req_ids, n):
+            self.reqs[r].tokens += k
+        self.unsettled.append(([(r, self.reqs[r]) for r in plan.req_ids], n))
+        self.step = None
+        self.outcomes["commit unsettled"] += 1
+
+    def still_generating(self, x: tuple[str, Req] | None) -> bool:
+        """Whether an unsettled row is still the request it committed for, generating."""
+        return x is not None and self.reqs.get(x[0]) is x[1] and x[1].status == GENERATION
+
+    def settle(self, d) -> None:
+        """The oldest unsettled step read back: each row keeps 1..fed tokens; bad counts change nothing."""
+        p = self.planner
+        entries, fed = self.unsettled[0]
+        valid = [d.int(1, k) for k in fed]
+        if d.int(0, 7) == 7:
+            bad = d.pick([valid + [1], [k + 1 for k in fed] or [1], [0] * len(fed) or [1, 1]])
+            return self.refused(InvalidCountError, lambda: p.settle(bad))
+        p.settle(valid)
+        self.unsettled.pop(0)
+        for x, k, v in zip(entries, fed, valid):
+            if self.still_generating(x):
+                x[1].tokens -= k - v
+        self.outcomes["settle"] += 1
 
     def finish_move(self, d) -> None:
         p, plan = self.planner, self.move
@@ -577,6 +628,8 @@ class Model:
             out.append((2 + int(6 * full), self.reprefill))
         if self.reqs:
             out.append((4 + int(12 * full), self.free))
+        if self.unsettled:
+            out.append((12, self.settle))
         return out + [(3, self.allocate), (6, self.plan_only), (3, self.rebalance)] + always
 
 
@@ -599,7 +652,7 @@ def check_coverage(outcomes: Counter, at_least: int) -> None:
     errors = (OutOfDeviceMemoryError, InvalidTransitionError, InvalidCountError, DuplicateRequestError,
               HostTierFullError, ValueError, DoubleFreeError, UnknownRequestError)
     for what in ("plan", "commit", "abort", "layout reused", "allocate refused", "suspend", "resume", "cancel move",
-                 "rebalance", "cancel rebalance", "rebalance lost", "past int32",
+                 "rebalance", "cancel rebalance", "rebalance lost", "past int32", "commit unsettled", "settle",
                  *(f"refused {e.__name__}" for e in errors)):
         assert outcomes[what] >= at_least, (what, outcomes)
 

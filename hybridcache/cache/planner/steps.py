@@ -91,15 +91,15 @@ class Steps(PlannerCore):
             if short.any():
                 i = int(np.flatnonzero(short)[0])
                 raise OutOfDeviceMemoryError(f"request {key[i]!r} is not allocated for {n[i]} more tokens")
-        writes = layout.take_writes()
-        fresh = layout.take_fresh()
-        restore, restore_ids = self._take_restores(layout) if self.prefix is not None else ((), ())
-        copies = self._take_page_copies(layout) if self.prefix is not None else None
         on_device = bool(self.unsettled)
         if on_device and key != tuple(e.req_id if e else None for e in self.unsettled[-1][0]) and any(
                 e is not None and self._entries.get(e.req_id) is e and e.status == Status.GENERATION
                 for e in self.unsettled[-1][0]):
             raise InvalidTransitionError("the rows of an unsettled verify step step together until it is settled")
+        writes = layout.take_writes()
+        fresh = layout.take_fresh()
+        restore, restore_ids = self._take_restores(layout) if self.prefix is not None else ((), ())
+        copies = self._take_page_copies(layout) if self.prefix is not None else None
         self._layout = layout
         self.pending = StepPlan(
             req_ids=key, version=layout.version, slots=layout.slots, generation=layout.generation,
