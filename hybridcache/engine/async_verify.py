@@ -16,6 +16,7 @@ import torch
 from .device_sampler import RowParams, sample, sample_greedy
 from .interrupts import deferred_interrupts
 from .request import Request
+from .step_tokens import HostCopy
 
 if TYPE_CHECKING:
     from .scheduler import ScheduledStep
@@ -63,20 +64,11 @@ class PendingVerify:
 
     def __init__(self, tokens: torch.Tensor, counts: torch.Tensor, proposed: torch.Tensor) -> None:
         self.tokens, self.counts = tokens, counts
-        packed = torch.cat([counts[:, None], proposed[:, None].to(tokens.dtype), tokens], 1)
-        if packed.is_cuda:
-            self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-            self._host.copy_(packed, non_blocking=True)
-            self._ready = torch.cuda.Event()
-            self._ready.record()
-        else:
-            self._host, self._ready = packed.clone(), None
+        self._copy = HostCopy(torch.cat([counts[:, None], proposed[:, None].to(tokens.dtype), tokens], 1))
 
     def read(self) -> tuple[list[list[int]], list[int], list[int]]:
         """(each row's accepted tokens, each row's count, each row's proposed drafts)."""
-        if self._ready is not None:
-            self._ready.synchronize()
-        rows = self._host.tolist()
+        rows = self._copy.read()
         return [row[2 : 2 + row[0]] for row in rows], [row[0] for row in rows], [row[1] for row in rows]
 
 

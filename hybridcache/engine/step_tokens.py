@@ -85,6 +85,25 @@ def _logprobs(sampled: list[Request], row_logits: torch.Tensor, tokens: torch.Te
     return out
 
 
+class HostCopy:
+    """A device tensor's copy into pinned host memory, started now behind the work queued so far; `read()`
+    waits for it (a step's one host sync) and returns it as nested lists."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        if t.is_cuda:
+            self._host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self._host.copy_(t, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host, self._ready = t.clone(), None
+
+    def read(self) -> list:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
+
+
 class PendingTokens:
     """One plain decode step's sampled tokens, left on the device while the host plans the next step:
     `tokens` [R] int64 on the device (the next step's inputs read them there), and a copy to the host
@@ -92,18 +111,10 @@ class PendingTokens:
 
     def __init__(self, tokens: torch.Tensor) -> None:
         self.tokens = tokens
-        if tokens.is_cuda:
-            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self._host.copy_(tokens, non_blocking=True)
-            self._ready = torch.cuda.Event()
-            self._ready.record()
-        else:
-            self._host, self._ready = tokens.clone(), None
+        self._copy = HostCopy(tokens)
 
     def read(self) -> list[int]:
-        if self._ready is not None:
-            self._ready.synchronize()
-        return self._host.tolist()
+        return self._copy.read()
 
 
 def sample_plain(rows: list[Request], logits: torch.Tensor, device: torch.device) -> PendingTokens:

@@ -88,7 +88,13 @@ def test_an_abort_discards_the_tokens_in_flight(nemotron_checkpoint):
     prompts, params = workload(1, 4)
     params = [SamplingParams(max_tokens=12, ignore_eos=True, temperature=p.temperature, seed=p.seed) for p in params]
     expected = outputs(LLM(checkpoint, max_num_seqs=4, page_size=4, max_model_len=64), prompts, params)
-    llm = LLM(checkpoint, max_num_seqs=4, page_size=4, max_model_len=64, async_scheduling=True)
+    check_an_abort_in_flight(LLM(checkpoint, max_num_seqs=4, page_size=4, max_model_len=64, async_scheduling=True),
+                             prompts, params, expected)
+
+
+def check_an_abort_in_flight(llm: LLM, prompts, params, expected) -> None:
+    """Abort the second request once it has 3 tokens and more on their way back: the others get `expected`'s
+    tokens, it gets none, and the engine ends idle and empty."""
     llm.step_hook = llm.manager.check_integrity
     ids = [llm.add_request(p, s) for p, s in zip(prompts, params)]
     got: dict[int, list[int]] = {}
@@ -130,7 +136,13 @@ def test_a_failed_async_step_restarts_its_rows_and_keeps_the_step_before(nemotro
     prompts, params = workload(4, 4)
     params = [SamplingParams(max_tokens=10, ignore_eos=True, temperature=p.temperature, seed=p.seed) for p in params]
     expected = outputs(LLM(checkpoint, max_num_seqs=4, page_size=4, max_model_len=64), prompts, params)
-    llm = LLM(checkpoint, max_num_seqs=4, page_size=4, max_model_len=64, async_scheduling=True)
+    check_a_failed_forward(LLM(checkpoint, max_num_seqs=4, page_size=4, max_model_len=64, async_scheduling=True),
+                           prompts, params, expected, nth)
+
+
+def check_a_failed_forward(llm: LLM, prompts, params, expected, nth: int) -> None:
+    """The `nth` forward raises once: the step raises, integrity holds, and every request still gets
+    `expected`'s tokens and finish reason; the engine ends idle and empty."""
     fault = FailOnCall(llm.runner.run, nth)
     llm.runner.run = fault
     ids = [llm.add_request(p, s) for p, s in zip(prompts, params)]

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hybridcache import LLM, SamplingParams, SpeculativeConfig
 from hybridcache.engine import async_verify, step_loop
 from tests.engine.arrivals import run_with_arrivals
-from tests.engine.test_async_scheduling import assert_idle_and_empty, checkpoint, outputs  # noqa: F401 (a fixture)
-from tests.faults.helpers import FailOnCall, Injected
+from tests.engine.test_async_scheduling import (  # noqa: F401 (checkpoint is a fixture)
+    assert_idle_and_empty, check_a_failed_forward, check_an_abort_in_flight, checkpoint, outputs,
+)
 from tests.ops.tripwire import count_host_syncs
 
 SPEC = SpeculativeConfig(num_draft_tokens=3)
@@ -103,20 +104,8 @@ def test_an_abort_discards_the_verify_in_flight(checkpoint):
     params = greedy(4, max_tokens=24, ignore_eos=True)
     expected = outputs(LLM(checkpoint, **KW), prompts, params)
     llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW)
-    llm.step_hook = llm.manager.check_integrity
-    ids = [llm.add_request(p, s) for p, s in zip(prompts, params)]
-    got: dict[int, list[int]] = {}
-    aborted = False
-    while llm.has_unfinished():
-        for out in llm.step():
-            got[out.request_id] = out.token_ids
-        victim = llm._loop.requests.get(ids[1])
-        if not aborted and victim is not None and victim.num_pending and len(victim.output) >= 3:
-            llm.abort_request(ids[1])
-            aborted = True
-    assert aborted and ids[1] not in got
-    assert [got[i] for i in ids if i != ids[1]] == [toks for i, (toks, _) in enumerate(expected) if i != 1]
-    assert_idle_and_empty(llm)
+    check_an_abort_in_flight(llm, prompts, params, expected)
+    assert llm.manager.planner.unsettled == []
 
 
 def test_pressure_arrivals_and_rebalances_equal_the_unconstrained_run(checkpoint):
@@ -144,28 +133,13 @@ def test_a_failed_verify_launch_restarts_its_rows_and_keeps_the_step_before(chec
     params = greedy(4, max_tokens=20, ignore_eos=True)
     expected = outputs(LLM(checkpoint, **KW), prompts, params)
     llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW)
-    fault = FailOnCall(llm.runner.run, nth)
-    llm.runner.run = fault
-    ids = [llm.add_request(p, s) for p, s in zip(prompts, params)]
-    got: dict[int, tuple[list[int], str]] = {}
-    raised = 0
-    while llm.has_unfinished():
-        try:
-            outs = llm.step()
-        except Injected:
-            raised += 1
-            llm.manager.check_integrity()
-            continue
-        got.update((o.request_id, (o.token_ids, o.finish_reason)) for o in outs)
-    assert raised == 1 and fault.fired == 1
-    assert [got[i] for i in ids] == expected
+    check_a_failed_forward(llm, prompts, params, expected, nth)
     assert llm.manager.planner.unsettled == []
-    assert_idle_and_empty(llm)
 
 
 def test_a_steady_async_verify_step_makes_at_most_one_host_sync(checkpoint, monkeypatch):
     """The CPU tripwire (tests/ops/tripwire.py) over steady steps of asynchronous verify: the one sync is
-    the step before's copy back."""
+    the step before's copy back (`step_tokens.HostCopy.read`)."""
     launches = Launches(monkeypatch)
     llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, enforce_eager=True, **KW)
     for p, s in zip(repetitive(6, 4), greedy(4, max_tokens=60, ignore_eos=True)):
@@ -177,7 +151,7 @@ def test_a_steady_async_verify_step_makes_at_most_one_host_sync(checkpoint, monk
         with count_host_syncs(cuda=False) as syncs:
             llm.step()
         assert syncs.count <= 1, syncs
-        assert all(site.rsplit(":", 1)[0].endswith("hybridcache/engine/async_verify.py") for _, site in syncs.calls), syncs
+        assert all(site.rsplit(":", 1)[0].endswith("hybridcache/engine/step_tokens.py") for _, site in syncs.calls), syncs
     assert launches.verify - before == 5
 
 
