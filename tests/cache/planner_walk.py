@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
@@ -14,6 +15,18 @@ WAITING, CONTEXT, GENERATION, SUSPENDED, DUMMY = (
     Status.WAITING, Status.CONTEXT, Status.GENERATION, Status.SUSPENDED, Status.DUMMY)
 ON_DEVICE = (CONTEXT, GENERATION)
 IDLE, PENDING, MOVING, RECARVING = "idle", "pending", "moving", "recarving"
+
+
+@dataclass
+class Req:
+    """What the shadow expects of one request."""
+
+    status: Status
+    tokens: int = 0
+    pages: int = 0  # device pages held
+    host_pages: int = 0
+    fresh: bool = False  # its next step starts from a zero state
+    dummy_slot: int = -1
 
 
 

@@ -8,7 +8,8 @@ widened when `table_width` grows), must rebuild every row's pages exactly, writi
 
 One set of rules, two drivers: `Model` draws through a `Draw` (`planner_walk`), backed by `random.Random` for
 the plain random walk (many operations, cheap) or by hypothesis's `data` for the rule-based machine
-(shrinking). The rules that must be refused live in `planner_refusals`.
+(shrinking). The rules that must be refused live in `planner_refusals`, those that close a pending step or
+move in `planner_closing`.
 """
 from __future__ import annotations
 
@@ -41,9 +42,11 @@ from hybridcache.cache import (
     UnknownRequestError,
 )
 from hybridcache.cache.counts import MAX_TOKENS
+from tests.cache.planner_closing import Closings
 from tests.cache.planner_refusals import Refusals
 from tests.cache.planner_walk import (
     CONTEXT, DUMMY, GENERATION, IDLE, MOVING, ON_DEVICE, PENDING, RECARVING, SUSPENDED, WAITING, DataDraw, RandomDraw,
+    Req,
 )
 
 STATS = ("suspensions", "resumes", "reprefills", "aborted_rows", "rebalances", "bytes_to_host", "bytes_to_device")
@@ -78,18 +81,6 @@ CONFIGS = st.builds(Config, page_size=st.sampled_from([2, 1, 4]), has_pages=st.s
                     host_pages=st.sampled_from([16, 0, 2, 24]))
 
 
-@dataclass
-class Req:
-    """What the shadow expects of one request."""
-
-    status: Status
-    tokens: int = 0
-    pages: int = 0  # device pages held
-    host_pages: int = 0
-    fresh: bool = False  # its next step starts from a zero state
-    dummy_slot: int = -1
-
-
 class Model:
     """A Planner and its shadow. Each rule draws its arguments, runs the planner and checks the outcome."""
 
@@ -103,6 +94,7 @@ class Model:
         self.num_slots, self.num_pages = cfg.num_slots, cfg.num_pages
         self.stats = dict.fromkeys(STATS, 0)
         self.refusals = Refusals(self)
+        self.closings = Closings(self)
         self.counter = 0
         self.step: StepPlan | None = None  # the pending step
         self.move: MovePlan | RecarvePlan | None = None  # the move in progress
@@ -336,7 +328,7 @@ class Model:
             return self.refused(OutOfDeviceMemoryError, lambda: p.plan_step(rows, arg))
         if self.unsettled:
             last = self.unsettled[-1][0]
-            if tuple(rows) != tuple(x[0] if x else None for x in last) and any(map(self.still_generating, last)):
+            if tuple(rows) != tuple(x[0] if x else None for x in last) and any(map(self.closings.still_generating, last)):
                 return self.refused(InvalidTransitionError, lambda: p.plan_step(rows, arg))
         plan = p.plan_step(rows, arg)
         assert plan.lens_on_device == bool(self.unsettled)
@@ -481,126 +473,6 @@ class Model:
         assert plan.pages_to == tuple(s + j for s, k in zip(starts, counts) for j in range(k))
         self.move, self.before_move, self.added = plan, before, []
 
-    # -- rules: closing a pending step or move ----------------------------------------------------
-    def finish_step(self, d) -> None:
-        p, plan = self.planner, self.step
-        if d.int(0, 9) == 9:
-            dropped = p.abort_step(plan)
-            rows = [r for r, dummy in zip(plan.req_ids, plan.dummy) if not dummy]
-            assert dropped == rows
-            for r in rows:
-                self.reqs[r] = Req(WAITING)
-            self.unsettled = [([None if x is None or x[0] in rows else x for x in entries], fed)
-                              for entries, fed in self.unsettled]
-            self.stats["aborted_rows"] += len(rows)
-            self.step = None
-            self.outcomes["abort"] += 1
-            return
-        if d.int(0, 9) >= 8:
-            return self.commit_unsettled(plan)
-        gen = plan.generation.tolist()
-        n = plan.num_new.tolist()
-        valid = [d.int(1, k) if g else d.int(0, k + 2) for g, k in zip(gen, n)]  # context counts are ignored
-        form = d.int(0, 5)
-        arg = None if form == 5 else np.array(valid) if form == 4 else valid
-        if arg is None:
-            valid = n
-        accept = p.check_accept(plan, arg)
-        rows = np.flatnonzero(gen)
-        assert accept.slots.tolist() == plan.slots[rows].tolist()
-        assert accept.num_tokens.tolist() == [n[i] for i in rows]
-        assert accept.num_valid.tolist() == [valid[i] for i in rows]
-        p.commit_step(plan, accept)
-        for r, g, k, v, dummy in zip(plan.req_ids, gen, n, valid, plan.dummy.tolist()):
-            if not dummy:
-                self.reqs[r].tokens += v if g else k
-        self.step = None
-        self.outcomes["commit"] += 1
-
-    def commit_unsettled(self, plan: StepPlan) -> None:
-        """Asynchronous verify's commit: every generation row commits all it fed, settled later."""
-        p = self.planner
-        if not plan.generation.all() or plan.dummy.any():
-            return self.refused(InvalidTransitionError, lambda: p.commit_unsettled(plan))
-        p.commit_unsettled(plan)
-        n = plan.num_new.tolist()
-        for r, k in zip(plan.req_ids, n):
-            self.reqs[r].tokens += k
-        self.unsettled.append(([(r, self.reqs[r]) for r in plan.req_ids], n))
-        self.step = None
-        self.outcomes["commit unsettled"] += 1
-
-    def still_generating(self, x: tuple[str, Req] | None) -> bool:
-        """Whether an unsettled row is still the request it committed for, generating."""
-        return x is not None and self.reqs.get(x[0]) is x[1] and x[1].status == GENERATION
-
-    def settle(self, d) -> None:
-        """The oldest unsettled step read back: each row keeps 1..fed tokens; bad counts change nothing."""
-        p = self.planner
-        entries, fed = self.unsettled[0]
-        valid = [d.int(1, k) for k in fed]
-        if d.int(0, 7) == 7:
-            bad = d.pick([valid + [1], [k + 1 for k in fed] or [1], [0] * len(fed) or [1, 1]])
-            return self.refused(InvalidCountError, lambda: p.settle(bad))
-        p.settle(valid)
-        self.unsettled.pop(0)
-        for x, k, v in zip(entries, fed, valid):
-            if self.still_generating(x):
-                x[1].tokens -= k - v
-        self.outcomes["settle"] += 1
-
-    def finish_move(self, d) -> None:
-        p, plan = self.planner, self.move
-        if d.int(0, 3) == 3:
-            p.cancel_move(plan)
-            self.assert_as_planned()
-            self.outcomes["cancel move"] += 1
-        else:
-            nbytes = d.int(0, 1 << 20)
-            p.commit_move(plan, nbytes)
-            at = 0
-            for r, k, s, hs in zip(plan.req_ids, plan.page_counts, plan.slots, plan.host_slots):
-                e, q = p.entry(r), self.reqs[r]
-                if plan.to_host:
-                    want = (-1, [], hs, list(plan.host_pages[at : at + k]))
-                    assert (e.slot, e.pages, e.host_slot, e.host_pages) == want
-                    q.status, q.pages, q.host_pages = SUSPENDED, 0, k
-                else:
-                    assert (e.slot, e.pages, e.host_slot, e.host_pages) == (s, list(plan.pages[at : at + k]), -1, [])
-                    q.status, q.pages, q.host_pages = GENERATION, k, 0
-                at += k
-            key = ("suspensions", "bytes_to_host") if plan.to_host else ("resumes", "bytes_to_device")
-            self.stats[key[0]] += len(plan.req_ids)
-            self.stats[key[1]] += nbytes
-            self.outcomes["suspend" if plan.to_host else "resume"] += bool(plan.req_ids)
-        self.move, self.last_move = None, plan
-
-    def finish_rebalance(self, d) -> None:
-        p, plan = self.planner, self.move
-        live = self.ids(*ON_DEVICE)
-        roll = d.int(0, 9)
-        if roll == 8:
-            assert p.cancel_rebalance(plan, state_lost=False) == []
-            self.assert_as_planned()
-            self.outcomes["cancel rebalance"] += 1
-        elif roll == 9:
-            assert p.cancel_rebalance(plan, state_lost=True) == live
-            for r in live:
-                self.reqs[r] = Req(WAITING)
-            self.stats["aborted_rows"] += len(live)
-            self.outcomes["rebalance lost"] += 1
-        else:
-            p.commit_rebalance(plan)
-            self.num_slots, self.num_pages = plan.new_slots - plan.num_dummies, plan.new_pages
-            at = 0
-            for r, slot in zip(live, plan.slots_to):
-                q, e = self.reqs[r], p.entry(r)
-                assert e.slot == slot and e.pages == list(range(at, at + q.pages))  # it keeps what it held
-                at += q.pages
-            self.stats["rebalances"] += 1
-            self.outcomes["rebalance"] += 1
-        self.move, self.last_move = None, plan
-
     # -- rules: what must be refused (`planner_refusals.Refusals`) --------------------------------------
     def invalid(self, d) -> None:
         self.refusals.invalid(d)
@@ -612,7 +484,8 @@ class Model:
         always = [(8 if len(self.reqs) < 12 else 1, self.add), (1, self.add_dummy), (6, self.invalid)]
         phase = self.phase
         if phase != IDLE:
-            finish = {PENDING: self.finish_step, MOVING: self.finish_move, RECARVING: self.finish_rebalance}[phase]
+            c = self.closings
+            finish = {PENDING: c.finish_step, MOVING: c.finish_move, RECARVING: c.finish_rebalance}[phase]
             return [(60, finish)] + always
         out = []
         if self.ids(WAITING, CONTEXT, GENERATION, DUMMY):
@@ -629,7 +502,7 @@ class Model:
         if self.reqs:
             out.append((4 + int(12 * full), self.free))
         if self.unsettled:
-            out.append((12, self.settle))
+            out.append((12, self.closings.settle))
         return out + [(3, self.allocate), (6, self.plan_only), (3, self.rebalance)] + always
 
 
