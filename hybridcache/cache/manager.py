@@ -275,10 +275,12 @@ class HybridCacheManager:
                 pc.candidates = []
         return saved
 
-    def reset_prefix_cache(self) -> int:
+    def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix entry no request uses, device and host tier (`Planner.reset_prefix`);
-        returns the snapshots dropped. Refused (InvalidTransitionError) while a step or move is pending."""
-        return self.planner.reset_prefix()
+        returns whether nothing cached is left (False too with prefix caching off). Refused
+        (InvalidTransitionError) while a step or move is pending."""
+        self.planner.reset_prefix()
+        return self.planner.prefix is not None and self.planner.prefix.empty
 
     @property
     def snapshot_bytes(self) -> int:

@@ -72,10 +72,6 @@ class PrefixEviction:
         """Nothing cached: no node, so no snapshot and no page held by the index."""
         return not self.index.nodes
 
-    def num_snapshots(self) -> int:
-        """Snapshots the index holds, on the device and in the host tier."""
-        return len(list(self.index.snapshot_nodes())) + len(list(self.index.host_nodes()))
-
     def clear(self) -> None:
         """Forget every cached entry (the device lost its rows): host ids go back; device pools are rebuilt by the caller."""
         host = self.planner

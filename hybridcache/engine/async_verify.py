@@ -31,14 +31,13 @@ class TokenHistory:
     def __init__(self, rows: list[Request], device: torch.device, tokens_per_step: int) -> None:
         self.rows = rows
         width = max(len(r.prompt) + r.params.max_tokens for r in rows) + 2 * tokens_per_step
-        host = np.full((len(rows), width), -1, dtype=np.int64)
+        host = np.full((len(rows), width + 1), -1, dtype=np.int64)  # the last column: each row's length
         for i, r in enumerate(rows):
             tokens = r.tokens
-            host[i, : len(tokens)] = tokens
+            host[i, : len(tokens)], host[i, -1] = tokens, len(tokens)
         pinned = torch.from_numpy(host).pin_memory() if device.type == "cuda" else torch.from_numpy(host)
-        self.history = pinned.to(device, non_blocking=True)
-        self.lengths = torch.tensor([len(r.prompt) + len(r.output) for r in rows], dtype=torch.long).to(
-            device, non_blocking=True)
+        both = pinned.to(device, non_blocking=True)  # one copy up
+        self.history, self.lengths = both[:, :width], both[:, width].clone()
 
     def same_rows(self, rows: list[Request]) -> bool:
         return len(rows) == len(self.rows) and all(a is b for a, b in zip(rows, self.rows))

@@ -223,8 +223,7 @@ class LLM:
         after the weights changed). True when nothing cached is left; False while running requests still
         hold cached prefixes (those stay) or prefix caching is off."""
         with deferred_interrupts():
-            self.manager.reset_prefix_cache()
-        return self.manager.planner.prefix is not None and self.manager.planner.prefix.empty
+            return self.manager.reset_prefix_cache()
 
     def device_bytes_needed(self, num_tokens: int) -> int:
         """Device bytes one request of `num_tokens` tokens holds: its pages and its slot, every role.

@@ -74,13 +74,14 @@ class StepLoop:
         if step.empty:
             self.read_inflight()
             return self.take_ready()
-        if self.inflight is not None and not self._continues(step):
+        kind = self._async_kind(step)
+        if self.inflight is not None and not self._continues(step, kind):
             self.read_inflight()
             step = ScheduledStep([(r, c) for r, c in step.context if not r.finished],
                                  [r for r in step.generation if not r.finished])
             if step.empty:  # every row finished on the tokens just read
                 return self.take_ready()
-        kind = self._async_kind(step)
+            kind = self._async_kind(step)  # nothing in flight now
         if kind == "decode":
             self._launch(step)
         elif kind == "verify":
@@ -152,11 +153,10 @@ class StepLoop:
             return "decode"
         return "verify" if self.verify.eligible(rows) else None
 
-    def _continues(self, step: ScheduledStep) -> bool:
-        """Whether `step` may launch before the in-flight step is read: the same kind, and for verify the
-        same rows in the same order (their tokens and lengths chain on the device)."""
-        kind, pending = self._async_kind(step), self.inflight[1]
-        if isinstance(pending, PendingVerify):
+    def _continues(self, step: ScheduledStep, kind: str | None) -> bool:
+        """Whether `step`, of `kind` (`_async_kind`), may launch before the in-flight step is read: the same
+        kind, and for verify the same rows in the same order (their tokens and lengths chain on the device)."""
+        if isinstance(self.inflight[1], PendingVerify):
             return kind == "verify" and self.verify.continues(step.generation)
         return kind == "decode"
 

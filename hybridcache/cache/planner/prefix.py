@@ -49,15 +49,12 @@ class PrefixAdmission(PlannerCore):
         if self.prefix is not None:
             self.prefix.add_ends(self._distinct(req_ids))
 
-    def reset_prefix(self) -> int:
+    def reset_prefix(self) -> None:
         """Drop every cached prefix entry no request uses, on the device and in the host tier (pages a
-        request holds stay its own); returns the snapshots dropped. Prefix caching off: nothing, 0."""
+        request holds stay its own). Prefix caching off: nothing."""
         self._require_idle()
-        if self.prefix is None:
-            return 0
-        before = self.prefix.num_snapshots()
-        self.prefix.drop_all_unpinned(host_too=True, evicted=False)
-        return before - self.prefix.num_snapshots()
+        if self.prefix is not None:
+            self.prefix.drop_all_unpinned(host_too=True, evicted=False)
 
     def commit_snapshots(self, plan: SnapshotPlan) -> None:
         self.prefix.commit_save(plan)
