@@ -88,7 +88,10 @@ def build(path: Path, family: str, size: str) -> Path:
     else:
         config = transformers.KimiLinearConfig(tie_word_embeddings=False, **kw)
         cls = transformers.KimiLinearForCausalLM
-    with torch.random.fork_rng(devices=[]):
+    # initialised on the GPU where there is one: a 1B-class MoE took over 200 s to initialise on the GPU
+    # machine's CPUs (the weights then differ from a CPU build's, alike for every engine of a run)
+    on_gpu = torch.cuda.is_available()
+    with torch.random.fork_rng(devices=[0] if on_gpu else []), torch.device("cuda" if on_gpu else "cpu"):
         torch.manual_seed(0)
         model = cls(config)
     with torch.no_grad():
