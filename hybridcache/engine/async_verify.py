@@ -87,12 +87,25 @@ class AsyncVerify:
         (saves need host counts), no tensor-parallel workers (plans broadcast host counts), and a drafter
         that proposes the same on the device (`NgramDrafter.drafts_on_device`). A row that backs off
         drafts here too: every row of a verify step feeds k + 1 tokens anyway (the synchronous step pads
-        it), and only a step where no row drafts is a plain decode step. A row that finishes on the step
+        it); a step where no row drafts feeds one token a row (a plain decode step, chained). A row that finishes on the step
         in flight costs the next step's row, discarded; the request check leaves room for its positions."""
         loop = self.loop
         flying = 1 + loop.drafter.k if self._in_flight() else 0
         return (loop.runner.workers is None and loop.manager.planner.prefix is None and loop.drafter.drafts_on_device
                 and all(len(r.output) + flying < r.params.max_tokens for r in rows))
+
+    def drafting(self, rows: list[Request]) -> bool:
+        """Whether the next step of `rows` drafts: a row drafts unless it backs off (`DraftBackoff`); while
+        a step with drafts is in flight, a row that missed on its last drafts also waits for that step's
+        result (else each back-off would start with two verify steps, the second decided before the first
+        was read). Rows that never miss draft every step."""
+        backoff = self.loop.drafter.backoff
+        wide = self._in_flight() and self.loop.inflight[1].tokens.shape[1] > 1
+        return any(backoff.drafts(r) and not (wide and r.draft_misses) for r in rows)
+
+    def chained(self, rows: list[Request]) -> bool:
+        """Whether a verify step of `rows` is in flight (a step of theirs may chain on it)."""
+        return self._in_flight() and self.continues(rows)
 
     def continues(self, rows: list[Request]) -> bool:
         """Whether a verify step of `rows` chains on the one in flight (the same rows, in the same order)."""
@@ -108,16 +121,23 @@ class AsyncVerify:
         return sum(planner.pages_needed(r.req_id, T) for r in loop.scheduler.running) <= planner.page_pool.num_free
 
     def launch(self, step: "ScheduledStep") -> None:
-        """Draft on the device, plan, launch and commit a verify step unsettled, then read the step before."""
+        """Draft on the device, plan, launch and commit a verify step unsettled, then read the step before.
+        The step feeds k + 1 tokens a row when a row drafts, else one (no drafts: a plain decode step that
+        chains on the steps in flight as a verify step does)."""
         loop = self.loop
         mgr, rows, prev = loop.manager, step.generation, loop.inflight
-        T = 1 + loop.drafter.k
+        k = loop.drafter.k
+        T = 1 + k if self.drafting(rows) else 1
         try:
             if prev is None:
-                self.history = TokenHistory(rows, loop.device, T)
+                self.history = TokenHistory(rows, loop.device, 1 + k)
             else:
                 self.history.append(prev[1].tokens, prev[1].counts)
-            drafts, proposed = loop.drafter.propose_on_device(self.history.history, self.history.lengths)
+            if T > 1:
+                drafts, proposed = loop.drafter.propose_on_device(self.history.history, self.history.lengths)
+            else:
+                lengths = self.history.lengths
+                drafts, proposed = lengths.new_zeros(len(rows), 0), torch.zeros_like(lengths)
             ids = torch.cat([self.history.last()[:, None], drafts], 1).flatten()
             with deferred_interrupts():
                 plan = mgr.planner.plan_step([r.req_id for r in rows], [T] * len(rows))

@@ -145,13 +145,16 @@ class StepLoop:
 
     def _async_kind(self, step: ScheduledStep) -> str | None:
         """"decode": a plain decode step (generation rows only, none asking for logprobs, none drafting);
-        "verify": an asynchronous verify step (`async_verify.AsyncVerify`); None: the synchronous step."""
+        "verify": an asynchronous verify step (`async_verify.AsyncVerify`), also for rows that draft nothing
+        while the verify steps before them are in flight; None: the synchronous step."""
         rows = step.generation
         if not self.async_scheduling or step.context or not rows or any(r.params.logprobs is not None for r in rows):
             return None
-        if self.drafter is None or not any(map(self.drafter.backoff.drafts, rows)):
+        drafting = self.drafter is not None and self.verify.drafting(rows)
+        if not (drafting or self.verify.chained(rows)):
             return "decode"
-        return "verify" if self.verify.eligible(rows) else None
+        # rows that back off while a verify chain is in flight go on in it, one token each (no read between)
+        return "verify" if self.verify.eligible(rows) else (None if drafting else "decode")
 
     def _continues(self, step: ScheduledStep, kind: str | None) -> bool:
         """Whether `step`, of `kind` (`_async_kind`), may launch before the in-flight step is read: the same

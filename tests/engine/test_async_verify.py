@@ -10,6 +10,7 @@ import random
 
 import hypothesis.strategies as st
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 
 from hybridcache import LLM, SamplingParams, SpeculativeConfig
@@ -67,6 +68,43 @@ def test_async_verify_gives_the_synchronous_and_the_plain_tokens(checkpoint, mon
     s, a = sync.stats, llm.stats  # the same drafts pass (padding never does)
     assert (a.num_accepted_tokens, a.num_draft_tokens) == (s.num_accepted_tokens, s.num_draft_tokens)
     assert a.num_accepted_tokens > 0 and llm.manager.planner.unsettled == []
+    assert_idle_and_empty(llm)
+
+
+def test_backed_off_rows_chain_one_token_steps_on_the_verify_in_flight(checkpoint, monkeypatch):
+    """Drafts that always miss back every row off (exponentially, up to 8 steps; after the first miss, one
+    verify step a miss: the next is not decided before its result is read): the steps where no row
+    drafts feed one token a row and chain on the verify step in flight, so the loop reads nothing between
+    steps until the tails near max_tokens; the tokens are plain decode's."""
+    prompts = repetitive(7, 4)
+    params = [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)] * 4  # their tails together
+    plain = outputs(LLM(checkpoint, **KW), prompts, params)
+    llm = LLM(checkpoint, speculative=SpeculativeConfig(num_draft_tokens=3, backoff_max_steps=8),
+              async_scheduling=True, **KW)
+    vocab = llm.vocab_size
+
+    def wrong(history, lengths):  # the argmax of a random model is not the token after the last plus one
+        last = history.gather(1, (lengths - 1)[:, None])
+        return (last + 1 + torch.arange(3, device=last.device)) % vocab, torch.full_like(lengths, 3)
+
+    monkeypatch.setattr(llm.drafter, "propose_on_device", wrong)
+    widths, reads, launch, read = [], [], async_verify.AsyncVerify.launch, step_loop.StepLoop.read_inflight
+
+    def counted_launch(verify, step):
+        launch(verify, step)
+        widths.append(llm._loop.inflight[1].tokens.shape[1])
+
+    monkeypatch.setattr(async_verify.AsyncVerify, "launch", counted_launch)
+    monkeypatch.setattr(step_loop.StepLoop, "read_inflight", lambda loop: (reads.append(len(widths)), read(loop))[1])
+    llm.step_hook = llm.manager.check_integrity
+    assert outputs(llm, prompts, params) == plain
+    assert widths.count(4) >= 4 and widths.count(1) > 4 * widths.count(4), widths  # backed off most steps
+    assert [4, 4] not in [widths[i:i + 2] for i in range(1, len(widths) - 5)], widths  # one verify a miss
+    first = widths.index(4)
+    # one chain from the first verify step to the tails (rows within k + 1 tokens of max_tokens read first)
+    between = [n for n in reads if first < n < len(widths) - 4]
+    assert between == [], (widths, reads)
+    assert llm.stats.num_accepted_tokens == 0 and llm.manager.planner.unsettled == []
     assert_idle_and_empty(llm)
 
 
