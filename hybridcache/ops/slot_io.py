@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .triton_support import runs_triton
+
 
 def take_rows(src: Tensor, slots: Tensor, valid: Tensor | None = None) -> Tensor:
     """`src[slots]` with zeros where `valid` is false (default: `slots >= 0`).
@@ -27,7 +29,13 @@ def take_rows(src: Tensor, slots: Tensor, valid: Tensor | None = None) -> Tensor
 def read_rows(src: Tensor, slots: Tensor, has_initial: Tensor | None = None) -> Tensor:
     """`take_rows` in fp32 for a state role: rows that are padding or have `has_initial` [B] false read zeros.
 
-    The mask is a fill, not a product, so stale NaNs in unused slots never leak."""
+    The mask is a fill, not a product, so stale NaNs in unused slots never leak. On CUDA, a contiguous
+    pool is read in one launch (`slot_rows_triton`)."""
+    if runs_triton(src):
+        from .slot_rows_triton import read_rows_triton, rows_fit
+
+        if rows_fit(src, slots):
+            return read_rows_triton(src, slots, has_initial)
     valid = slots >= 0
     if has_initial is not None:
         valid = valid & has_initial.to(valid.device)
@@ -77,5 +85,12 @@ def put_rows(dst: Tensor, index: tuple[Tensor, ...], values: Tensor, valid: Tens
     dst: any tensor (a view is fine, it is written in place). index: advanced indices over dst's leading
     dims, each [B, *E] (per row) or [1, *E] (shared by all rows); values: [B, *E, *R] matching
     `dst[index]`; valid: [B] bool. Rows of one call must not share targets (a slot has one owner).
+    On CUDA, rows of a contiguous pool indexed by slot alone are written in one launch (`slot_rows_triton`).
     """
+    if len(index) == 1 and index[0].shape == valid.shape and runs_triton(dst):
+        from .slot_rows_triton import rows_fit, write_rows_triton
+
+        if rows_fit(dst, index[0], values):
+            write_rows_triton(dst, index[0], values, valid)
+            return
     RowScatter(index, valid).put(dst, values)

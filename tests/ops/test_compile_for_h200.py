@@ -31,6 +31,7 @@ except Exception as e:  # checked before any compile: a failing compile is a fai
 from hybridcache.ops import rms_norm_triton
 from hybridcache.ops.attention import triton_mla, triton_paged
 from hybridcache.ops.conv1d import triton_shift
+from hybridcache.ops import slot_rows_triton
 
 def compile_(fn, sig, consts):
     sig = {**sig, **{n: "constexpr" for n in consts}}
@@ -62,10 +63,15 @@ results["mla_attention"] = compile_(triton_mla._mla_kernel, mla_sig, {
 shift_sig = {"conv_ptr": "*bf16", "slot_ptr": "*i64", "valid_ptr": "*i32", "channels": "i32",
              **{n: "i64" for n in ("stride_l", "stride_s", "stride_c", "stride_j")}}
 results["conv_shift"] = compile_(triton_shift._shift_kernel, shift_sig, {"W": 3, "W_POW2": 4, "BLOCK_C": 256})
+rows_sig = {"src_ptr": "*fp32", "dst_ptr": "*fp32", "slot_ptr": "*i64", "initial_ptr": "*i1", "row_size": "i32"}
+results["slot_rows-read"] = compile_(slot_rows_triton._read_kernel, rows_sig, {"HAS_INITIAL": True, "BLOCK": 4096})
+write_sig = {"src_ptr": "*fp32", "dst_ptr": "*fp32", "slot_ptr": "*i64", "valid_ptr": "*i1", "row_size": "i32"}
+results["slot_rows-write"] = compile_(slot_rows_triton._write_kernel, write_sig, {"BLOCK": 4096})
 print(json.dumps(results))
 '''
 CASES = ["rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
-         "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "conv_shift"]
+         "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "conv_shift",
+         "slot_rows-read", "slot_rows-write"]
 
 
 @pytest.fixture(scope="module")
