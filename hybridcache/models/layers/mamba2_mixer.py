@@ -63,11 +63,18 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = shard(param(hl, device=device, dtype=dtype), 0, num_heads, heads)
         self.A_log = shard(param(hl, device=device, dtype=dtype), 0, num_heads, heads)
         self.D = shard(param(hl, device=device, dtype=dtype), 0, num_heads, heads)
+        self.register_buffer("A", None, persistent=False)  # -exp(A_log) in fp32, set by finish_load
         spans = n_groups % tp.size != 0  # this rank holds part of one group's channels
         self.norm = GatedGroupRMSNorm(self.inner, gl, eps, device, dtype,
                                       (tp, g0, n_groups, I // n_groups) if spans else None)
         shard(self.norm.weight, 0, I, (h0 * P, hl * P))
         self.out_proj = RowParallelLinear(I, [(h0 * P, hl * P)], hidden, proj_bias, tp, device, dtype)
+
+    def finish_load(self) -> None:
+        """A = -exp(A_log) in fp32, once after the weights are filled (three launches a layer and step
+        fewer); a mixer whose weights are filled otherwise computes it in each forward."""
+        with torch.no_grad():
+            self.A = -torch.exp(self.A_log.float())
 
     def _split_xbc(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[..., C] -> x [..., H, P], B [..., G, N], C [..., G, N]."""
@@ -84,7 +91,7 @@ class Mamba2Mixer(nn.Module):
         conv, ssm = roles["conv"][i], roles["ssm"][i]
         z, xbc, dt = self.in_proj(hidden).split([self.inner, self.conv_dim, self.num_heads], dim=-1)
         weight, bias = self.conv1d.weight[:, 0], self.conv1d.bias
-        A = -torch.exp(self.A_log.float())
+        A = self.A if self.A is not None else -torch.exp(self.A_log.float())
         scan = dict(D=self.D, dt_bias=self.dt_bias, dt_limit=self.dt_limit)
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
         outs = []
