@@ -48,7 +48,10 @@ def load(folder: Path) -> dict[str, list[dict]]:
 
 def subject(data: dict) -> tuple:
     p = data.get("params", {})
-    if data["benchmark"] in ("engine_throughput", "swap_vs_reprefill", "step_profile", "spec_decode"):
+    if data["benchmark"] == "spec_decode":  # a run of other batch sizes is another subject
+        return (p.get("family"), p.get("size"), p.get("dtype"), p.get("device"), p.get("backoff", 0),
+                tuple(r["batch"] for r in data["rows"]))
+    if data["benchmark"] in ("engine_throughput", "swap_vs_reprefill", "step_profile"):
         return (p.get("family"), p.get("size"), p.get("dtype"), p.get("device"), p.get("backoff", 0))
     if data["benchmark"] == "prefix_cache":  # a budget sweep is another subject than the run
         return (p.get("size"), p.get("device"), tuple(p.get("workloads", ())), tuple(p.get("cache_scale", ())),

@@ -88,14 +88,14 @@ def by_module(llm, device: str, steps: int) -> None:
     for hook in hooks:
         hook.remove()
     counts = _charge_cuda(prof) if cuda else _charge_cpu(prof)
-    total = sum(c for c, _ in counts.values())
-    print(f"  per step, by module kind ({'kernels' if cuda else 'aten ops'}, {'GPU' if cuda else 'CPU'} ms):")
-    for kind, (count, ms) in sorted(counts.items(), key=lambda kv: -kv[1][0]):
-        print(f"    {kind:28} {count / steps:7.0f} {ms / steps:8.3f}   {count / total:5.1%}")
+    total = sum(ms for _, ms in counts.values()) or 1.0
+    print(f"  per step, by module kind ({'kernels' if cuda else 'aten ops'}, {'GPU' if cuda else 'CPU'} ms, share of the time):")
+    for kind, (count, ms) in sorted(counts.items(), key=lambda kv: -kv[1][1]):
+        print(f"    {kind:28} {count / steps:7.0f} {ms / steps:8.3f}   {ms / total:5.1%}")
     if cuda:
         by_name: dict[str, list[float]] = {}
         for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
+            if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("module::"):
                 entry = by_name.setdefault(e.name[:70], [0, 0.0])
                 entry[0] += 1
                 entry[1] += e.device_time / 1e3
@@ -172,7 +172,7 @@ def _charge_cuda(prof) -> dict[str, list[float]]:
                 if e.device_type() != cuda and "aunch" in e.name() and e.correlation_id()}
     counts: dict[str, list[float]] = {}
     for e in events:
-        if e.device_type() != cuda:
+        if e.device_type() != cuda or e.name().startswith("module::"):  # the ranges' own GPU annotations
             continue
         entry = counts.setdefault(_owner(spans, launches.get(e.correlation_id(), -1)), [0, 0.0])
         entry[0] += 1
