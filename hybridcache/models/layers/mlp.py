@@ -7,12 +7,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share
 from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from .params import param
 
 
 def _relu2(x: torch.Tensor) -> torch.Tensor:
+    if runs_triton(x) and x.is_contiguous():  # one launch, the same values (ops/activation_triton.py)
+        from ...ops.activation_triton import relu2_triton
+
+        return relu2_triton(x)
     return torch.square(F.relu(x))
 
 
