@@ -89,7 +89,8 @@ def by_module(llm, device: str, steps: int) -> None:
         hook.remove()
     counts = _charge_cuda(prof) if cuda else _charge_cpu(prof)
     total = sum(ms for _, ms in counts.values()) or 1.0
-    print(f"  per step, by module kind ({'kernels' if cuda else 'aten ops'}, {'GPU' if cuda else 'CPU'} ms, share of the time):")
+    unit = "kernels, GPU ms" if cuda else "aten ops, CPU ms"
+    print(f"  per step, by module kind ({unit}, share of the time):")
     for kind, (count, ms) in sorted(counts.items(), key=lambda kv: -kv[1][1]):
         print(f"    {kind:28} {count / steps:7.0f} {ms / steps:8.3f}   {ms / total:5.1%}")
     if cuda:

@@ -87,8 +87,9 @@ class AsyncVerify:
         (saves need host counts), no tensor-parallel workers (plans broadcast host counts), and a drafter
         that proposes the same on the device (`NgramDrafter.drafts_on_device`). A row that backs off
         drafts here too: every row of a verify step feeds k + 1 tokens anyway (the synchronous step pads
-        it); a step where no row drafts feeds one token a row (a plain decode step, chained). A row that finishes on the step
-        in flight costs the next step's row, discarded; the request check leaves room for its positions."""
+        it); a step where no row drafts feeds one token a row (a plain decode step, chained). A row that
+        finishes on the step in flight costs the next step's row, discarded; the request check leaves room
+        for its positions."""
         loop = self.loop
         flying = 1 + loop.drafter.k if self._in_flight() else 0
         return (loop.runner.workers is None and loop.manager.planner.prefix is None and loop.drafter.drafts_on_device
