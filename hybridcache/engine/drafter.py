@@ -6,6 +6,7 @@ from array import array
 
 import torch
 
+from ..ops.triton_support import runs_triton
 from .params import SpeculativeConfig
 from .request import Request
 
@@ -75,7 +76,12 @@ class NgramDrafter:
         suffix: the run of equal tokens at the right end of the windows history[c - N : c] and
         history[L - N : L] (N = max_n; left of column 0 a token no row holds). The longest match n that
         fits (n <= L - 1, n <= c, c <= L - 1, n >= min_n) wins, the latest c among equals, as `propose`
-        tries the longest suffix first and takes its last occurrence."""
+        tries the longest suffix first and takes its last occurrence. On CUDA one Triton launch
+        (`ops/ngram_triton.py`, the same integers) replaces the ~50 launches of the torch form."""
+        if runs_triton(history) and history.stride(1) == 1:
+            from ..ops.ngram_triton import ngram_propose_triton
+
+            return ngram_propose_triton(history, lengths.contiguous(), self.k, self.max_n, self.min_n)
         R, W = history.shape
         N, k, device = self.max_n, self.k, history.device
         padded = torch.cat([history.new_full((R, N), -2), history], 1)  # [R, N + W]

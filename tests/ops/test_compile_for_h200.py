@@ -31,7 +31,7 @@ except Exception as e:  # checked before any compile: a failing compile is a fai
 from hybridcache.ops import rms_norm_triton
 from hybridcache.ops.attention import triton_mla, triton_paged
 from hybridcache.ops.conv1d import triton_shift
-from hybridcache.ops import activation_triton, slot_rows_triton
+from hybridcache.ops import activation_triton, ngram_triton, slot_rows_triton
 
 def compile_(fn, sig, consts):
     sig = {**sig, **{n: "constexpr" for n in consts}}
@@ -67,13 +67,17 @@ rows_sig = {"src_ptr": "*fp32", "dst_ptr": "*fp32", "slot_ptr": "*i64", "initial
 results["slot_rows-read"] = compile_(slot_rows_triton._read_kernel, rows_sig, {"HAS_INITIAL": True, "BLOCK": 4096})
 write_sig = {"src_ptr": "*fp32", "dst_ptr": "*fp32", "slot_ptr": "*i64", "valid_ptr": "*i1", "row_size": "i32"}
 results["slot_rows-write"] = compile_(slot_rows_triton._write_kernel, write_sig, {"BLOCK": 4096})
+ngram_sig = {"hist_ptr": "*i64", "len_ptr": "*i64", "drafts_ptr": "*i64", "proposed_ptr": "*i64", "W": "i32",
+             "stride_r": "i64"}
+results["ngram"] = compile_(ngram_triton._ngram_kernel, ngram_sig, {"N": 3, "MIN_N": 1, "K": 3, "BLOCK_C": 256,
+                                                                   "BLOCK_K": 4})
 results["relu2"] = compile_(activation_triton._relu2_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32"},
                            {"BLOCK": 2048})
 print(json.dumps(results))
 '''
 CASES = ["rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
          "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "conv_shift",
-         "slot_rows-read", "slot_rows-write", "relu2"]
+         "slot_rows-read", "slot_rows-write", "relu2", "ngram"]
 
 
 @pytest.fixture(scope="module")
