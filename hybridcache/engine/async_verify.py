@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..ops.triton_support import runs_triton
 from .device_sampler import RowParams, sample, sample_greedy
 from .interrupts import deferred_interrupts
 from .request import Request
@@ -31,29 +32,36 @@ class TokenHistory:
     def __init__(self, rows: list[Request], device: torch.device, tokens_per_step: int) -> None:
         self.rows = rows
         width = max(len(r.prompt) + r.params.max_tokens for r in rows) + 2 * tokens_per_step
-        host = np.full((len(rows), width + 1), -1, dtype=np.int64)  # the last column: each row's length
+        host = np.full((len(rows), width + 2), -1, dtype=np.int64)  # then each row's length and last token
         for i, r in enumerate(rows):
             tokens = r.tokens
-            host[i, : len(tokens)], host[i, -1] = tokens, len(tokens)
+            host[i, : len(tokens)], host[i, -2], host[i, -1] = tokens, len(tokens), tokens[-1]
         pinned = torch.from_numpy(host).pin_memory() if device.type == "cuda" else torch.from_numpy(host)
         both = pinned.to(device, non_blocking=True)  # one copy up
-        self.history, self.lengths = both[:, :width], both[:, width].clone()
+        self.history, self.lengths, self._last = both[:, :width], both[:, width].clone(), both[:, width + 1]
 
     def same_rows(self, rows: list[Request]) -> bool:
         return len(rows) == len(self.rows) and all(a is b for a, b in zip(rows, self.rows))
 
     def append(self, tokens: torch.Tensor, counts: torch.Tensor) -> None:
-        """Row i's first counts[i] of tokens [R, T] follow its history (on the device, no sync)."""
+        """Row i's first counts[i] of tokens [R, T] follow its history (on the device, no sync; one Triton
+        launch on CUDA, `ops/ngram_triton.py`)."""
+        if runs_triton(tokens):
+            from ..ops.ngram_triton import history_append_triton
+
+            self._last = history_append_triton(self.history, self.lengths, tokens.contiguous(), counts.contiguous())
+            return
         R, T = tokens.shape
         at = self.lengths[:, None] + torch.arange(T, device=tokens.device)  # [R, T]
         keep = torch.arange(T, device=tokens.device) < counts[:, None]
         at = at.clamp(max=self.history.shape[1] - 1)
         self.history.scatter_(1, at, torch.where(keep, tokens, self.history.gather(1, at)))
         self.lengths += counts
+        self._last = self.history.gather(1, (self.lengths - 1)[:, None])[:, 0]
 
     def last(self) -> torch.Tensor:
         """[R] each row's last token."""
-        return self.history.gather(1, (self.lengths - 1)[:, None])[:, 0]
+        return self._last
 
 
 class PendingVerify:

@@ -70,3 +70,39 @@ def test_the_drafter_dispatches_to_the_kernel(monkeypatch):
     with kernels_on_cpu():
         kernel_form = d.propose_on_device(history, lengths)
     assert calls == [1] and all(torch.equal(a, b) for a, b in zip(kernel_form, torch_form))
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_the_append_kernel_equals_the_torch_append(T):
+    from hybridcache.engine.async_verify import TokenHistory
+
+    g = torch.Generator().manual_seed(T)
+    rows = [torch.randint(0, 9, (n,), generator=g).tolist() for n in (3, 7, 1)]
+    tokens = torch.randint(0, 9, (3, T), generator=g)
+    counts = torch.tensor([T, 1, max(1, T - 1)])
+    want = TokenHistory.__new__(TokenHistory)
+    want.history, want.lengths = laid_out(rows, 2 * T)
+    want.history, want.lengths = want.history.cpu().clone(), want.lengths.cpu()
+    want.append(tokens, counts)  # the torch form (CPU tensors)
+    history, lengths = laid_out(rows, 2 * T)
+    from hybridcache.ops.ngram_triton import history_append_triton
+
+    last = history_append_triton(history, lengths, tokens.to(DEVICE), counts.to(DEVICE))
+    assert torch.equal(history.cpu(), want.history) and torch.equal(lengths.cpu(), want.lengths)
+    assert torch.equal(last.cpu(), want.last())
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="routes CPU tensors through the kernel (the interpreter)")
+def test_token_history_appends_with_the_kernel(monkeypatch):
+    from hybridcache.engine.async_verify import TokenHistory
+    import hybridcache.ops.ngram_triton as ngram
+
+    calls = []
+    monkeypatch.setattr(ngram, "history_append_triton", lambda *a, _real=ngram.history_append_triton:
+                        (calls.append(1), _real(*a))[1])
+    th = TokenHistory.__new__(TokenHistory)
+    th.history, th.lengths = laid_out([[1, 2], [3]], 4)
+    with kernels_on_cpu():
+        th.append(torch.tensor([[5, 6], [7, 8]]), torch.tensor([2, 1]))
+    assert calls == [1] and th.lengths.tolist() == [4, 2] and th.last().tolist() == [6, 7]
+    assert th.history[:, :4].tolist() == [[1, 2, 5, 6], [3, 7, -1, -1]]
