@@ -68,17 +68,31 @@ def _logprobs(sampled: list[Request], row_logits: torch.Tensor, tokens: torch.Te
               new_tokens: dict[int, list[int]]) -> dict[int, list[TokenLogprob]]:
     """Log-probabilities of the sampled tokens [R, T] under the raw logits [R, T, V], with the top N
     (the step's largest ask) of each position, computed on the device and copied back once."""
-    asks = [r.params.logprobs for r in sampled if r.params.logprobs is not None]
+    found = device_logprobs(sampled, row_logits, tokens)
+    return {} if found is None else logprob_entries(sampled, *(t.tolist() for t in found), new_tokens)
+
+
+def device_logprobs(rows: list[Request], row_logits: torch.Tensor, tokens: torch.Tensor,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """On the device, for rows [R] of which some ask for logprobs (None when none does): the chosen tokens'
+    log-probabilities [R, T] under the raw logits [R, T, V] and the top N of each position (N the largest
+    ask): (chosen [R, T], top logprobs [R, T, N], top ids [R, T, N])."""
+    asks = [r.params.logprobs for r in rows if r.params.logprobs is not None]
     if not asks:
-        return {}
+        return None
     logp = torch.log_softmax(row_logits.float(), -1)
     chosen = logp.gather(-1, tokens[..., None])[..., 0]  # [R, T]
     top_lp, top_ids = logp.topk(max(asks), -1) if max(asks) else (logp[..., :0], tokens[..., None][..., :0])
-    chosen, top_lp, top_ids = chosen.tolist(), top_lp.tolist(), top_ids.tolist()
+    return chosen, top_lp, top_ids
+
+
+def logprob_entries(rows: list[Request], chosen: list, top_lp: list, top_ids: list,
+                    new_tokens: dict[int, list[int]]) -> dict[int, list[TokenLogprob]]:
+    """`device_logprobs`' lists read back, as {req_id: [TokenLogprob per new token]} for the rows that ask."""
     out: dict[int, list[TokenLogprob]] = {}
-    for i, r in enumerate(sampled):
+    for i, r in enumerate(rows):
         n = r.params.logprobs
-        if n is None:
+        if n is None or r.req_id not in new_tokens:
             continue
         out[r.req_id] = [TokenLogprob(t, chosen[i][j], tuple(zip(top_ids[i][j][:n], top_lp[i][j][:n])))
                          for j, t in enumerate(new_tokens[r.req_id])]
@@ -107,14 +121,23 @@ class HostCopy:
 class PendingTokens:
     """One plain decode step's sampled tokens, left on the device while the host plans the next step:
     `tokens` [R] int64 on the device (the next step's inputs read them there), and a copy to the host
-    under way; `read()` waits for that copy (the step's one host sync) and returns them."""
+    under way; `read()` waits for that copy (the step's one host sync) and returns them. `logprobs`: the
+    step's `device_logprobs` (T = 1), copied back behind the tokens (`read_logprobs` after `read`)."""
 
-    def __init__(self, tokens: torch.Tensor) -> None:
+    def __init__(self, tokens: torch.Tensor,
+                 logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         self.tokens = tokens
-        self._copy = HostCopy(tokens)
+        self._logprobs = None if logprobs is None else [HostCopy(t) for t in logprobs]
+        self._copy = HostCopy(tokens)  # recorded last: its wait covers the copies before it
 
     def read(self) -> list[int]:
         return self._copy.read()
+
+    def read_logprobs(self, rows: list[Request], new_tokens: dict[int, list[int]]) -> dict[int, list[TokenLogprob]]:
+        """The rows' logprob entries for their new tokens ({} when the step computed none)."""
+        if self._logprobs is None:
+            return {}
+        return logprob_entries(rows, *(c.read() for c in self._logprobs), new_tokens)
 
 
 def sample_plain(rows: list[Request], logits: torch.Tensor, device: torch.device) -> PendingTokens:
@@ -122,9 +145,10 @@ def sample_plain(rows: list[Request], logits: torch.Tensor, device: torch.device
     logits [R, V]. A row's draw counter counts its tokens still on their way back (`num_pending`), so
     it draws what the synchronous step draws."""
     if all(r.params.greedy for r in rows):
-        return PendingTokens(logits.argmax(-1))
-    params = RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
-                              [r.params.top_p for r in rows], [r.seed for r in rows],
-                              [len(r.output) + r.num_pending for r in rows], [[] for _ in rows], 0, device)
-    tokens, _ = sample(logits[:, None], params)
-    return PendingTokens(tokens[:, 0])
+        tokens = logits.argmax(-1)
+    else:
+        params = RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
+                                  [r.params.top_p for r in rows], [r.seed for r in rows],
+                                  [len(r.output) + r.num_pending for r in rows], [[] for _ in rows], 0, device)
+        tokens = sample(logits[:, None], params)[0][:, 0]
+    return PendingTokens(tokens, device_logprobs(rows, logits[:, None], tokens[:, None]))

@@ -71,6 +71,27 @@ def test_async_steps_give_the_synchronous_tokens_and_finish_reasons(checkpoint):
     assert_idle_and_empty(llm)
 
 
+def test_logprobs_come_back_behind_the_async_tokens_as_the_synchronous_step_gives_them(checkpoint):
+    """Rows asking for logprobs (with rows that do not, greedy and sampled, stops on a token) decode
+    asynchronously; every token's logprob and top alternatives equal the synchronous engine's, bit for bit."""
+    prompts, base = workload(3)
+    params = [SamplingParams(max_tokens=p.max_tokens + 4, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
+                             ignore_eos=True, logprobs=[None, 0, 3][i % 3]) for i, p in enumerate(base)]
+    kw = dict(max_num_seqs=4, page_size=4, max_model_len=64)
+    want = LLM(checkpoint, async_scheduling=False, **kw).generate(prompts, params)
+    llm = LLM(checkpoint, async_scheduling=True, **kw)
+    llm.step_hook = llm.manager.check_integrity
+    launches, launch = [], llm._loop._launch
+    llm._loop._launch = lambda step: (launches.append(any(r.params.logprobs is not None for r in step.generation)),
+                                      launch(step))
+    got = llm.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert [o.logprobs for o in got] == [o.logprobs for o in want]
+    assert any(launches), "no step with logprobs ran asynchronously"
+    assert all(len(o.logprobs) == len(o.token_ids) for o, p in zip(got, params) if p.logprobs is not None)
+    assert_idle_and_empty(llm)
+
+
 def test_outputs_come_one_step_later_and_the_last_step_reads_them(nemotron_checkpoint):
     llm = LLM(nemotron_checkpoint, max_num_seqs=2, page_size=4, max_model_len=64, async_scheduling=True)
     rid = llm.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
