@@ -17,7 +17,7 @@ from ..ops.triton_support import runs_triton
 from .device_sampler import RowParams, sample, sample_greedy
 from .interrupts import deferred_interrupts
 from .request import Request
-from .step_tokens import HostCopy
+from .step_tokens import HostCopy, LogprobCopy
 
 if TYPE_CHECKING:
     from .scheduler import ScheduledStep
@@ -67,10 +67,11 @@ class TokenHistory:
 class PendingVerify:
     """A verify step's chosen tokens [R, T] and counts [R] on the device (the next step reads them there),
     and their copy to the host under way, with the drafts each row proposed [R] (the rest padding);
-    `read()` waits for it (the step's one host sync)."""
+    `read()` waits for it (the step's one host sync). `logprobs`: the step's, copied back behind them."""
 
-    def __init__(self, tokens: torch.Tensor, counts: torch.Tensor, proposed: torch.Tensor) -> None:
-        self.tokens, self.counts = tokens, counts
+    def __init__(self, tokens: torch.Tensor, counts: torch.Tensor, proposed: torch.Tensor,
+                 logprobs: LogprobCopy) -> None:
+        self.tokens, self.counts, self.logprobs = tokens, counts, logprobs
         self._copy = HostCopy(torch.cat([counts[:, None], proposed[:, None].to(tokens.dtype), tokens], 1))
 
     def read(self) -> tuple[list[list[int]], list[int], list[int]]:
@@ -157,7 +158,7 @@ class AsyncVerify:
                 mgr.planner.commit_unsettled(plan)
                 for r in rows:
                     r.num_pending += T  # at most T tokens are on their way back
-                loop.inflight = (rows, PendingVerify(tokens, counts, proposed))
+                loop.inflight = (rows, PendingVerify(tokens, counts, proposed, LogprobCopy(rows, logits, tokens)))
         except BaseException:
             with deferred_interrupts():
                 self.history = None
@@ -203,4 +204,5 @@ class AsyncVerify:
                     loop.stats.num_draft_tokens += d
                     loop.stats.num_accepted_tokens += c - 1
                     loop.drafter.backoff.after_step(r, d, c - 1)
-            loop.ready += loop.finish_rows([r for r in rows if r.req_id in new_tokens], new_tokens, {})
+            logprobs = pending.logprobs.entries(rows, new_tokens)
+            loop.ready += loop.finish_rows([r for r in rows if r.req_id in new_tokens], new_tokens, logprobs)

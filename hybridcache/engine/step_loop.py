@@ -144,7 +144,8 @@ class StepLoop:
         return not s.waiting and not s.suspended and all(s.status(r) == Status.GENERATION for r in s.running)
 
     def _async_kind(self, step: ScheduledStep) -> str | None:
-        """"decode": a plain decode step (generation rows only, none drafting; logprobs too);
+        """"decode": a plain decode step (generation rows only, none drafting; logprobs come back behind the
+        tokens, in both kinds);
         "verify": an asynchronous verify step (`async_verify.AsyncVerify`), also for rows that draft nothing
         while the verify steps before them are in flight; None: the synchronous step."""
         rows = step.generation
@@ -152,9 +153,7 @@ class StepLoop:
             return None
         drafting = self.drafter is not None and self.verify.drafting(rows)
         if not (drafting or self.verify.chained(rows)):
-            return "decode"  # logprobs come back behind the tokens
-        if any(r.params.logprobs is not None for r in rows):
-            return None  # a verify step's logprobs are the synchronous step's
+            return "decode"
         # rows that back off while a verify chain is in flight go on in it, one token each (no read between)
         return "verify" if self.verify.eligible(rows) else (None if drafting else "decode")
 
@@ -244,7 +243,7 @@ class StepLoop:
                 if r.num_pending:  # 0: aborted, or stopped on an earlier token (this one is discarded)
                     r.num_pending -= 1
                     new_tokens[r.req_id] = [t]
-            logprobs = pending.read_logprobs(rows, new_tokens)
+            logprobs = pending.logprobs.entries(rows, new_tokens)
             self.ready += self.finish_rows([r for r in rows if r.req_id in new_tokens], new_tokens, logprobs)
 
     def take_ready(self) -> list[RequestOutput]:

@@ -118,26 +118,33 @@ class HostCopy:
         return self._host.tolist()
 
 
+class LogprobCopy:
+    """An asynchronous step's `device_logprobs` for rows [R] (logits [R, T, V], chosen tokens [R, T]),
+    copied to the host behind the step's tokens; `entries` reads them after the tokens' read."""
+
+    def __init__(self, rows: list[Request], logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        found = device_logprobs(rows, logits, tokens)
+        self._copies = None if found is None else [HostCopy(t) for t in found]
+
+    def entries(self, rows: list[Request], new_tokens: dict[int, list[int]]) -> dict[int, list[TokenLogprob]]:
+        """The rows' logprob entries for their new tokens ({} when no row asked)."""
+        if self._copies is None:
+            return {}
+        return logprob_entries(rows, *(c.read() for c in self._copies), new_tokens)
+
+
 class PendingTokens:
     """One plain decode step's sampled tokens, left on the device while the host plans the next step:
     `tokens` [R] int64 on the device (the next step's inputs read them there), and a copy to the host
     under way; `read()` waits for that copy (the step's one host sync) and returns them. `logprobs`: the
-    step's `device_logprobs` (T = 1), copied back behind the tokens (`read_logprobs` after `read`)."""
+    step's, copied back behind the tokens (`logprobs.entries` after `read`)."""
 
-    def __init__(self, tokens: torch.Tensor,
-                 logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
-        self.tokens = tokens
-        self._logprobs = None if logprobs is None else [HostCopy(t) for t in logprobs]
+    def __init__(self, tokens: torch.Tensor, logprobs: LogprobCopy) -> None:
+        self.tokens, self.logprobs = tokens, logprobs
         self._copy = HostCopy(tokens)  # recorded last: its wait covers the copies before it
 
     def read(self) -> list[int]:
         return self._copy.read()
-
-    def read_logprobs(self, rows: list[Request], new_tokens: dict[int, list[int]]) -> dict[int, list[TokenLogprob]]:
-        """The rows' logprob entries for their new tokens ({} when the step computed none)."""
-        if self._logprobs is None:
-            return {}
-        return logprob_entries(rows, *(c.read() for c in self._logprobs), new_tokens)
 
 
 def sample_plain(rows: list[Request], logits: torch.Tensor, device: torch.device) -> PendingTokens:
@@ -151,4 +158,4 @@ def sample_plain(rows: list[Request], logits: torch.Tensor, device: torch.device
                                   [r.params.top_p for r in rows], [r.seed for r in rows],
                                   [len(r.output) + r.num_pending for r in rows], [[] for _ in rows], 0, device)
         tokens = sample(logits[:, None], params)[0][:, 0]
-    return PendingTokens(tokens, device_logprobs(rows, logits[:, None], tokens[:, None]))
+    return PendingTokens(tokens, LogprobCopy(rows, logits[:, None], tokens[:, None]))

@@ -108,6 +108,34 @@ def test_backed_off_rows_chain_one_token_steps_on_the_verify_in_flight(checkpoin
     assert_idle_and_empty(llm)
 
 
+def test_logprobs_of_async_verify_steps_equal_the_synchronous_ones(checkpoint, monkeypatch):
+    """Rows asking for logprobs (0 or 3 alternatives) beside rows that do not run asynchronous verify steps;
+    each accepted token's logprob and alternatives come back behind the tokens and equal the synchronous
+    speculative engine's (to float rounding: its verify steps may be narrower, as wide as the longest draft)."""
+    prompts = repetitive(8)
+    params = greedy(len(prompts), ignore_eos=True)
+    params = [SamplingParams(max_tokens=p.max_tokens, temperature=0.0, ignore_eos=True, logprobs=[None, 0, 3][i % 3])
+              for i, p in enumerate(params)]
+    want = LLM(checkpoint, speculative=SPEC, async_scheduling=False, **KW).generate(prompts, params)
+    asking, launch = [], async_verify.AsyncVerify.launch
+    monkeypatch.setattr(async_verify.AsyncVerify, "launch", lambda verify, step: (
+        asking.append(any(r.params.logprobs is not None for r in step.generation)), launch(verify, step))[1])
+    llm = LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW)
+    llm.step_hook = llm.manager.check_integrity
+    got = llm.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert sum(asking) > 3 and llm.stats.num_accepted_tokens > 0  # verify steps with logprob rows ran async
+    for g, w, p in zip(got, want, params):
+        if p.logprobs is None:
+            assert not g.logprobs
+            continue
+        assert len(g.logprobs) == len(g.token_ids)
+        assert [x.token_id for x in g.logprobs] == [x.token_id for x in w.logprobs]
+        assert [x.logprob for x in g.logprobs] == pytest.approx([x.logprob for x in w.logprobs], abs=1e-5)
+        assert [[t for t, _ in x.top] for x in g.logprobs] == [[t for t, _ in x.top] for x in w.logprobs]
+    assert_idle_and_empty(llm)
+
+
 def test_stops_on_a_token_and_eos_mid_verify_equal_the_synchronous_run(checkpoint):
     prompts = repetitive(1)
     plain_llm = LLM(checkpoint, **KW)
