@@ -62,9 +62,11 @@ def launched(monkeypatch) -> set[str]:
     return names
 
 
-def run(path, speculative: bool, kernels: bool) -> list[list[int]]:
+def run(path, mode: str, kernels: bool) -> list[list[int]]:
+    """mode: "plain", "ngram" (synchronous verify) or "async-ngram" (asynchronous verify, drafted on the device)."""
     llm = LLM(path, device="cpu", dtype="float32", max_num_seqs=2, page_size=4, max_model_len=64,
-              speculative=SpeculativeConfig(num_draft_tokens=3) if speculative else None)
+              speculative=SpeculativeConfig(num_draft_tokens=3) if mode != "plain" else None,
+              async_scheduling=mode == "async-ngram")
     params = [SamplingParams(max_tokens=10, ignore_eos=True) for _ in PROMPTS]
     if kernels:
         with kernels_on_cpu():
@@ -75,11 +77,14 @@ def run(path, speculative: bool, kernels: bool) -> list[list[int]]:
     return [o.token_ids for o in outs]
 
 
-@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "ngram"])
-def test_kernels_give_the_torch_paths_tokens(checkpoint, speculative, launched):
+@pytest.mark.parametrize("mode", ["plain", "ngram", "async-ngram"])
+def test_kernels_give_the_torch_paths_tokens(checkpoint, mode, launched):
     family, path = checkpoint
-    torch_paths = run(path, speculative, kernels=False)
+    torch_paths = run(path, mode, kernels=False)
     assert not launched
-    assert run(path, speculative, kernels=True) == torch_paths
-    expected = COMMON | (VERIFY[family] if speculative else FAMILY[family]) | MOE[family] | ATTENTION[family]
+    assert run(path, mode, kernels=True) == torch_paths
+    steps = FAMILY[family] if mode == "plain" else VERIFY[family]
+    if mode == "async-ngram":  # the drafter's device search and the history append (ops/ngram_triton.py)
+        steps = steps | {"_ngram_kernel", "_append_kernel"}
+    expected = COMMON | steps | MOE[family] | ATTENTION[family]
     assert expected <= launched, f"not launched: {sorted(expected - launched)}"
