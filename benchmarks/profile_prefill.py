@@ -46,34 +46,24 @@ def breakdown(name: str, fn: Callable[[], object], top: int) -> None:
         print(f"    {e.self_device_time_total / CALLS / 1e3:7.3f} ms x{e.count // CALLS:<3} {e.key[:110]}")
 
 
-def gdn(tokens: int, fla, top: int) -> None:
-    H, HV, K, V = ok.GDN["H"], ok.GDN["HV"], ok.GDN["K"], ok.GDN["V"]
+def delta_rule(op: str, tokens: int, fla, top: int) -> None:
+    """GDN (H key / HV value heads, a log-decay per value head) or KDA (H heads, one per channel)."""
+    if op == "gdn":
+        H, HV, K, V = ok.GDN["H"], ok.GDN["HV"], ok.GDN["K"], ok.GDN["V"]
+        gate, ours, peer = (HV,), gdn_prefill, fla.chunk_gdn
+    else:
+        H, K, V = ok.KDA["H"], ok.KDA["K"], ok.KDA["V"]
+        HV, gate, ours, peer = H, (H, K), kda_prefill, fla.chunk_kda
     cu, slots, has_initial = ok.prefill_inputs([tokens])
     q, k, v = ok.rand(tokens, H, K), ok.rand(tokens, H, K), ok.rand(tokens, HV, V)
-    g = -torch.rand(tokens, HV, device=ok.DEV) * 0.1
+    g = -torch.rand(tokens, *gate, device=ok.DEV) * 0.1
     beta = torch.rand(tokens, HV, device=ok.DEV).to(ok.ACT)
     ssm = torch.randn(2, HV, K, V, device=ok.DEV) * 0.1
-    breakdown("gdn ours", lambda: gdn_prefill(q, k, v, g, beta, cu, ssm, slots, has_initial,
-                                              use_qk_l2norm_in_kernel=True), top)
+    breakdown(f"{op} ours", lambda: ours(q, k, v, g, beta, cu, ssm, slots, has_initial,
+                                         use_qk_l2norm_in_kernel=True), top)
     h0 = ssm[slots]
-    breakdown("gdn fla", lambda: fla.chunk_gdn(q[None], k[None], v[None], g[None], beta[None], initial_state=h0,
-                                               output_final_state=True, cu_seqlens=cu,
-                                               use_qk_l2norm_in_kernel=True), top)
-
-
-def kda(tokens: int, fla, top: int) -> None:
-    H, K, V = ok.KDA["H"], ok.KDA["K"], ok.KDA["V"]
-    cu, slots, has_initial = ok.prefill_inputs([tokens])
-    q, k, v = ok.rand(tokens, H, K), ok.rand(tokens, H, K), ok.rand(tokens, H, V)
-    g = -torch.rand(tokens, H, K, device=ok.DEV) * 0.1
-    beta = torch.rand(tokens, H, device=ok.DEV).to(ok.ACT)
-    ssm = torch.randn(2, H, K, V, device=ok.DEV) * 0.1
-    breakdown("kda ours", lambda: kda_prefill(q, k, v, g, beta, cu, ssm, slots, has_initial,
-                                              use_qk_l2norm_in_kernel=True), top)
-    h0 = ssm[slots]
-    breakdown("kda fla", lambda: fla.chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=h0,
-                                               output_final_state=True, cu_seqlens=cu,
-                                               use_qk_l2norm_in_kernel=True), top)
+    breakdown(f"{op} fla", lambda: peer(q[None], k[None], v[None], g[None], beta[None], initial_state=h0,
+                                        output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True), top)
 
 
 def mamba2(tokens: int, mamba, top: int) -> None:
@@ -103,7 +93,7 @@ def main() -> None:
         if op == "mamba2":
             mamba2(args.tokens, mamba, args.top)
         elif fla is not None:
-            {"gdn": gdn, "kda": kda}[op](args.tokens, fla, args.top)
+            delta_rule(op, args.tokens, fla, args.top)
 
 
 if __name__ == "__main__":
