@@ -24,6 +24,7 @@ from torch import Tensor
 
 from hybridcache.ops.fla_kernels import fla_chunk_simple_gla_v_first, fla_usable
 from hybridcache.ops.slot_io import put_rows, read_rows, take_rows
+from hybridcache.ops.triton_support import runs_triton
 from hybridcache.ops.mamba2.common import (
     NO_LIMIT,
     DtLimit,
@@ -169,16 +170,27 @@ def mamba2_prefill_fla(
     fp32 (written). Initial states are gathered from ssm[slot] (zeros, by a fill, where has_initial is
     false or the row is padding, so NaN in unused slots never reaches the kernel); final states go back
     to the live rows' slots. v = dt·x is formed in fp32 and handed to the kernel in x's dtype (with q, k);
-    g = dt·A stays fp32. Returns y: [N, H, P] in x's dtype. `chunk_size` is unused (fla tiles by 64, the
-    same math). No host sync here beyond fla's own reads of cu_seqlens (ops/fla_kernels.py).
+    g = dt·A stays fp32. Where the Triton kernels run, the inputs are one pass and the skip another
+    (triton_ssd_io.py); elsewhere (fla's stand-ins in tests) the same arithmetic in torch. Returns
+    y: [N, H, P] in x's dtype. `chunk_size` is unused (fla tiles by 64, the same math). No host sync here beyond fla's own reads of cu_seqlens (ops/fla_kernels.py).
     """
     heads = check_dims(x, B, ssm).heads
     init = read_rows(ssm, slots, has_initial)  # [B, H, P, N] = fla's V-first [N, H, V, K]
-    dtp = process_dt(dt, dt_bias, dt_limit)  # [N, H] fp32
-    q = heads_of_groups(C, heads).to(x.dtype)  # [N, H, N_state]
-    k = heads_of_groups(B, heads).to(x.dtype)
-    v = (x.float() * dtp[..., None]).to(x.dtype)  # [N, H, P]
-    g = dtp * A.float()  # [N, H]
+    fused = runs_triton(x)
+    if fused:  # one pass for the four inputs
+        from hybridcache.ops.mamba2.triton_ssd_io import ssd_inputs_triton, ssd_output_triton
+
+        q, k, v, g = ssd_inputs_triton(x, dt, A, B, C, dt_bias, dt_limit)
+    else:
+        dtp = process_dt(dt, dt_bias, dt_limit)  # [N, H] fp32
+        q = heads_of_groups(C, heads).to(x.dtype)  # [N, H, N_state]
+        k = heads_of_groups(B, heads).to(x.dtype)
+        v = (x.float() * dtp[..., None]).to(x.dtype)  # [N, H, P]
+        g = dtp * A.float()  # [N, H]
     o, final = fla_chunk_simple_gla_v_first(q[None], k[None], v[None], g[None], 1.0, init, cu_seqlens)
     put_rows(ssm, (slots,), final, slots >= 0)
+    if D is None:
+        return o[0].to(x.dtype)
+    if fused:
+        return ssd_output_triton(o[0], x, D)
     return add_skip(o[0].float(), x, D).to(x.dtype)
