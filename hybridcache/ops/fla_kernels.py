@@ -23,12 +23,18 @@ fla-core 0.6.0 (MIT), facts relied on (read from its source):
   Intermediate per-chunk states and the WY terms are kept in the input dtype (bf16 inputs: bf16), and
   on sm80+ Triton runs fp32 `tl.dot` in TF32 (fla sets no input precision).
 - cu_seqlens may be int32 or int64 (the kernels load it and cast). fla reads it on the host while
-  preparing chunk indices (`prepare_chunk_indices` -> `repeat_interleave` over device counts, and
-  `split_offsets[-1].item()` in simple GLA's state pass): these host syncs are fla's, one or two per call.
-  Those helpers are memoised by the *identity* of the cu_seqlens tensor (`tensor_cache`, which holds a
-  reference, so an id is never reused): the layers of one step share one tensor and so one host read.
-  The contract this puts on callers: a cu_seqlens tensor is never rewritten in place (the engine uploads
-  a new one each step).
+  preparing chunk indices (`prepare_chunk_indices` -> `repeat_interleave` over device counts). That helper
+  (and `prepare_chunk_offsets`) is memoised by the *identity* of the cu_seqlens tensor (`tensor_cache`,
+  which holds a reference, so an id is never reused): the layers of one step share one tensor and so one
+  host read. The contract this puts on callers: a cu_seqlens tensor is never rewritten in place (the
+  engine uploads a new one each step).
+- `chunk_simple_gla` is run here through its parts (`simple_gla_forward`) rather than whole: its state
+  pass (`common.chunk_h.chunk_fwd_h`) reads `split_offsets[-1].item()` on every call only to size the
+  per-chunk states, a host sync per Mamba2 layer. With the chunk size as the split size that count is the
+  number of chunks, `len(chunk_indices)`, already on the host. The parts (fla-core 0.6.0): the chunk-local
+  cumsum of g scaled by 1/ln 2 (the kernels use exp2), `chunk_fwd_kernel_h` (autotuned; it takes the
+  per-sequence chunk offsets and writes h [1, NS, H, V, K] in k's dtype and the fp32 final states), then
+  `chunk_fwd_o`.
 - The ops go through fla's backend dispatch, which prefers the optional `flash_qla` / `flash_kda`
   packages when installed; with neither installed (our images) fla's Triton kernels run.
 - `import fla.ops...` works without a GPU (fla warns and falls back to a 'cpu' platform), and the three
@@ -40,6 +46,7 @@ from __future__ import annotations
 import importlib.util
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import cache
 from typing import NamedTuple
 
@@ -68,12 +75,48 @@ def fla_ops() -> FlaOps | None:
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         from fla.ops.kda import chunk_kda
-        from fla.ops.simple_gla import chunk_simple_gla
+        from fla.ops.common.chunk_h import chunk_fwd_kernel_h  # noqa: F401 - simple_gla_forward's parts
+        from fla.ops.common.chunk_o import chunk_fwd_o  # noqa: F401
     except ImportError as e:  # e.g. a fla-core built for another torch
         warnings.warn(f"fla-core is installed but its kernels do not import ({e}); prefill runs the torch paths",
                       stacklevel=2)
         return None
-    return FlaOps(chunk_gated_delta_rule, chunk_kda, chunk_simple_gla)
+    return FlaOps(chunk_gated_delta_rule, chunk_kda, simple_gla_forward)
+
+
+def simple_gla_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, initial_state: Tensor,
+                       output_final_state: bool, state_v_first: bool, cu_seqlens: Tensor,
+                       chunk_size: int = 64) -> tuple[Tensor, Tensor | None]:
+    """fla's `chunk_simple_gla` forward (same keywords, varlen only) with no host read beyond the memoised
+    chunk indices (module docstring). q, k [1, T, H, K]; v [1, T, H, V]; g [1, T, H] log-gate fp32;
+    initial_state [N, H, V, K] (state_v_first) or [N, H, K, V], fp32. Returns o [1, T, H, V] in q's dtype
+    and the fp32 final states if asked."""
+    import triton
+    from fla.ops.common.chunk_h import chunk_fwd_kernel_h
+    from fla.ops.common.chunk_o import chunk_fwd_o
+    from fla.ops.utils import chunk_local_cumsum, prepare_chunk_indices, prepare_chunk_offsets
+    from fla.ops.utils.constant import RCP_LN2
+
+    q, k, v, g, initial_state = (t.contiguous() for t in (q, k, v, g, initial_state))
+    _, steps, heads, key_dim = k.shape
+    value_dim = v.shape[-1]
+    chunks = prepare_chunk_indices(cu_seqlens, chunk_size)  # [NS, 2] (sequence, chunk), memoised
+    offsets = prepare_chunk_offsets(cu_seqlens, chunk_size)  # [N + 1] first chunk of each sequence
+    g = chunk_local_cumsum(g, chunk_size=chunk_size, scale=RCP_LN2, cu_seqlens=cu_seqlens, chunk_indices=chunks)
+    num_seqs = cu_seqlens.shape[0] - 1
+    state = (value_dim, key_dim) if state_v_first else (key_dim, value_dim)
+    h = k.new_empty(1, chunks.shape[0], heads, *state)
+    ht = k.new_empty(num_seqs, heads, *state, dtype=torch.float32) if output_final_state else None
+    with torch.cuda.device(q.device) if q.is_cuda else nullcontext():
+        chunk_fwd_kernel_h[lambda meta: (triton.cdiv(key_dim, meta["BK"]) * triton.cdiv(value_dim, meta["BV"])
+                                         * num_seqs * heads,)](
+            k=k, v=v, h=h, g=g, g_gamma=None, gk=None, gv=None, h0=initial_state, ht=ht, cu_seqlens=cu_seqlens,
+            split_offsets=offsets, T=steps, H=heads, K=key_dim, V=value_dim, BT=chunk_size, BS=chunk_size,
+            USE_G=True, USE_G_GAMMA=False, USE_GK=False, USE_GV=False, STATE_V_FIRST=state_v_first,
+        )
+        o = chunk_fwd_o(q=q, k=k, v=v, h=h, g=g, scale=scale, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                        chunk_size=chunk_size, chunk_indices=chunks)
+    return o.to(q.dtype), ht
 
 
 def fla_usable(t: Tensor) -> bool:

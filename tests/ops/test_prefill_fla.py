@@ -47,7 +47,7 @@ from hybridcache.ops.mamba2.naive import mamba2_prefill_ref
 from hybridcache.ops.mamba2.prefill import mamba2_prefill, mamba2_prefill_fla
 from tests.ops.delta_rule_cases import delta_inputs
 from tests.ops.fla_stand_ins import REFERENCE_OPS
-from tests.ops.tripwire import no_host_sync
+from tests.ops.tripwire import count_host_syncs, no_host_sync
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAN = float("nan")
@@ -358,3 +358,32 @@ def test_prefill_on_cuda_runs_fla(cuda_only, fla_here, monkeypatch, op):
         d = mamba2_inputs(sum(LENS), 4, 16, 2, 32, torch.bfloat16, seed=16)
         run_mamba2(prefill, d, pool((4, 16, 32), seed=17), LENS, "cuda", tol)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("op", list(ROUTES))
+def test_fla_prefill_reads_cu_seqlens_once(cuda_only, fla_here, op):
+    """On CUDA, a second call on the same cu_seqlens tensor (the next layer of a step) makes no host sync:
+    fla's chunk indices are memoised by the tensor, and Mamba2's state pass is sized from them
+    (`fla_kernels.simple_gla_forward`), not read back (CUDA's sync-debug mode counts what Python does not)."""
+    module, prefill, _ = ROUTES[op]
+    slots, has_initial = (t.cuda() for t in rows())
+    cu = cu_of(LENS).cuda()
+    if op == "mamba2":
+        d = {name: t.cuda() for name, t in mamba2_inputs(sum(LENS), 4, 16, 2, 32, torch.bfloat16).items()}
+        ssm = pool((4, 16, 32), seed=18).cuda()
+
+        def call():
+            return prefill(d["x"], d["dt"], d["A"], d["B"], d["C"], ssm, slots, has_initial, cu, D=d["D"],
+                           dt_bias=d["dt_bias"])
+    else:
+        x = gdn_inputs(sum(LENS), 2, 4, torch.bfloat16) if op == "gdn" else kda_inputs(sum(LENS), 2, torch.bfloat16)
+        x = [t.cuda() for t in x]
+        ssm = pool((x[2].shape[1], K, V), seed=18).cuda()
+
+        def call():
+            return prefill(*x, cu, ssm, slots, has_initial, use_qk_l2norm_in_kernel=True)
+    call()
+    torch.cuda.synchronize()
+    with count_host_syncs(cuda=True) as syncs:
+        call()
+    assert syncs.calls == [], syncs.calls
