@@ -172,7 +172,8 @@ def mamba2_prefill_fla(
     to the live rows' slots. v = dt·x is formed in fp32 and handed to the kernel in x's dtype (with q, k);
     g = dt·A stays fp32. Where the Triton kernels run, the inputs are one pass and the skip another
     (triton_ssd_io.py); elsewhere (fla's stand-ins in tests) the same arithmetic in torch. Returns
-    y: [N, H, P] in x's dtype. `chunk_size` is unused (fla tiles by 64, the same math). No host sync here beyond fla's own reads of cu_seqlens (ops/fla_kernels.py).
+    y: [N, H, P] in x's dtype. `chunk_size` is unused (fla tiles by 64, the same math). No host sync
+    here beyond the memoised read of cu_seqlens (ops/fla_kernels.py).
     """
     heads = check_dims(x, B, ssm).heads
     init = read_rows(ssm, slots, has_initial)  # [B, H, P, N] = fla's V-first [N, H, V, K]
