@@ -12,7 +12,7 @@ import random
 import pytest
 
 from hybridcache.cache import HostTierFullError, OutOfDeviceMemoryError, Planner, Status
-from tests.cache.test_planner_stateful import RandomDraw
+from tests.cache.planner_walk import RandomDraw
 
 
 class PrefixModel:
