@@ -1,13 +1,16 @@
-"""Routed experts and routers of one MoE layer on the GPU at decode batch sizes: the fused Triton path
-(`ops/moe`, 2 launches for the experts, 1 for the router's selection) vs the grouped-GEMM path
-(`dispatch` with `torch._grouped_mm`: sort, gather, 3 grouped GEMMs, act, mul, index_add) and the torch
-routers, against the roofline of reading the routed experts' weights once.
+"""Routed experts and routers of one MoE layer on the GPU at decode and verify batch sizes: the Triton
+paths (`ops/moe`: one program a pair, 2 launches; the pairs sorted by expert, 4 launches, the sort kernel
+also timed alone; 1 launch for the router's selection) vs the grouped-GEMM path (`dispatch` with
+`torch._grouped_mm`: sort, gather, 3 grouped GEMMs, act, mul, index_add) and the torch routers, against
+the roofline of reading the routed experts' weights once. Every path is timed at every batch, past the
+limits the forwards use (MAX_PAIRS, MAX_SORTED_PAIRS), to place them; `--sweep` also times the sorted
+kernels' column and inner tiles.
 
 Shapes: the qwen3_next and kimi_linear 1B checkpoints of benchmarks/families.py (hidden 2048, 8 experts of
 512, top 2; qwen3_next's softmax router, kimi_linear's sigmoid group router with n_group 1), bf16.
 Weight bytes = the distinct experts the batch routes to x 3 matrices x I x D x 2 B (what a path that reads
 each chosen expert once must read); GB/s = those bytes / the time; roofline_us = bytes / the measured
-device copy bandwidth. The fused path past MAX_PAIRS (N = 64 at k = 2) is timed too, to place the limit.
+device copy bandwidth.
 
     PYTHONPATH=. python benchmarks/ops_moe.py --json bench-out/ops_moe.json
 
@@ -27,11 +30,14 @@ from hybridcache.models.layers import experts as experts_layer
 from hybridcache.models.layers import routers as routers_layer
 from hybridcache.models.layers.experts import GatedExperts
 from hybridcache.models.layers.routers import SoftmaxTopKRouter, TopKRouter
-from hybridcache.ops.moe import MAX_PAIRS
+from hybridcache.ops.moe import MAX_PAIRS, MAX_SORTED_PAIRS
+from hybridcache.ops.moe.experts_sorted_triton import sort_pairs_triton, sorted_experts_triton
+from hybridcache.ops.moe.experts_triton import fused_experts_triton
 
 DEV = "cuda"
 ACT = torch.bfloat16
-BATCHES = (1, 4, 16, 64)
+BATCHES = (1, 4, 16, 32, 64, 128, 256, 512)
+SWEEP = [(n, k) for n in (16, 32, 64, 128) for k in (64, 128)]  # (BLOCK_N, BLOCK_K)
 
 
 def shapes(family: str) -> dict:
@@ -58,7 +64,7 @@ def fused_path(on: bool):
     return forced
 
 
-def experts_case(family: str, n: int, bandwidth: float, iters: int) -> dict:
+def experts_case(family: str, n: int, bandwidth: float, iters: int, sweep: bool) -> dict:
     s = shapes(family)
     module = fill(GatedExperts(s["E"], s["D"], s["I"], "silu", DEV, ACT))
     x = torch.randn(n, s["D"], device=DEV).to(ACT)
@@ -67,19 +73,23 @@ def experts_case(family: str, n: int, bandwidth: float, iters: int) -> dict:
     distinct = int(index.unique().numel())
     weight_bytes = distinct * 3 * s["I"] * s["D"] * module.up.element_size()
     row = dict(family=family, batch=n, pairs=n * s["k"], distinct_experts=distinct, weight_bytes=weight_bytes,
-               roofline_us=weight_bytes / bandwidth / 1e3, over_limit=n * s["k"] > MAX_PAIRS)
+               roofline_us=weight_bytes / bandwidth / 1e3)
+    args = (module.up, module.down, module.gate, "silu", ACT)
+
+    def sorted_path(tiles=None):
+        order, ends = sort_pairs_triton(index, s["E"])
+        return sorted_experts_triton(x, index, weight, order, ends, *args, tiles=tiles)
+
+    paths = {"pairs": lambda: fused_experts_triton(x, index, weight, *args), "sorted": sorted_path,
+             "grouped": lambda: module(x, index, weight), "sort": lambda: sort_pairs_triton(index, s["E"])}
     real = experts_layer.runs_triton
     try:
-        for name, on in (("fused", True), ("grouped", False)):
-            experts_layer.runs_triton = fused_path(on)
-            if name == "fused" and row["over_limit"]:  # the forward would not dispatch: call the kernels
-                from hybridcache.ops.moe.experts_triton import fused_experts_triton
-                fn = lambda: fused_experts_triton(x, index, weight, module.up, module.down, module.gate,  # noqa: E731
-                                                  "silu", ACT)
-            else:
-                fn = lambda: module(x, index, weight)  # noqa: E731
+        experts_layer.runs_triton = fused_path(False)  # the module's forward: the grouped path
+        for name, fn in paths.items():
             row[f"{name}_us"] = us(fn, iters)
             row[f"{name}_GBps"] = weight_bytes / (row[f"{name}_us"] * 1e-6) / 1e9
+        if sweep:
+            row["sweep_us"] = {f"{bn}x{bk}": us(lambda: sorted_path((bn, bk)), iters) for bn, bk in SWEEP}
     finally:
         experts_layer.runs_triton = real
     return row
@@ -107,26 +117,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--families", nargs="+", default=["qwen3_next", "kimi_linear"])
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--sweep", action="store_true", help="the sorted kernels' tiles too (BLOCK_N x BLOCK_K)")
     add_json_arg(ap)
     args = ap.parse_args()
     torch.manual_seed(0)
     bandwidth = copy_bandwidth(DEV)
-    record = Record(args.json, "ops_moe", DEV, dict(iters=args.iters, batches=BATCHES, max_pairs=MAX_PAIRS))
+    record = Record(args.json, "ops_moe", DEV, dict(iters=args.iters, batches=args.batches, max_pairs=MAX_PAIRS,
+                                                   max_sorted_pairs=MAX_SORTED_PAIRS))
     record.extra("copy_gbs", bandwidth)
     print(f"copy bandwidth {bandwidth:.0f} GB/s")
-    print(f"{'family':12} {'N':>3} {'pairs':>5} {'experts':>7} {'roof us':>8} {'fused us':>9} {'GB/s':>6} "
-          f"{'grouped us':>10} {'GB/s':>6}")
+    print(f"limits: pairs up to {MAX_PAIRS}, sorted up to {MAX_SORTED_PAIRS}, grouped above")
+    print(f"{'family':12} {'N':>3} {'pairs':>5} {'experts':>7} {'roof us':>8} {'pairs us':>9} {'GB/s':>6} "
+          f"{'sorted us':>9} {'GB/s':>6} {'grouped us':>10} {'GB/s':>6}")
     with torch.no_grad():
         for family in args.families:
-            for n in BATCHES:
-                r = experts_case(family, n, bandwidth, args.iters)
+            for n in args.batches:
+                r = experts_case(family, n, bandwidth, args.iters, args.sweep)
                 record.add(kind="experts", **r)
                 print(f"{family:12} {n:>3} {r['pairs']:>5} {r['distinct_experts']:>7} {r['roofline_us']:>8.1f} "
-                      f"{r['fused_us']:>9.1f} {r['fused_GBps']:>6.0f} {r['grouped_us']:>10.1f} "
-                      f"{r['grouped_GBps']:>6.0f}{'  (fused past MAX_PAIRS)' if r['over_limit'] else ''}")
+                      f"{r['pairs_us']:>9.1f} {r['pairs_GBps']:>6.0f} {r['sorted_us']:>9.1f} {r['sorted_GBps']:>6.0f} "
+                      f"{r['grouped_us']:>10.1f} {r['grouped_GBps']:>6.0f} {r['sort_us']:>9.1f}")
+                if args.sweep:
+                    print("    sorted tiles (BLOCK_N x BLOCK_K: us): " +
+                          " ".join(f"{t} {v:.1f}" for t, v in r["sweep_us"].items()))
         print(f"{'family':12} {'N':>3} {'router':18} {'fused us':>9} {'torch us':>9}")
         for family in args.families:
-            for n in BATCHES:
+            for n in args.batches:
                 r = router_case(family, n, args.iters)
                 record.add(kind="router", **r)
                 print(f"{family:12} {n:>3} {r['router']:18} {r['fused_us']:>9.1f} {r['torch_us']:>9.1f}")

@@ -4,8 +4,9 @@ against the same model on the torch paths. Only the experts' and routers' dispat
 
 nemotron_h: non-gated relu2 `Experts` behind a sigmoid `TopKRouter` (one group); qwen3_next: silu
 `GatedExperts` behind a `SoftmaxTopKRouter`, beside a shared expert; kimi_linear (its grouped config): silu
-`GatedExperts` behind a `TopKRouter` keeping 1 of 2 expert groups, top 3. A prefill of two prompts (14 tokens:
-28 or 42 pairs, under MAX_PAIRS) and greedy decode steps of both: logits within 2e-5 (fp32; the kernels sum
+`GatedExperts` behind a `TopKRouter` keeping 1 of 2 expert groups, top 3. A prefill of three prompts (36 tokens:
+72 or 108 pairs, over MAX_PAIRS: the sorted kernels) and greedy decode steps of all three (6 or 9 pairs: the
+one-pair-a-program kernels): logits within 2e-5 (fp32; the kernels sum
 dot products in another order: ~1e-6 seen), the same greedy tokens, the manager's integrity after each step.
 """
 from __future__ import annotations
@@ -27,7 +28,8 @@ KIMI_GROUPED = next(c for name, c in kimi.CONFIGS.items() if "grouped router" in
 SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny,
           "kimi_linear": lambda path: kimi.save_tiny(path, **KIMI_GROUPED)}
 ROUTER = {"nemotron_h": "_group_topk_kernel", "qwen3_next": "_softmax_topk_kernel", "kimi_linear": "_group_topk_kernel"}
-PROMPTS = {"a": [5, 17, 3, 40, 22, 9, 61, 7, 30], "b": [11, 2, 73, 8, 19]}
+PROMPTS = {"a": [5, 17, 3, 40, 22, 9, 61, 7, 30], "b": [11, 2, 73, 8, 19],
+           "c": [4, 33, 8, 21, 50, 6, 12, 71, 3, 28, 45, 9, 14, 60, 2, 37, 18, 25, 44, 10, 66, 31]}
 DECODE_STEPS = 3
 
 
@@ -65,7 +67,9 @@ def test_moe_kernels_give_the_torch_paths_logits(family, tmp_path, monkeypatch, 
     ref = step(False, lambda d: d.prefill(PROMPTS))
     assert not launched
     compare(ref, step(True, lambda d: d.prefill(PROMPTS)), "prefill")
-    assert launched == {"_up_kernel", "_down_kernel", ROUTER[family]}, sorted(launched)
+    sorted_kernels = {"_sort_pairs_kernel", "_sorted_up_kernel", "_sorted_down_kernel", "_sorted_sum_kernel"}
+    assert launched == sorted_kernels | {ROUTER[family]}, sorted(launched)
+    launched.clear()
     for i in range(DECODE_STEPS):
         rows = [(r, [int(logits[-1].argmax())]) for r, logits in zip(PROMPTS, ref)]
         outs = []
@@ -74,3 +78,4 @@ def test_moe_kernels_give_the_torch_paths_logits(family, tmp_path, monkeypatch, 
             drivers[on].accept([1] * len(rows))
         compare(*outs, f"decode step {i}")
         ref = outs[0]
+    assert {"_up_kernel", "_down_kernel"} <= launched and "_sorted_up_kernel" not in launched, sorted(launched)

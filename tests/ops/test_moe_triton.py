@@ -21,7 +21,10 @@ if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs triton with CUDA, or TRITON_INTERPRET=1 (Triton's CPU interpreter)", allow_module_level=True)
 
 from hybridcache.models.layers import experts, routers  # noqa: E402
-from hybridcache.ops.moe import MAX_PAIRS, experts_triton, naive, routers_triton  # noqa: E402
+from hybridcache.ops.moe import (  # noqa: E402
+    MAX_PAIRS, MAX_SORTED_PAIRS, experts_sorted_triton, experts_triton, naive, routers_triton,
+)
+from hybridcache.ops.moe.sort import sort_by_expert  # noqa: E402
 
 F32, BF16 = torch.float32, torch.bfloat16
 D, I = 72, 80  # hidden and intermediate sizes: neither a power of two, so tiles and inner steps are masked
@@ -65,8 +68,8 @@ def assert_experts_close(out: torch.Tensor, ref: torch.Tensor, weight_dtype: tor
 def launches(monkeypatch) -> list[str]:
     """The fused entry points the test's forwards called, by name."""
     calls: list[str] = []
-    for module, name in ((experts_triton, "fused_experts_triton"), (routers_triton, "softmax_topk_triton"),
-                         (routers_triton, "group_topk_triton")):
+    for module, name in ((experts_triton, "fused_experts_triton"), (experts_sorted_triton, "sorted_experts_triton"),
+                         (routers_triton, "softmax_topk_triton"), (routers_triton, "group_topk_triton")):
         real = getattr(module, name)
 
         def spy(*args, _real=real, _name=name, **kw):
@@ -144,11 +147,76 @@ def test_strided_input_and_repeated_experts():
 
 def test_large_batches_keep_the_grouped_path(monkeypatch, launches):
     module = filled(experts.GatedExperts(4, D, I, "silu", DEVICE, F32), seed=0)
-    n = MAX_PAIRS // 2 + 1  # k = 2: one pair over the limit
+    n = MAX_SORTED_PAIRS // 2 + 1  # k = 2: one pair over the limit
     index, weight = routing(n, 4, 2, seed=1, dtype=F32)
     monkeypatch.setattr(experts, "runs_triton", lambda t: True)
     module(randn(n, D, seed=2), index, weight)
     assert not launches
+
+
+# (gated, dtype, E, k, N, experts used): past MAX_PAIRS; E = 3 at k = 1 puts ~23 pairs on an expert (two
+# blocks of BLOCK_M = 16); "used" < E leaves experts with no pair at the start, middle and end of the order
+SORTED_CASES = [(True, BF16, 8, 2, 40, 8), (False, F32, 6, 2, 33, 6), (True, F32, 3, 1, 70, 3),
+                (True, BF16, 7, 2, 36, 3), (False, BF16, 5, 1, 65, 1)]
+
+
+@pytest.mark.parametrize("gated, dtype, e, k, n, used", SORTED_CASES)
+def test_sorted_kernels_match_the_torch_path_and_the_loop(monkeypatch, launches, gated, dtype, e, k, n, used):
+    """Past MAX_PAIRS the forwards take the sorted kernels; the same results as the torch path and the loop."""
+    if gated:
+        module, weight_dtype = experts.GatedExperts(e, D, I, "silu", DEVICE, dtype), dtype
+    else:
+        module, weight_dtype = experts.Experts(e, D, I, "relu2", DEVICE, dtype), F32
+    filled(module, seed=e)
+    x = randn(n, D, seed=1, dtype=dtype)
+    index, weight = routing(n, used, k, seed=2, dtype=weight_dtype)
+    index = index * (e // used) + (1 if 1 < used < e else 0)  # spread over [0, E): gaps around the used ones
+    assert index.numel() > MAX_PAIRS
+    ref, _ = both(monkeypatch, launches, experts, module, x, index, weight)
+    out = module(x, index, weight)
+    assert launches == ["sorted_experts_triton"]
+    assert_experts_close(out, ref, dtype)
+    loop = naive.fused_experts_naive(x, index, weight, module.up, module.down, getattr(module, "gate", None),
+                                     module.act_name, ref.dtype)
+    assert_experts_close(out, loop, dtype)
+
+
+@pytest.mark.parametrize("gated, act", [(True, "silu"), (True, "gelu"), (False, "relu2"), (False, "relu")])
+def test_sorted_kernels_in_the_gpu_tiling(gated, act):
+    """Tiles of (BLOCK_N, BLOCK_K) = (32, 32) as on CUDA: 3 column tiles and 3 inner steps, the last of each
+    masked; a token routed to one expert twice; x a column slice of a wider tensor."""
+    e, k, n = 5, 2, 37
+    up, down = randn(e, I, D, seed=1, scale=D ** -0.5), randn(e, D, I, seed=2, scale=I ** -0.5)
+    gate = randn(e, I, D, seed=3, scale=D ** -0.5) if gated else None
+    x = randn(n, D + 8, seed=4)[:, 8:]
+    index, weight = routing(n, e, k, seed=5, dtype=F32)
+    index[0] = 2
+    order, _, ends = sort_by_expert(index, e)
+    out = experts_sorted_triton.sorted_experts_triton(x, index, weight, order, ends, up, down, gate, act, F32,
+                                                      tiles=(32, 32))
+    ref = naive.fused_experts_naive(x, index, weight, up, down, gate, act, F32)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_sorted_tile_choice_for_the_h200(monkeypatch):
+    """64 columns a program where that gives about 2 programs an SM over the blocks, else 32; 128 inner."""
+    monkeypatch.setattr(experts_sorted_triton, "num_sms", lambda device: 132)
+    cuda = torch.device("cuda")
+    for rows, inner in ((512, 2048), (2048, 512)):
+        for pairs in (2, 65, 128, 512, 1024):
+            block_n, block_k = experts_sorted_triton._tiles(pairs, 8, rows, inner, cuda)
+            blocks = min(8, pairs) + pairs // experts_sorted_triton.BLOCK_M
+            assert block_k == 128 and block_n == (64 if blocks * -(-rows // 64) >= 2 * 132 else 32)
+
+
+@pytest.mark.parametrize("n, k, e", [(1, 1, 1), (3, 2, 8), (40, 2, 8), (33, 1, 5), (700, 2, 7), (7, 3, 300)])
+def test_sort_kernel_matches_the_torch_sort(n, k, e):
+    """One launch, the order and run ends of torch's stable sort (`sort.sort_by_expert`)."""
+    index = torch.randint(0, e, (n, k), generator=gen(n)).to(DEVICE)
+    order, ends = experts_sorted_triton.sort_pairs_triton(index, e)
+    ref_order, _, ref_ends = sort_by_expert(index, e)
+    assert order.dtype == ends.dtype == torch.int32
+    assert torch.equal(order.long(), ref_order) and torch.equal(ends, ref_ends)
 
 
 def test_tile_choice_for_the_h200(monkeypatch):
@@ -229,5 +297,12 @@ def test_no_tokens():
                                               device=DEVICE), torch.empty(0, 2, device=DEVICE),
                                               randn(e, I, D, seed=0), randn(e, D, I, seed=1), None, "relu2", F32)
     assert out.shape == (0, D)
+    empty = torch.empty(0, 2, dtype=torch.int64, device=DEVICE)
+    order, _, ends = sort_by_expert(empty, e)
+    out = experts_sorted_triton.sorted_experts_triton(torch.empty(0, D, device=DEVICE), empty,
+                                                      torch.empty(0, 2, device=DEVICE), order, ends,
+                                                      randn(e, I, D, seed=0), randn(e, D, I, seed=1), None,
+                                                      "relu2", F32)
+    assert out.shape == (0, D) and ends.tolist() == [0] * e
     index, weight = routers_triton.softmax_topk_triton(torch.empty(0, e, device=DEVICE), 2, True)
     assert index.shape == weight.shape == (0, 2)

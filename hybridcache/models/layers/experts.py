@@ -7,21 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops.moe import MAX_PAIRS
+from ...ops.moe import MAX_SORTED_PAIRS
+from ...ops.moe.sort import sort_by_expert
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
 from .mlp import ACTIVATIONS
 from .params import param
-
-
-def _sorted(index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token copies sorted by expert: (order [N*k], token [N*k], ends [E] int32: the end of each expert's run).
-    Run ends come from a search over the sorted ids, so nothing is read on the host."""
-    flat = index.flatten()
-    order = flat.argsort(stable=True)
-    experts = torch.arange(num_experts, device=index.device, dtype=flat.dtype)
-    ends = torch.searchsorted(flat[order], experts, right=True).to(torch.int32)
-    return order, order // index.shape[1], ends
 
 
 def grouped_supported(x: torch.Tensor, *widths: int) -> bool:
@@ -71,7 +62,7 @@ def dispatch(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_exp
     n, k = index.shape
     if grouped is None and x.device.type == "cuda" and n * num_experts <= DENSE_LIMIT:
         return dense(x, index, weight, num_experts, expert, dtype)
-    order, token, ends = _sorted(index, num_experts)
+    order, token, ends = sort_by_expert(index, num_experts)
     xs = x[token]
     if grouped is not None:
         out = grouped(xs, ends).to(dtype)
@@ -87,9 +78,9 @@ def dispatch(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_exp
 
 
 def fused(x: torch.Tensor, index: torch.Tensor) -> bool:
-    """Whether the experts run as the two fused Triton kernels (`ops/moe`): where Triton runs, for up to
-    MAX_PAIRS token copies (decode); the same roundings as `dispatch` (the kernels' docstring)."""
-    return runs_triton(x) and 0 < index.numel() <= MAX_PAIRS
+    """Whether the experts run as fused Triton kernels (`ops/moe/fused.py`): where Triton runs, for up to
+    MAX_SORTED_PAIRS token copies (decode, verify); the same roundings as `dispatch` (the kernels' docstring)."""
+    return runs_triton(x) and 0 < index.numel() <= MAX_SORTED_PAIRS
 
 
 class Experts(nn.Module):
@@ -123,8 +114,8 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x: [N, Din]; index, weight: [N, k] -> sum_k weight * expert(x), [N, Din] fp32."""
         if fused(x, index):
-            from ...ops.moe.experts_triton import fused_experts_triton  # triton is imported only where it runs
-            return fused_experts_triton(x, index, weight, self.up, self.down, None, self.act_name, torch.float32)
+            from ...ops.moe.fused import fused_experts  # triton is imported only where it runs
+            return fused_experts(x, index, weight, self.up, self.down, None, self.act_name, torch.float32)
         grouped = self._grouped if grouped_supported(x, *self.up.shape[1:]) else None
         return dispatch(x, index, weight, self.up.shape[0], self._expert, torch.float32, grouped)
 
@@ -162,7 +153,7 @@ class GatedExperts(nn.Module):
     def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x: [N, D]; index, weight: [N, k] -> sum_k weight * expert(x), [N, D] in x's dtype."""
         if fused(x, index):
-            from ...ops.moe.experts_triton import fused_experts_triton
-            return fused_experts_triton(x, index, weight, self.up, self.down, self.gate, self.act_name, x.dtype)
+            from ...ops.moe.fused import fused_experts
+            return fused_experts(x, index, weight, self.up, self.down, self.gate, self.act_name, x.dtype)
         grouped = self._grouped if grouped_supported(x, *self.gate.shape[1:]) else None
         return dispatch(x, index, weight, self.gate.shape[0], self._expert, x.dtype, grouped)

@@ -1,15 +1,18 @@
 """Routed experts and their routers for small token counts (decode) as Triton kernels.
 
 `experts_triton.fused_experts_triton`: the experts of a mixture in two launches (up/gate + activation per
-(token, k) pair, then down + the router-weighted sum per token) for up to `MAX_PAIRS` token copies; above it
-the sort-by-expert grouped-GEMM path of `models/layers/experts.py` reads each expert's weights once and wins.
+(token, k) pair, then down + the router-weighted sum per token) for up to `MAX_PAIRS` token copies;
+`experts_sorted_triton`: the copies sorted by expert (`sort.py`), a block of one expert's copies a program
+(tl.dot), up to `MAX_SORTED_PAIRS`; `fused.py` picks between the two. Above it the sort-by-expert
+grouped-GEMM path of `models/layers/experts.py` (cuBLAS/CUTLASS at large M) takes over.
 `routers_triton`: the routers' selection from their logits (softmax top-k; sigmoid group-limited top-k).
 `naive.py`: the per-token references. The Triton modules are imported only where they run (CUDA, or the
 CPU interpreter in tests); this package's root imports no triton.
 """
 
-MAX_PAIRS = 64  # token copies (N * k) up to which the experts' forwards take the fused kernels
+MAX_PAIRS = 64  # token copies (N * k) up to which the experts take the one-pair-a-program kernels
+MAX_SORTED_PAIRS = 1024  # and up to which they take the sorted kernels
 ROUTER_MAX_EXPERTS = 4096  # experts a router kernel holds in one program's registers
 ACTIVATIONS = ("relu2", "relu", "silu", "gelu")  # what the kernels compute, as models/layers/mlp.py names them
 
-__all__ = ["ACTIVATIONS", "MAX_PAIRS", "ROUTER_MAX_EXPERTS"]
+__all__ = ["ACTIVATIONS", "MAX_PAIRS", "MAX_SORTED_PAIRS", "ROUTER_MAX_EXPERTS"]

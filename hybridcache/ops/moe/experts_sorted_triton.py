@@ -1,0 +1,215 @@
+"""Routed experts for mid-size token counts (decode batches, verify steps): pairs sorted by expert, each
+program a block of one expert's pairs against a tile of its weight rows (tl.dot), so each expert's weights
+are read once per block of up to BLOCK_M pairs instead of once per pair. No host sync (graph capturable).
+
+With x [N, D], index / weight [N, k], P = N·k pairs p = n·k + j, `order` [P] the pairs sorted by expert and
+`ends` [E] the end of each expert's run in it (`sort_pairs_triton`, or torch's `sort.sort_by_expert`):
+
+  sort        `sort_pairs_triton` (one program, up to MAX_SORT_PAIRS pairs): order and ends in one launch
+  blocks      expert e owns ⌈count_e / BLOCK_M⌉ blocks of consecutive pairs of its run; grid axis 0 has
+              ⌈P / BLOCK_M⌉ + E programs (at least as many as there are blocks), each finds its (expert,
+              block) from `ends`, the surplus return at once
+  kernel 1    h[p] = rnd_W(rnd_W(act(rnd_W(gate[e] · x[n]))) · rnd_W(up[e] · x[n]))   (non-gated: rnd_W(act(·)))
+  kernel 2    y[p] = rnd_O(rnd_M(rnd_O(rnd_W(down[e] · h[p])) · weight[p]))
+  kernel 3    out[n] = the k pairs' y summed in k order, rounding to O after each add
+
+the roundings of `experts_triton` (and so of `models/layers/experts.py`'s paths): see its docstring. The
+dot products accumulate in fp32 (fp32 operands as IEEE products, not TF32), in another order than torch's.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..rms_norm_triton import _round
+from ..triton_support import num_sms
+from .experts_triton import _ACT, GELU, RELU, RELU2, SILU, _check
+
+BLOCK_M = 16  # pairs a program: tl.dot's smallest M on the GPU
+BLOCK_N = 64  # output columns a program (CUDA), or half as many
+BLOCK_K = 128  # inner elements a loop step (CUDA)
+MAX_SORT_PAIRS = 4096  # pairs the one-program sort kernel holds
+
+
+@triton.jit
+def _expert_block(ends_ptr, E, BLOCK_M: tl.constexpr, E_POW2: tl.constexpr):
+    """(e, first, stop) of this program's block: its expert (E for a surplus program) and the block's rows
+    [first, stop) of `order`. Experts' blocks are numbered in expert order."""
+    ids = tl.arange(0, E_POW2)
+    real = ids < E
+    ends = tl.load(ends_ptr + ids, mask=real, other=0)
+    begins = tl.load(ends_ptr + ids - 1, mask=real & (ids > 0), other=0)
+    blocks = tl.where(real, (ends - begins + BLOCK_M - 1) // BLOCK_M, 0)
+    last = tl.cumsum(blocks, 0)  # inclusive: the blocks of experts 0..e
+    pid = tl.program_id(0)
+    e = tl.sum((last <= pid).to(tl.int32), 0)  # the first expert whose blocks reach past pid
+    mine = ids == e
+    first = tl.sum(tl.where(mine, begins + (pid - (last - blocks)) * BLOCK_M, 0), 0)
+    stop = tl.minimum(tl.sum(tl.where(mine, ends, 0), 0), first + BLOCK_M)
+    return e, first, stop
+
+
+@triton.jit
+def _sort_pairs_kernel(index_ptr, order_ptr, ends_ptr, P, E, P_POW2: tl.constexpr, E_POW2: tl.constexpr):
+    """One program: the P pairs sorted by (expert, pair) as one key, and each expert's run end."""
+    p = tl.arange(0, P_POW2)
+    live = p < P
+    ids = tl.load(index_ptr + p, mask=live, other=E).to(tl.int32)  # padding sorts after every expert
+    order = tl.sort(ids * P_POW2 + p) % P_POW2
+    tl.store(order_ptr + p, order, mask=live)
+    ends = tl.cumsum(tl.histogram(ids, E_POW2, mask=live), 0)
+    e = tl.arange(0, E_POW2)
+    tl.store(ends_ptr + e, ends, mask=e < E)
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b in fp32; UPCAST: the operands as fp32 first (the CPU interpreter's 16-bit dot is wrong:
+    it multiplies the bit patterns; fp32 products of 16-bit values are exact, as the tensor cores' are)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, h_ptr, E, stride_xn, stride_we, stride_wi,
+               K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    e, first, stop = _expert_block(ends_ptr, E, BLOCK_M, E_POW2)
+    if e >= E:
+        return
+    r = first + tl.arange(0, BLOCK_M)
+    live = r < stop
+    pair = tl.load(order_ptr + r, mask=live, other=0).to(tl.int64)
+    token = pair // K
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < I
+    w = e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wi  # [1, BLOCK_N]
+    acc_u = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    acc_g = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < D
+        xv = tl.load(x_ptr + token[:, None] * stride_xn + k[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
+        w_ok = k_ok[:, None] & col_ok[None, :]
+        acc_u = _dot(xv, tl.load(up_ptr + w + k[:, None], mask=w_ok, other=0.0), acc_u, PRECISION, UPCAST)
+        if GATED:
+            acc_g = _dot(xv, tl.load(gate_ptr + w + k[:, None], mask=w_ok, other=0.0), acc_g, PRECISION, UPCAST)
+    W: tl.constexpr = up_ptr.dtype.element_ty
+    v = _round(acc_g if GATED else acc_u, W)
+    if ACT == RELU2:  # the activation in fp32, as torch computes it on a float tensor
+        v = tl.maximum(v, 0.0) * tl.maximum(v, 0.0)
+    elif ACT == RELU:
+        v = tl.maximum(v, 0.0)
+    elif ACT == SILU:
+        v = tl.math.div_rn(v, 1.0 + tl.exp(-v))
+    else:  # GELU, the erf form (torch's default)
+        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+    v = _round(v, W)
+    if GATED:
+        v = _round(v * _round(acc_u, W), W)
+    tl.store(h_ptr + pair[:, None] * I + cols[None, :], v.to(W), mask=live[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, y_ptr, E, stride_we, stride_wd,
+                 I: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                 E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    e, first, stop = _expert_block(ends_ptr, E, BLOCK_M, E_POW2)
+    if e >= E:
+        return
+    r = first + tl.arange(0, BLOCK_M)
+    live = r < stop
+    pair = tl.load(order_ptr + r, mask=live, other=0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < D
+    w = e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wd
+    acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < I
+        hv = tl.load(h_ptr + pair[:, None] * I + k[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
+        acc = _dot(hv, tl.load(down_ptr + w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0), acc,
+                   PRECISION, UPCAST)
+    W: tl.constexpr = down_ptr.dtype.element_ty
+    O: tl.constexpr = y_ptr.dtype.element_ty
+    y = _round(acc, W)
+    if O != W:
+        y = _round(y, O)
+    # promote(O, weight's dtype) is O or fp32: the product rounds to O once
+    y = _round(y * tl.load(weight_ptr + pair, mask=live, other=0.0).to(tl.float32)[:, None], O)
+    tl.store(y_ptr + pair[:, None] * D + cols[None, :], y.to(O), mask=live[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _sorted_sum_kernel(y_ptr, out_ptr, D: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < D
+    O: tl.constexpr = out_ptr.dtype.element_ty
+    total = tl.full([BLOCK], 0.0, tl.float32)
+    for j in tl.static_range(K):
+        total = _round(total + tl.load(y_ptr + (n * K + j) * D + cols, mask=ok, other=0.0).to(tl.float32), O)
+    tl.store(out_ptr + n * D + cols, total.to(O), mask=ok)
+
+
+def sort_pairs_triton(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor]:
+    """`sort.sort_by_expert`'s (order, ends) in one launch, for up to MAX_SORT_PAIRS pairs: index [N, k] ->
+    order [N*k] int32, ends [E] int32."""
+    P = index.numel()
+    assert P <= MAX_SORT_PAIRS, f"{P} pairs: the sort kernel holds at most {MAX_SORT_PAIRS}"
+    order = torch.empty(P, device=index.device, dtype=torch.int32)
+    ends = torch.empty(num_experts, device=index.device, dtype=torch.int32)
+    _sort_pairs_kernel[(1,)](index.contiguous(), order, ends, P, num_experts, P_POW2=max(2, triton.next_power_of_2(P)),
+                       E_POW2=max(2, triton.next_power_of_2(num_experts)), num_warps=4)
+    return order, ends
+
+
+def _tiles(pairs: int, experts: int, rows: int, inner: int, device: torch.device) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) for an output of `rows` over `inner`. CUDA: BLOCK_N columns a program where that
+    still gives about 2 programs an SM over the blocks the pairs can fill, else half as many; BLOCK_K inner
+    elements a step (the best of a sweep on the H200, benchmarks/ops_moe.py --sweep). The CPU interpreter
+    pays per operation: every column and the whole inner width at once."""
+    if device.type != "cuda":
+        return triton.next_power_of_2(rows), triton.next_power_of_2(inner)
+    blocks = min(experts, pairs) + pairs // BLOCK_M
+    wide = blocks * triton.cdiv(rows, BLOCK_N) >= 2 * num_sms(device)
+    return BLOCK_N if wide else BLOCK_N // 2, min(BLOCK_K, max(16, triton.next_power_of_2(inner)))
+
+
+def sorted_experts_triton(x: Tensor, index: Tensor, weight: Tensor, order: Tensor, ends: Tensor, up: Tensor,
+                          down: Tensor, gate: Tensor | None, act: str, out_dtype: torch.dtype,
+                          tiles: tuple[int, int] | None = None) -> Tensor:
+    """`experts_triton.fused_experts_triton`'s result (same arguments and roundings) from the pairs sorted by
+    expert: `order` [N*k], `ends` [E] int32 from `sort.sort_by_expert(index, E)`. Three launches.
+    `tiles` (tests): (BLOCK_N, BLOCK_K) for both GEMM kernels instead of `_tiles`' choice."""
+    _check(x, index, weight, up, down, gate, act)
+    (N, K), (E, I, D) = index.shape, up.shape
+    assert order.shape == (N * K,) and ends.shape == (E,), f"order {tuple(order.shape)}, ends {tuple(ends.shape)}"
+    out = torch.empty(N, D, device=x.device, dtype=out_dtype)
+    if N == 0:
+        return out
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    weight, order, ends = weight.contiguous(), order.contiguous(), ends.contiguous()
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 only names the default for 16-bit operands
+    upcast = x.device.type != "cuda"  # the interpreter
+    e_pow2, m_blocks = triton.next_power_of_2(E), triton.cdiv(N * K, BLOCK_M) + E
+    h = torch.empty(N * K, I, device=x.device, dtype=x.dtype)
+    block_n, block_k = tiles or _tiles(N * K, E, I, D, x.device)
+    _sorted_up_kernel[(m_blocks, triton.cdiv(I, block_n))](
+        x, order, ends, up if gate is None else gate, up, h, E, x.stride(0), up.stride(0), up.stride(1),
+        K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, PRECISION=precision, UPCAST=upcast,
+        E_POW2=e_pow2, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    y = torch.empty(N * K, D, device=x.device, dtype=out_dtype)
+    block_n, block_k = tiles or _tiles(N * K, E, D, I, x.device)
+    _sorted_down_kernel[(m_blocks, triton.cdiv(D, block_n))](
+        h, order, ends, weight, down, y, E, down.stride(0), down.stride(1),
+        I=I, D=D, PRECISION=precision, UPCAST=upcast, E_POW2=e_pow2, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=4)
+    block = min(1024, triton.next_power_of_2(D))
+    _sorted_sum_kernel[(N, triton.cdiv(D, block))](y, out, D=D, K=K, BLOCK=block, num_warps=4)
+    return out
