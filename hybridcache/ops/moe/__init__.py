@@ -10,7 +10,7 @@ grouped-GEMM path of `models/layers/experts.py` (cuBLAS/CUTLASS at large M) take
 CPU interpreter in tests); this package's root imports no triton.
 """
 
-MAX_PAIRS = 64  # token copies (N * k) up to which the experts take the one-pair-a-program kernels
+MAX_PAIRS = 16  # token copies (N * k) up to which the experts take the one-pair-a-program kernels
 MAX_SORTED_PAIRS = 1024  # and up to which they take the sorted kernels
 ROUTER_MAX_EXPERTS = 4096  # experts a router kernel holds in one program's registers
 ACTIVATIONS = ("relu2", "relu", "silu", "gelu")  # what the kernels compute, as models/layers/mlp.py names them
