@@ -46,6 +46,19 @@ def test_graph_steps_give_the_eager_tokens(checkpoint, spec):
         assert graphs.num_replays == 0
 
 
+def test_speculative_gives_the_plain_greedy_tokens_in_fp32(checkpoint):
+    """n-gram speculation (verify steps of 4 tokens a row: the MoE families' experts on the sorted kernels,
+    6 rows x 4 x k pairs) gives plain decode's greedy tokens (one-pair-a-program kernels, 6 x k pairs), in fp32
+    on CUDA graphs, where the two paths' different kernels differ by ulps, not by a token."""
+    _, path = checkpoint
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=6, page_size=4, max_model_len=128)
+    greedy = [SamplingParams(max_tokens=24, ignore_eos=True) for _ in PROMPTS]
+    plain = LLM(path, **kw).generate(PROMPTS, greedy)
+    llm = LLM(path, speculative=SPECULATIVE["ngram"], **kw)
+    assert [o.token_ids for o in llm.generate(PROMPTS, greedy)] == [o.token_ids for o in plain]
+    assert llm.stats.num_accepted_tokens > 0 and llm.runner.graphs.num_replays > 0
+
+
 @pytest.mark.parametrize("spec", SPECULATIVE)
 def test_padded_graph_steps_give_the_eager_tokens(checkpoint, spec):
     """Batches that shrink from 6 rows to 1 as requests finish replay graphs of 8, 4, 2 and 1 rows, the rest
