@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .delta_rule_verify_triton import key_l2norm
 from .rms_norm_triton import _round, _sigmoid
 from .triton_support import num_sms
 
@@ -122,8 +123,8 @@ def _delta_rule_decode_kernel(
         q = tl.load(q_row + t * stride_qt + rk, mask=mk, other=0.0).to(tl.float32)
         k = tl.load(k_row + t * stride_kt + rk, mask=mk, other=0.0).to(tl.float32)
         if L2NORM:
-            q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6)
-            k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+            q = key_l2norm(q, PER_KEY_GATE)  # KDA's form or GDN's, as the verify kernels and the torch paths
+            k = key_l2norm(k, PER_KEY_GATE)
         q = q * scale
         v = tl.load(v_row + t * stride_vt + rv, mask=mv, other=0.0).to(tl.float32)
         beta = tl.load(beta_row + t * stride_bt).to(tl.float32)

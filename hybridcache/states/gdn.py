@@ -14,7 +14,7 @@ class GDNState(ReplayState):
     """Roles of `num_layers` GDN layers with H key heads and HV value heads (per slot; docs/layouts.md):
 
     conv `[C, W + k]` (C = 2*H*K + HV*V), ssm `[HV, K, V]` fp32; with speculation also replay_u
-    `[2, HIST, HV, V]`, replay_k `[2, HIST, H, K]`, replay_G / replay_beta `[2, HV, HIST]` fp32, pnat, buf_idx.
+    `[2, HIST, HV, V]`, replay_k `[2, HIST, H, K]`, replay_G / replay_beta `[2, HV, HIST]`, all fp32, pnat, buf_idx.
     """
 
     name = "gdn"
@@ -41,8 +41,9 @@ class GDNState(ReplayState):
         ]
         if self.replay:
             roles += [
-                RoleSpec("replay_u", L, (2, hist, HV, V), self.dtype, buffered_by="buf_idx"),
-                RoleSpec("replay_k", L, (2, hist, H, K), self.dtype, buffered_by="buf_idx"),
+                # u and the normalised keys are computed in fp32: kept so, the replayed state is the decoded one
+                RoleSpec("replay_u", L, (2, hist, HV, V), torch.float32, buffered_by="buf_idx"),
+                RoleSpec("replay_k", L, (2, hist, H, K), torch.float32, buffered_by="buf_idx"),
                 RoleSpec("replay_G", L, (2, HV, hist), torch.float32, buffered_by="buf_idx"),
                 RoleSpec("replay_beta", L, (2, HV, hist), torch.float32, buffered_by="buf_idx"),
                 RoleSpec("pnat", 1, (), torch.int32),

@@ -18,7 +18,8 @@ class KDAState(StateModule):
     """Roles of `num_layers` KDA layers, H heads of width D (per slot; docs/layouts.md):
 
     conv `[3*H*D, W + k]` over the q/k/v sections, ssm `[H, D, D]` fp32; with speculation also pend_k,
-    pend_g `[k, H, D]` (g fp32), pend_v `[k, H, D]`, pend_beta `[k, H]` fp32 and pend_n (one layer).
+    pend_g `[k, H, D]` (fp32: normalised keys, log-decay), pend_v `[k, H, D]`, pend_beta `[k, H]` fp32 and pend_n
+    (one layer).
     The short conv runs over three sections of equal width; unequal q/k/v widths are refused.
     """
 
@@ -53,7 +54,7 @@ class KDAState(StateModule):
         ]
         if self.replay:
             roles += [
-                RoleSpec("pend_k", L, (k, H, D), self.dtype),
+                RoleSpec("pend_k", L, (k, H, D), torch.float32),  # normalised in fp32: kept so, as decode uses them
                 RoleSpec("pend_g", L, (k, H, D), torch.float32),
                 RoleSpec("pend_v", L, (k, H, D), self.dtype),
                 RoleSpec("pend_beta", L, (k, H), torch.float32),

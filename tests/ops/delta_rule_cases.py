@@ -98,14 +98,14 @@ def live_states(ssm, slots) -> tuple[list[int], dict]:
     return live, {i: ssm[slots[i]].cpu().float().clone()[None] for i in live}
 
 
-def check_accepted_prefix(o, x, num_valid, live, state: dict, naive_seq):
+def check_accepted_prefix(o, x, num_valid, live, state: dict, naive_seq, tol=2e-4):
     """Each live row's first v outputs equal the sequence reference fed only those v tokens from its state
-    (advanced in place)."""
+    (advanced in place), within `tol`."""
     for i in live:
         n = int(num_valid[i])
         o_seq, state[i] = naive_seq(*(t[i:i + 1, :n] for t in x), initial_state=state[i],
                                     output_final_state=True, use_qk_l2norm_in_kernel=True)
-        close(o[i, :n], o_seq[0])
+        close(o[i, :n], o_seq[0], tol)
 
 
 def check_effective_states(eff, live, state: dict):

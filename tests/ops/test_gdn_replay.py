@@ -4,6 +4,7 @@ import torch
 
 from hybridcache.ops.gdn import gdn_accept, gdn_replay_state, gdn_verify
 from hybridcache.ops.gdn.naive import naive_gated_delta_rule, naive_gdn_replay_state, naive_gdn_verify
+from hybridcache.states.gdn import GDNState
 from tests.ops import delta_rule_cases as cases
 from tests.ops.test_gdn import inputs
 
@@ -58,20 +59,28 @@ def test_verify_matches_naive(device, T, hist, role_dtype, in_dtype):
                             lambda r: cases.dtype_tol(role_dtype if r in ("replay_u", "replay_k") else torch.float32))
 
 
+def test_the_pool_keeps_u_and_normalised_keys_in_fp32():
+    """16-bit activations: the history's u and normalised keys are computed in fp32 and kept so."""
+    state = GDNState(1, H, HV, K, V, 4, dtype=torch.bfloat16, num_draft_tokens=3)
+    assert all(r.dtype == torch.float32 for r in state.roles() if r.name.startswith("replay_"))
+
+
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("T,hist", [(1, 16), (4, 5), (4, 16), (8, 9)])
-def test_replay_equals_accepted_tokens_one_at_a_time(device, T, hist):
-    """Many verify steps with random accepts (folds and flips included) vs feeding only accepted tokens."""
+def test_replay_equals_accepted_tokens_one_at_a_time(device, T, hist, in_dtype):
+    """Many verify steps with random accepts (folds and flips included) vs feeding only accepted tokens; with
+    bf16 inputs too, the replayed states to fp32 tolerance (the pool's fp32 history)."""
     gen = torch.Generator().manual_seed(T + hist)
     p = {r: t.to(device) for r, t in pools(hist).items()}
     slots = torch.tensor(cases.SEQ_SLOTS)
     live, state = cases.live_states(p["ssm"], slots)
     folds = 0
     for step in range(10):
-        x = inputs(len(slots), T, H, HV, K, V, seed=step)
+        x = inputs(len(slots), T, H, HV, K, V, in_dtype, seed=step)
         folds += int(((p["pnat"][slots.clamp(min=0)].cpu() + T > hist) & (slots >= 0)).sum())
         o = verify(gdn_verify, x, p, slots, device).cpu()
         num_valid = torch.randint(1, T + 1, (len(slots),), generator=gen)
-        cases.check_accepted_prefix(o, x, num_valid, live, state, naive_gated_delta_rule)
+        cases.check_accepted_prefix(o, x, num_valid, live, state, naive_gated_delta_rule, cases.dtype_tol(in_dtype))
         gdn_accept(p["pnat"], p["buf_idx"], slots.to(device), T, num_valid.to(device), hist)
         eff = gdn_replay_state(*(p[r] for r in ("ssm", "replay_u", "replay_k", "replay_G", "pnat", "buf_idx")),
                                slots.to(device)).cpu()

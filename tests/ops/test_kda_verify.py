@@ -4,6 +4,7 @@ import torch
 
 from hybridcache.ops.kda import kda_accept, kda_effective_state, kda_verify
 from hybridcache.ops.kda.naive import naive_kda, naive_kda_effective_state, naive_kda_verify
+from hybridcache.states.kda import KDAState
 from tests.ops import delta_rule_cases as cases
 from tests.ops.test_kda import inputs
 
@@ -44,18 +45,29 @@ def test_verify_matches_naive(device, T, P, dtype):
                             lambda r: cases.dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32))
 
 
+def test_the_pool_keeps_normalised_keys_in_fp32():
+    """16-bit activations: pend_v holds the input v (exact in its dtype), pend_k the keys normalised in fp32."""
+    roles = {r.name: r.dtype for r in KDAState(1, H, K, 4, dtype=torch.bfloat16, num_draft_tokens=3).roles()}
+    assert roles["pend_k"] == roles["pend_g"] == roles["pend_beta"] == torch.float32
+    assert roles["pend_v"] == torch.bfloat16
+
+
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("T", [1, 4, 8])
-def test_verify_equals_accepted_tokens_one_at_a_time(device, T):
+def test_verify_equals_accepted_tokens_one_at_a_time(device, T, in_dtype):
+    """bf16 inputs in the pool's layout (pend_v in bf16, the rest fp32): the states after the accepted drafts
+    replay are the per-token states to fp32 tolerance, as in fp32 (a bf16 pend_k would be ~1e-3 off)."""
     gen = torch.Generator().manual_seed(T)
     p = {r: t.to(device) for r, t in pools(max(T - 1, 1)).items()}
+    p["pend_v"] = p["pend_v"].to(in_dtype)
     p["pend_n"].zero_()
     slots = torch.tensor(cases.SEQ_SLOTS)
     live, state = cases.live_states(p["ssm"], slots)
     for step in range(10):
-        x = inputs(len(slots), T, H, K, V, seed=step)
+        x = inputs(len(slots), T, H, K, V, in_dtype, seed=step)
         o = verify(kda_verify, x, p, slots, device).cpu()
         num_valid = torch.randint(1, T + 1, (len(slots),), generator=gen)
-        cases.check_accepted_prefix(o, x, num_valid, live, state, naive_kda)
+        cases.check_accepted_prefix(o, x, num_valid, live, state, naive_kda, cases.dtype_tol(in_dtype))
         kda_accept(p["pend_n"], slots.to(device), num_valid.to(device))
         eff = kda_effective_state(*(p[r] for r in ROLES), p["pend_n"], slots.to(device)).cpu()
         cases.check_effective_states(eff, live, state)
