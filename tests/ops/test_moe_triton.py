@@ -97,27 +97,32 @@ CASES = [(True, F32, 4, 2, 1), (True, F32, 7, 1, 5), (True, BF16, 8, 2, 8), (Tru
          (True, BF16, 5, 2, 3), (False, F32, 6, 2, 4), (False, F32, 3, 1, 1), (False, BF16, 8, 2, 7)]
 
 
-@pytest.mark.parametrize("gated, dtype, e, k, n", CASES)
-def test_experts_match_the_torch_path_and_the_loop(monkeypatch, launches, gated, dtype, e, k, n):
-    """GatedExperts (silu; weights in x's dtype, output in x's dtype) and Experts (relu2; fp32 router
-    weights, fp32 output) through their forwards, and the per-token loop with the same roundings."""
+def check_forward(monkeypatch, launches, gated, dtype, e, k, n, used, entry):
+    """GatedExperts (silu; weights in x's dtype, output in x's dtype) or Experts (relu2; fp32 router weights,
+    fp32 output) routed to `used` of the `e` experts (spread over [0, e): gaps around the used ones): the
+    Triton forward takes `entry` and equals the torch path and the per-token loop with the same roundings."""
     if gated:
         module, weight_dtype = experts.GatedExperts(e, D, I, "silu", DEVICE, dtype), dtype
     else:
         module, weight_dtype = experts.Experts(e, D, I, "relu2", DEVICE, dtype), F32
     filled(module, seed=e)
     x = randn(n, D, seed=1, dtype=dtype)
-    index, weight = routing(n, e, k, seed=2, dtype=weight_dtype)
-    assert index.numel() <= MAX_PAIRS
-    monkeypatch.setattr(experts, "runs_triton", lambda t: False)
-    ref = module(x, index, weight)
-    monkeypatch.setattr(experts, "runs_triton", lambda t: True)
+    index, weight = routing(n, used, k, seed=2, dtype=weight_dtype)
+    index = index * (e // used) + (1 if 1 < used < e else 0)
+    ref, _ = both(monkeypatch, launches, experts, module, x, index, weight)
     out = module(x, index, weight)
-    assert launches == ["fused_experts_triton"]
+    assert launches == [entry]
     assert_experts_close(out, ref, dtype)
     loop = naive.fused_experts_naive(x, index, weight, module.up, module.down, getattr(module, "gate", None),
                                      module.act_name, ref.dtype)
     assert_experts_close(out, loop, dtype)
+
+
+@pytest.mark.parametrize("gated, dtype, e, k, n", CASES)
+def test_experts_match_the_torch_path_and_the_loop(monkeypatch, launches, gated, dtype, e, k, n):
+    """Up to MAX_PAIRS the forwards take the one-pair-a-program kernels."""
+    assert n * k <= MAX_PAIRS
+    check_forward(monkeypatch, launches, gated, dtype, e, k, n, e, "fused_experts_triton")
 
 
 @pytest.mark.parametrize("gated, act, tiles", [
@@ -167,23 +172,9 @@ SORTED_CASES = [(True, BF16, 8, 2, 40, 8), (False, F32, 6, 2, 33, 6), (True, F32
 
 @pytest.mark.parametrize("gated, dtype, e, k, n, used", SORTED_CASES)
 def test_sorted_kernels_match_the_torch_path_and_the_loop(monkeypatch, launches, gated, dtype, e, k, n, used):
-    """Past MAX_PAIRS the forwards take the sorted kernels; the same results as the torch path and the loop."""
-    if gated:
-        module, weight_dtype = experts.GatedExperts(e, D, I, "silu", DEVICE, dtype), dtype
-    else:
-        module, weight_dtype = experts.Experts(e, D, I, "relu2", DEVICE, dtype), F32
-    filled(module, seed=e)
-    x = randn(n, D, seed=1, dtype=dtype)
-    index, weight = routing(n, used, k, seed=2, dtype=weight_dtype)
-    index = index * (e // used) + (1 if 1 < used < e else 0)  # spread over [0, E): gaps around the used ones
-    assert index.numel() > MAX_PAIRS
-    ref, _ = both(monkeypatch, launches, experts, module, x, index, weight)
-    out = module(x, index, weight)
-    assert launches == ["sorted_experts_triton"]
-    assert_experts_close(out, ref, dtype)
-    loop = naive.fused_experts_naive(x, index, weight, module.up, module.down, getattr(module, "gate", None),
-                                     module.act_name, ref.dtype)
-    assert_experts_close(out, loop, dtype)
+    """Past MAX_PAIRS the forwards take the sorted kernels."""
+    assert n * k > MAX_PAIRS
+    check_forward(monkeypatch, launches, gated, dtype, e, k, n, used, "sorted_experts_triton")
 
 
 @pytest.mark.parametrize("gated, act", [(True, "silu"), (True, "gelu"), (False, "relu2"), (False, "relu")])

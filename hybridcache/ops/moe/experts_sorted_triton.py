@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..rms_norm_triton import _round
 from ..triton_support import num_sms
-from .experts_triton import _ACT, GELU, RELU, RELU2, SILU, _check
+from .experts_triton import _ACT, _check, activation
 
 BLOCK_M = 16  # pairs a program: tl.dot's smallest M on the GPU
 BLOCK_N = 64  # output columns a program (CUDA), or half as many
@@ -49,6 +49,20 @@ def _expert_block(ends_ptr, E, BLOCK_M: tl.constexpr, E_POW2: tl.constexpr):
     first = tl.sum(tl.where(mine, begins + (pid - (last - blocks)) * BLOCK_M, 0), 0)
     stop = tl.minimum(tl.sum(tl.where(mine, ends, 0), 0), first + BLOCK_M)
     return e, first, stop
+
+
+@triton.jit
+def _block(ends_ptr, order_ptr, E, ROWS, stride_we, stride_wr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+           BLOCK_N: tl.constexpr):
+    """This program's block and weight tile: (e: E for a surplus program; live [BLOCK_M]; pair [BLOCK_M] int64;
+    cols, col_ok [BLOCK_N] of ROWS output rows; w [1, BLOCK_N]: the offsets of expert e's rows `cols`)."""
+    e, first, stop = _expert_block(ends_ptr, E, BLOCK_M, E_POW2)
+    r = first + tl.arange(0, BLOCK_M)
+    live = r < stop  # none for a surplus program
+    pair = tl.load(order_ptr + r, mask=live, other=0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w = e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wr
+    return e, live, pair, cols, cols < ROWS, w
 
 
 @triton.jit
@@ -78,16 +92,10 @@ def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, h_ptr, E, st
                K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr,
                PRECISION: tl.constexpr, UPCAST: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    e, first, stop = _expert_block(ends_ptr, E, BLOCK_M, E_POW2)
+    e, live, pair, cols, col_ok, w = _block(ends_ptr, order_ptr, E, I, stride_we, stride_wi, E_POW2, BLOCK_M, BLOCK_N)
     if e >= E:
         return
-    r = first + tl.arange(0, BLOCK_M)
-    live = r < stop
-    pair = tl.load(order_ptr + r, mask=live, other=0).to(tl.int64)
     token = pair // K
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < I
-    w = e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wi  # [1, BLOCK_N]
     acc_u = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     acc_g = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for k0 in range(0, D, BLOCK_K):
@@ -100,14 +108,7 @@ def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, h_ptr, E, st
             acc_g = _dot(xv, tl.load(gate_ptr + w + k[:, None], mask=w_ok, other=0.0), acc_g, PRECISION, UPCAST)
     W: tl.constexpr = up_ptr.dtype.element_ty
     v = _round(acc_g if GATED else acc_u, W)
-    if ACT == RELU2:  # the activation in fp32, as torch computes it on a float tensor
-        v = tl.maximum(v, 0.0) * tl.maximum(v, 0.0)
-    elif ACT == RELU:
-        v = tl.maximum(v, 0.0)
-    elif ACT == SILU:
-        v = tl.math.div_rn(v, 1.0 + tl.exp(-v))
-    else:  # GELU, the erf form (torch's default)
-        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+    v = activation(v, ACT)
     v = _round(v, W)
     if GATED:
         v = _round(v * _round(acc_u, W), W)
@@ -118,15 +119,9 @@ def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, h_ptr, E, st
 def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, y_ptr, E, stride_we, stride_wd,
                  I: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                  E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    e, first, stop = _expert_block(ends_ptr, E, BLOCK_M, E_POW2)
+    e, live, pair, cols, col_ok, w = _block(ends_ptr, order_ptr, E, D, stride_we, stride_wd, E_POW2, BLOCK_M, BLOCK_N)
     if e >= E:
         return
-    r = first + tl.arange(0, BLOCK_M)
-    live = r < stop
-    pair = tl.load(order_ptr + r, mask=live, other=0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < D
-    w = e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wd
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for k0 in range(0, I, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)

@@ -40,6 +40,18 @@ INTERPRETER_BLOCK = 1 << 20  # weight elements a program gathers at once in the 
 
 
 @triton.jit
+def activation(v, ACT: tl.constexpr):
+    """ACT of fp32 v, in fp32 as torch computes it on a float tensor (GELU: the erf form, torch's default)."""
+    if ACT == RELU2:
+        return tl.maximum(v, 0.0) * tl.maximum(v, 0.0)
+    elif ACT == RELU:
+        return tl.maximum(v, 0.0)
+    elif ACT == SILU:
+        return tl.math.div_rn(v, 1.0 + tl.exp(-v))
+    return 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+
+
+@triton.jit
 def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, h_ptr, P, stride_xn, stride_we, stride_wi,
                K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr,
                BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
@@ -66,14 +78,7 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, h_ptr, P, stride_xn, stride_w
     v = tl.reduce(acc_g if GATED else acc_u, 2, _SUM)  # [BLOCK_P, R]
     if NARROW:
         v = _round(v, W)
-    if ACT == RELU2:  # the activation, in fp32 as torch computes it on a float tensor
-        v = tl.maximum(v, 0.0) * tl.maximum(v, 0.0)
-    elif ACT == RELU:
-        v = tl.maximum(v, 0.0)
-    elif ACT == SILU:
-        v = tl.math.div_rn(v, 1.0 + tl.exp(-v))
-    else:  # GELU, the erf form (torch's default)
-        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+    v = activation(v, ACT)
     if NARROW:
         v = _round(v, W)
     if GATED:
