@@ -26,21 +26,11 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_dims
+from hybridcache.ops.mamba2.triton_verify import softplus
 from hybridcache.ops.triton_support import num_sms
 
 TILE = 2048  # fp32 state entries per program before the grid-filling rule shrinks BLOCK_P
 MIN_BLOCK_P = 4
-
-
-@triton.jit
-def _softplus(v):
-    """log(1 + e^v) in fp32, as torch's softplus up to rounding: max(v, 0) + log1p(e^-|v|)."""
-    u = tl.exp(-tl.abs(v))
-    w = 1.0 + u
-    # log1p(u) from log(w): the factor u / (w - 1) undoes the rounding of w = 1 + u; w == 1 means log1p(u) = u.
-    exact = w == 1.0
-    log1p = tl.where(exact, u, tl.log(w) * (u / tl.where(exact, 1.0, w - 1.0)))
-    return tl.maximum(v, 0.0) + log1p
 
 
 @triton.jit
@@ -85,7 +75,7 @@ def _decode_kernel(
         dt = tl.load(dt_ptr + row64 * stride_dtb + t * stride_dtt + head * stride_dth).to(tl.float32)
         if HAS_BIAS:
             dt += bias
-        dt = tl.minimum(tl.maximum(_softplus(dt), dt_lo), dt_hi)
+        dt = tl.minimum(tl.maximum(softplus(dt), dt_lo), dt_hi)
         x = tl.load(x_ptr + row64 * stride_xb + t * stride_xt + head * stride_xh + p * stride_xp,
                     mask=p_ok, other=0.0).to(tl.float32)
         b = tl.load(B_ptr + row64 * stride_bb + t * stride_bt + group * stride_bg + n * stride_bn,

@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit
-from hybridcache.ops.mamba2.triton_verify import _softplus
+from hybridcache.ops.mamba2.triton_verify import softplus
 
 BLOCK_T = 32
 
@@ -42,7 +42,7 @@ def _inputs_kernel(
     dt = tl.load(dt_ptr + t * sd_t + head * sd_h, mask=t_ok, other=0.0).to(tl.float32)
     if HAS_BIAS:
         dt += tl.load(bias_ptr + head).to(tl.float32)
-    dt = tl.minimum(tl.maximum(_softplus(dt), dt_lo), dt_hi)
+    dt = tl.minimum(tl.maximum(softplus(dt), dt_lo), dt_hi)
     tl.store(g_ptr + t * heads + head, dt * tl.load(A_ptr + head).to(tl.float32), mask=t_ok)
 
     x = tl.load(x_ptr + t[:, None] * sx_t + head * sx_h + p[None, :], mask=x_ok, other=0.0).to(tl.float32)

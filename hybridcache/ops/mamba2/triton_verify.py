@@ -37,7 +37,7 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 
 
 @triton.jit
-def _softplus(v):
+def softplus(v):
     """log(1 + exp(v)) as torch's softplus (v past 20 returned as is), with an accurate log1p."""
     u = tl.exp(-tl.abs(v))
     w = 1.0 + u
@@ -120,7 +120,7 @@ def _verify_kernel(
         raw = tl.load(dt_ptr + row * sd_b + t * sd_t + head * sd_h).to(tl.float32)
         if HAS_BIAS:
             raw += tl.load(bias_ptr + head).to(tl.float32)
-        dtp = tl.minimum(tl.maximum(_softplus(raw), dt_lo), dt_hi)
+        dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)
         dA = dtp * a
         cum += dA
         xf = x_in.to(tl.float32)
