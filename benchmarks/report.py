@@ -176,6 +176,32 @@ def ops_section(files: list[dict], img: str | None) -> list[str]:
 PREFILL_PEERS = {"fla_ms": "fla", "mamba_ssm_ms": "mamba_ssm", "torch_ms": "our torch path"}
 
 
+def moe_section(files: list[dict], img: str | None) -> list[str]:
+    out = ["## MoE experts and routers", "",
+           "`benchmarks/ops_moe.py`: one MoE layer's experts (up/gate, activation, down, the weighted sum of the k "
+           "choices) for N tokens, each path a CUDA-graph replay: *pairs* one program a (token, choice) pair, "
+           "*sorted* the pairs sorted by expert on the device and taken in blocks of one expert, *grouped* torch's "
+           "sort and grouped GEMMs. The engine takes pairs up to `max_pairs`, sorted up to `max_sorted_pairs`, "
+           "grouped above. The roofline reads the chosen experts' weights once at the copy bandwidth; *sort* is "
+           "the sorted path's sort kernel alone. Routers: the Triton selection against the torch ops.", ""]
+    for data in files:
+        p = data["params"]
+        out += provenance(data) + [""]
+        out += [f"Copy bandwidth {data.get('extra', {}).get('copy_gbs', float('nan')):.0f} GB/s; pairs up to "
+                f"{p['max_pairs']}, sorted up to {p['max_sorted_pairs']}.", ""]
+        experts = [r for r in data["rows"] if r["kind"] == "experts"]
+        rows = [[r["family"], str(r["batch"]), str(r["pairs"]), str(r["distinct_experts"]), f"{r['roofline_us']:.1f}",
+                 f"{r['pairs_us']:.1f}", f"{r['sorted_us']:.1f}", f"{r['grouped_us']:.1f}", f"{r['sort_us']:.1f}"]
+                for r in experts]
+        out += table(["family", "tokens", "pairs", "experts hit", "roofline us", "pairs us", "sorted us",
+                      "grouped us", "sort us"], rows) + [""]
+        routers = [r for r in data["rows"] if r["kind"] == "router"]
+        rows = [[r["family"], str(r["batch"]), r["router"], f"{r['fused_us']:.1f}", f"{r['torch_us']:.1f}"]
+                for r in routers]
+        out += table(["family", "tokens", "router", "Triton selection us", "torch us"], rows) + [""]
+    return out
+
+
 def kernels_section(files: list[dict], img: str | None) -> list[str]:
     out = ["## Recurrent kernels: ours vs the field's", "",
            "Decode: one token per row from a pool of slots (ours index the slots inside the kernel), every call a "
@@ -324,6 +350,8 @@ def markdown(groups: dict[str, list[dict]], data_dir: str, img: str | None, plot
         out += spec_section(groups["spec_decode"], img if plots_made else None)
     if groups.get("ops_kernels"):
         out += kernels_section(groups["ops_kernels"], img if plots_made else None)
+    if groups.get("ops_moe"):
+        out += moe_section(groups["ops_moe"], img if plots_made else None)
     if groups.get("prefix_cache"):
         out += prefix_section(groups["prefix_cache"], img if plots_made else None)
     return "\n".join(out).rstrip() + "\n"
