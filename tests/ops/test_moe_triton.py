@@ -229,14 +229,39 @@ def test_tile_choice_for_the_h200(monkeypatch):
 
 
 ROUTER_CASES = [(8, 2, True), (12, 3, False), (5, 1, True)]  # (E, k, renormalise); 12, 5: padded tiles
+# where the Triton forward gets its logits: in the kernel (W's columns in one step at D = 72, or in 16-column
+# steps, the last one masked), or from F.linear (`fuses_logits` turned off)
+LOGITS = {"logits in the kernel": "kernel", "in 16-column steps": "steps", "logits by F.linear": "linear"}
 
 
+def router_paths(monkeypatch, launches, module: torch.nn.Module, x: torch.Tensor, source: str):
+    """(torch forward, Triton forward) of a router whose Triton forward takes its logits from `source`
+    (in the kernel F.linear raises)."""
+    in_kernel = source != "linear"
+    if source == "steps":
+        monkeypatch.setattr(routers_triton, "LOGIT_TILE", 16)
+    if source == "linear":
+        monkeypatch.setattr(routers_triton, "FUSED_MAX_MACS", 0)
+    ref = module(x)
+    monkeypatch.setattr(routers, "runs_triton", lambda t: True)
+    if in_kernel:
+        def no_gemm(*args, **kw):
+            raise AssertionError("F.linear ran: the logits were not computed in the kernel")
+        monkeypatch.setattr(routers.F, "linear", no_gemm)
+    out = module(x)
+    monkeypatch.undo()
+    assert launches, "the forward did not take the Triton path"
+    return ref, out
+
+
+@pytest.mark.parametrize("source", LOGITS.values(), ids=LOGITS.keys())
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("e, k, renormalise", ROUTER_CASES)
-def test_softmax_router(monkeypatch, launches, e, k, renormalise, dtype):
+def test_softmax_router(monkeypatch, launches, e, k, renormalise, dtype, source):
     module = filled(routers.SoftmaxTopKRouter(D, e, k, renormalise, DEVICE, dtype), seed=e)
     x = randn(7, D, seed=1, dtype=dtype)
-    (ref_index, ref_weight), (index, weight) = both(monkeypatch, launches, routers, module, x)
+    monkeypatch.setattr(routers, "runs_triton", lambda t: False)
+    (ref_index, ref_weight), (index, weight) = router_paths(monkeypatch, launches, module, x, source)
     assert torch.equal(index, ref_index) and index.dtype == torch.int64
     assert weight.dtype == ref_weight.dtype == dtype
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == F32 else dict(rtol=2 ** -7, atol=0.0)
@@ -250,16 +275,20 @@ def test_softmax_router(monkeypatch, launches, e, k, renormalise, dtype):
 GROUP_CASES = [(8, 1, 1, 2, True), (16, 4, 2, 3, True), (12, 3, 2, 4, False), (8, 4, 4, 1, True)]
 
 
+@pytest.mark.parametrize("source", LOGITS.values(), ids=LOGITS.keys())
+@pytest.mark.parametrize("x_dtype", [F32, BF16], ids=["x fp32", "x bf16"])
 @pytest.mark.parametrize("e, n_group, topk_group, k, renormalise", GROUP_CASES)
-def test_group_router(monkeypatch, launches, e, n_group, topk_group, k, renormalise):
-    """Sigmoid scores, a correction bias large enough to change choices, n_group 1 and > 1."""
+def test_group_router(monkeypatch, launches, e, n_group, topk_group, k, renormalise, x_dtype, source):
+    """Sigmoid scores, a correction bias large enough to change choices, n_group 1 and > 1; fp32 weights,
+    x in fp32 or 16-bit (taken to fp32 before the GEMM)."""
     module = filled(routers.TopKRouter(D, e, k, n_group, topk_group, renormalise, 2.5, DEVICE), seed=e)
     module.e_score_correction_bias.copy_(randn(e, seed=3, scale=0.3))
-    x = randn(9, D, seed=1, scale=3.0)
-    (ref_index, ref_weight), (index, weight) = both(monkeypatch, launches, routers, module, x)
+    x = randn(9, D, seed=1, scale=3.0, dtype=x_dtype)
+    monkeypatch.setattr(routers, "runs_triton", lambda t: False)
+    (ref_index, ref_weight), (index, weight) = router_paths(monkeypatch, launches, module, x, source)
     assert torch.equal(index, ref_index) and index.dtype == torch.int64 and weight.dtype == F32
     torch.testing.assert_close(weight, ref_weight, rtol=1e-5, atol=1e-6)
-    logits = torch.nn.functional.linear(x, module.weight)
+    logits = torch.nn.functional.linear(x.float(), module.weight)
     loop = naive.group_topk_naive(logits, module.e_score_correction_bias, k, n_group, topk_group, renormalise, 2.5)
     assert torch.equal(index, loop[0])
     torch.testing.assert_close(weight, loop[1], rtol=1e-5, atol=1e-6)

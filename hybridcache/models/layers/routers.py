@@ -28,9 +28,15 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, D] -> (expert index [N, k] int64, weight [N, k] fp32)."""
+        (n, d), e = x.shape, self.weight.shape[0]
+        fused = runs_triton(x) and e <= ROUTER_MAX_EXPERTS
+        if fused:
+            from ...ops.moe.routers_triton import fuses_logits, group_topk_triton  # triton only where it runs
+            if fuses_logits(n, e, d):  # one launch: the cast, the GEMM and the selection
+                return group_topk_triton(x, self.e_score_correction_bias, self.top_k, self.n_group,
+                                         self.topk_group, self.norm_topk_prob, self.scaling, weight=self.weight)
         logits = F.linear(x.float(), self.weight.float())  # [N, E]
-        if runs_triton(logits) and logits.shape[1] <= ROUTER_MAX_EXPERTS:
-            from ...ops.moe.routers_triton import group_topk_triton  # triton is imported only where it runs
+        if fused:
             return group_topk_triton(logits, self.e_score_correction_bias, self.top_k, self.n_group,
                                      self.topk_group, self.norm_topk_prob, self.scaling)
         scores = logits.sigmoid()
@@ -59,9 +65,14 @@ class SoftmaxTopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, D] -> (expert index [N, k] int64, weight [N, k] in x's dtype)."""
+        (n, d), e = x.shape, self.weight.shape[0]
+        fused = runs_triton(x) and e <= ROUTER_MAX_EXPERTS
+        if fused:
+            from ...ops.moe.routers_triton import fuses_logits, softmax_topk_triton
+            if fuses_logits(n, e, d):  # one launch: the GEMM and the selection
+                return softmax_topk_triton(x, self.top_k, self.norm_topk_prob, weight=self.weight)
         logits = F.linear(x, self.weight)
-        if runs_triton(logits) and logits.shape[1] <= ROUTER_MAX_EXPERTS:
-            from ...ops.moe.routers_triton import softmax_topk_triton
+        if fused:
             return softmax_topk_triton(logits, self.top_k, self.norm_topk_prob)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         weight, index = probs.topk(self.top_k, dim=-1)

@@ -1,5 +1,8 @@
-"""The routers' selection from their logits as one Triton launch each (the router GEMM stays a torch
-`F.linear`): one program a token, the token's E logits in registers; no host sync.
+"""The routers' selection as one Triton launch each: one program a token, the token's E logits in
+registers; no host sync. From the logits (the router GEMM a torch `F.linear`), or, given the router weight,
+from x itself: the program computes its token's logits x·Wᵀ in fp32 (x cast to fp32, as the routers do),
+for decode and verify batches, where the GEMM (and TopKRouter's cast of x) would be launches of their own.
+Every program then reads all of W, so `fuses_logits` admits that only up to `FUSED_MAX_MACS` (N·E·D).
 
 softmax_topk_triton   p = softmax(logits) in fp32; the k largest p; weights p (/ their sum when `renormalise`),
                       cast to the logits' dtype                                   (`SoftmaxTopKRouter`)
@@ -11,7 +14,8 @@ group_topk_triton     s = sigmoid(logits), c = s + bias; the experts in `n_group
 Ties: every selection takes the lowest index among equal values (torch.topk's order on the CPU, on every
 selection here: experts, a group's best two, groups). The top k come out in descending value order, as
 torch.topk's `sorted=True` gives them. Against torch in fp32, exp and the divisions differ by an ulp or so,
-so a choice can differ from torch's only between values that close (random logits never are).
+so a choice can differ from torch's only between values that close (random logits never are). The
+in-kernel logits sum the products in another order than cuBLAS: an ulp or so too.
 """
 from __future__ import annotations
 
@@ -28,15 +32,38 @@ from . import ROUTER_MAX_EXPERTS
 # interpreter ~1 ms): the kernels below call only builtins (tl.full, not tl.zeros) and inline their selection
 _MAX, _MIN, _SUM = tl.standard._elementwise_max, tl.standard._elementwise_min, tl.standard._sum_combine
 
+FUSED_MAX_MACS = 2 ** 22  # N·E·D up to which the kernels compute the logits (E 8 x D 2048: 256 tokens)
+LOGIT_TILE = 4096  # experts x hidden columns of W a program holds per step
+
 
 @triton.jit
-def _softmax_topk_kernel(logits_ptr, index_ptr, weight_ptr, N, stride_n,
-                         E: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
-                         ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def _logits(x_ptr, w_ptr, n, N, D, stride_xn, expert, real,
+            ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
+    """fp32 x[n] · W[expert]ᵀ: [ROWS, FLAT], 0 where not `real` (expert [FLAT] indexes W's rows)."""
+    acc = tl.full([ROWS, FLAT], 0.0, tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        xs = tl.load(x_ptr + n.to(tl.int64)[:, None] * stride_xn + d[None, :],
+                     mask=(n < N)[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [ROWS, BLOCK_D]
+        ws = tl.load(w_ptr + expert.to(tl.int64)[:, None] * D + d[None, :],
+                     mask=real[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [FLAT, BLOCK_D]
+        acc += tl.reduce(xs[:, None, :] * ws[None, :, :], 2, _SUM)
+    return acc
+
+
+@triton.jit
+def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_n,
+                         E: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, FROM_X: tl.constexpr,
+                         ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK_E)[None, :]
     valid = (n < N)[:, None] & (c < E)
-    logit = tl.load(logits_ptr + n.to(tl.int64)[:, None] * stride_n + c, mask=valid, other=float("-inf"))
+    if FROM_X:  # logits_ptr is x; the logits rounded to x's dtype, as F.linear's output is
+        logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_E) < E,
+                        ROWS, BLOCK_D, BLOCK_E)
+        logit = _round(logit, logits_ptr.dtype.element_ty)
+    else:
+        logit = tl.load(logits_ptr + n.to(tl.int64)[:, None] * stride_n + c, mask=valid, other=float("-inf"))
     logit = tl.where(valid, logit.to(tl.float32), 0.0)  # rows past N: zeros, never stored
     ex = tl.where(valid, tl.exp(logit - tl.reduce(logit, 1, _MAX)[:, None]), 0.0)
     probs = tl.math.div_rn(ex, tl.maximum(tl.reduce(ex, 1, _SUM), 1.0)[:, None])  # a real row sums to >= 1
@@ -62,16 +89,23 @@ def _softmax_topk_kernel(logits_ptr, index_ptr, weight_ptr, N, stride_n,
 
 
 @triton.jit
-def _group_topk_kernel(logits_ptr, bias_ptr, index_ptr, weight_ptr, N, stride_n, scaling,
+def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D, stride_n, scaling,
                        G: tl.constexpr, EG: tl.constexpr, TOPG: tl.constexpr, K: tl.constexpr,
-                       NORM: tl.constexpr, ROWS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_EG: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+                       NORM: tl.constexpr, FROM_X: tl.constexpr, ROWS: tl.constexpr, BLOCK_G: tl.constexpr,
+                       BLOCK_EG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.arange(0, BLOCK_G)
     c = tl.arange(0, BLOCK_EG)
     expert3 = g[None, :, None] * EG + c[None, None, :]  # [1, BLOCK_G, BLOCK_EG]
     valid3 = (n < N)[:, None, None] & (g < G)[None, :, None] & (c < EG)[None, None, :]
-    logit = tl.load(logits_ptr + n.to(tl.int64)[:, None, None] * stride_n + expert3, mask=valid3, other=0.0)
+    if FROM_X:  # logits_ptr is x; the logits over the padded experts flattened, then in groups
+        FLAT_E: tl.constexpr = BLOCK_G * BLOCK_EG
+        f = tl.arange(0, FLAT_E)
+        logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, (f // BLOCK_EG) * EG + f % BLOCK_EG,
+                        (f // BLOCK_EG < G) & (f % BLOCK_EG < EG), ROWS, BLOCK_D, FLAT_E)
+        logit = tl.reshape(logit, [ROWS, BLOCK_G, BLOCK_EG])
+    else:
+        logit = tl.load(logits_ptr + n.to(tl.int64)[:, None, None] * stride_n + expert3, mask=valid3, other=0.0)
     logit = logit.to(tl.float32)
     scores3 = tl.math.div_rn(tl.full(logit.shape, 1.0, tl.float32), 1.0 + tl.exp(-logit))  # torch's sigmoid
     choice3 = tl.where(valid3, scores3 + tl.load(bias_ptr + expert3, mask=valid3, other=0.0).to(tl.float32),
@@ -114,50 +148,68 @@ def _group_topk_kernel(logits_ptr, bias_ptr, index_ptr, weight_ptr, N, stride_n,
     tl.store(weight_ptr + out, weights * scaling, mask=done)
 
 
-def _outputs(logits: Tensor, k: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    N, E = logits.shape
-    assert 1 <= k <= E, f"top {k} of {E} experts"
-    assert E <= ROUTER_MAX_EXPERTS, f"{E} experts: over the router kernels' {ROUTER_MAX_EXPERTS}"
-    return (torch.empty(N, k, device=logits.device, dtype=torch.int64),
-            torch.empty(N, k, device=logits.device, dtype=dtype))
+def fuses_logits(n: int, e: int, d: int) -> bool:
+    """Whether a router of `e` experts over `d` columns computes the logits of `n` tokens in its kernel."""
+    return n * e * d <= FUSED_MAX_MACS
 
 
-def _launch(logits: Tensor, block: int) -> tuple[Tensor, int, tuple[int], int]:
-    """(logits with a unit last stride, ROWS, grid, num_warps) for rows of `block` padded experts: one token
-    a program on CUDA (decode batches are small, every token its own SM); the interpreter, which runs
-    programs one by one at a fixed cost each, takes up to 64 tokens a program."""
+def _prepare(rows_in: Tensor, e: int, block: int, k: int, dtype: torch.dtype, weight: Tensor | None):
+    """For `e` experts padded to `block`: the outputs (index [N, k] int64, weight [N, k] `dtype`) and the
+    launch: input rows with a unit last stride (logits [N, E], or x [N, D] given the router `weight`
+    [E, D]), W's pointer (the rows again when unused), D, ROWS, BLOCK_D, grid and num_warps. One token a program on CUDA (decode batches are
+    small, every token its own SM); the interpreter, which runs programs one by one at a fixed cost each,
+    takes up to 64 tokens a program."""
+    N = rows_in.shape[0]
+    assert 1 <= k <= e, f"top {k} of {e} experts"
+    assert e <= ROUTER_MAX_EXPERTS, f"{e} experts: over the router kernels' {ROUTER_MAX_EXPERTS}"
+    outputs = (torch.empty(N, k, device=rows_in.device, dtype=torch.int64),
+               torch.empty(N, k, device=rows_in.device, dtype=dtype))
+    rows = 1 if rows_in.is_cuda else min(64, triton.next_power_of_2(max(N, 1)))
+    rows_in = rows_in if rows_in.stride(1) == 1 else rows_in.contiguous()
+    if weight is None:
+        launch = (rows_in, rows_in, 0, rows, 16, (triton.cdiv(N, rows),), min(8, max(1, rows * block // 256)))
+    else:
+        D = rows_in.shape[1]
+        assert weight.shape == (e, D) and weight.is_contiguous(), f"router weight {tuple(weight.shape)}; x {N} x {D}"
+        block_d = max(16, min(triton.next_power_of_2(D), LOGIT_TILE // block))
+        launch = (rows_in, weight, D, rows, block_d, (triton.cdiv(N, rows),), 4)
+    return outputs, launch
+
+
+def softmax_topk_triton(logits: Tensor, k: int, renormalise: bool,
+                        weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`SoftmaxTopKRouter`'s selection. logits: [N, E] -> (index [N, k] int64, weight [N, k] in logits' dtype).
+    Given the router `weight` [E, D], the first argument is x [N, D] and the kernel computes the logits."""
+    E = logits.shape[1] if weight is None else weight.shape[0]
+    assert weight is None or weight.dtype == logits.dtype, "SoftmaxTopKRouter's weight is in x's dtype"
+    block = triton.next_power_of_2(E)
+    (index, out), (rows_in, w, D, rows, block_d, grid, warps) = _prepare(logits, E, block, k, logits.dtype, weight)
     N = logits.shape[0]
-    rows = 1 if logits.is_cuda else min(64, triton.next_power_of_2(N))
-    logits = logits if logits.stride(1) == 1 else logits.contiguous()
-    return logits, rows, (triton.cdiv(N, rows),), min(8, max(1, rows * block // 256))
-
-
-def softmax_topk_triton(logits: Tensor, k: int, renormalise: bool) -> tuple[Tensor, Tensor]:
-    """`SoftmaxTopKRouter`'s selection. logits: [N, E] -> (index [N, k] int64, weight [N, k] in logits' dtype)."""
-    index, weight = _outputs(logits, k, logits.dtype)
-    N, E = logits.shape
     if N:
-        block = triton.next_power_of_2(E)
-        logits, rows, grid, warps = _launch(logits, block)
-        _softmax_topk_kernel[grid](logits, index, weight, N, logits.stride(0), E=E, K=k, NORM=renormalise,
-                                   ROWS=rows, BLOCK_E=block, BLOCK_K=triton.next_power_of_2(k), num_warps=warps)
-    return index, weight
+        _softmax_topk_kernel[grid](rows_in, w, index, out, N, D, rows_in.stride(0), E=E, K=k, NORM=renormalise,
+                                   FROM_X=weight is not None, ROWS=rows, BLOCK_E=block,
+                                   BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d, num_warps=warps)
+    return index, out
 
 
 def group_topk_triton(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_group: int, renormalise: bool,
-                      scaling: float) -> tuple[Tensor, Tensor]:
+                      scaling: float, weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`TopKRouter`'s selection. logits: [N, E] fp32; bias: [E] -> (index [N, k] int64, weight [N, k] fp32).
-    Needs E = n_group groups of >= 2 experts and topk_group <= n_group (what the config checks admit)."""
-    index, weight = _outputs(logits, k, torch.float32)
-    N, E = logits.shape
+    Given the router `weight` [E, D] fp32, the first argument is x [N, D] (any float dtype, taken to fp32)
+    and the kernel computes the logits. Needs E = n_group groups of >= 2 experts and topk_group <= n_group
+    (what the config checks admit)."""
+    E = logits.shape[1] if weight is None else weight.shape[0]
     assert E % n_group == 0 and E // n_group >= 2 and 1 <= topk_group <= n_group, \
         f"{E} experts in {n_group} groups, {topk_group} kept"
     assert bias.shape == (E,) and bias.is_contiguous(), f"bias {tuple(bias.shape)}"
+    assert weight is None or weight.dtype == torch.float32, "TopKRouter's weight is fp32"
+    block_g, block_eg = triton.next_power_of_2(n_group), triton.next_power_of_2(E // n_group)
+    (index, out), (rows_in, w, D, rows, block_d, grid, warps) = _prepare(logits, E, block_g * block_eg, k,
+                                                                        torch.float32, weight)
+    N = logits.shape[0]
     if N:
-        block_g, block_eg = triton.next_power_of_2(n_group), triton.next_power_of_2(E // n_group)
-        logits, rows, grid, warps = _launch(logits, block_g * block_eg)
-        _group_topk_kernel[grid](logits, bias, index, weight, N, logits.stride(0), float(scaling),
-                                 G=n_group, EG=E // n_group, TOPG=topk_group, K=k, NORM=renormalise, ROWS=rows,
-                                 BLOCK_G=block_g, BLOCK_EG=block_eg, BLOCK_K=triton.next_power_of_2(k),
-                                 num_warps=warps)
-    return index, weight
+        _group_topk_kernel[grid](rows_in, w, bias, index, out, N, D, rows_in.stride(0), float(scaling),
+                                 G=n_group, EG=E // n_group, TOPG=topk_group, K=k, NORM=renormalise,
+                                 FROM_X=weight is not None, ROWS=rows, BLOCK_G=block_g, BLOCK_EG=block_eg,
+                                 BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d, num_warps=warps)
+    return index, out
