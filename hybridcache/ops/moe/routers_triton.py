@@ -61,7 +61,8 @@ def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_
     if FROM_X:  # logits_ptr is x; the logits rounded to x's dtype, as F.linear's output is
         logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_E) < E,
                         ROWS, BLOCK_D, BLOCK_E)
-        logit = _round(logit, logits_ptr.dtype.element_ty)
+        X: tl.constexpr = logits_ptr.dtype.element_ty
+        logit = _round(logit, X)
     else:
         logit = tl.load(logits_ptr + n.to(tl.int64)[:, None] * stride_n + c, mask=valid, other=float("-inf"))
     logit = tl.where(valid, logit.to(tl.float32), 0.0)  # rows past N: zeros, never stored
