@@ -5,12 +5,12 @@ releases its reservation and keeps the source; a failed step restarts its rows f
 """
 from __future__ import annotations
 
-import logging
 from typing import Hashable, Sequence
 
 import numpy as np
 import torch
 
+from . import prefix_moves, records
 from .config import CacheConfig
 from .entries import Entry, Status
 from .errors import BudgetTooSmallError, InvalidTransitionError, LayoutError, OutOfDeviceMemoryError, StateLostError
@@ -24,9 +24,6 @@ from .role_plan import plan_roles
 from .sizing import Sizing
 from .step import StepIndices
 from .store import CacheStore
-
-
-log = logging.getLogger(__name__)
 
 
 class HybridCacheManager:
@@ -208,72 +205,19 @@ class HybridCacheManager:
         """Move unpinned cached entries to the host tier until `pages` device pages and `snapshots` snapshot
         rows are freed, as far as the host tier has room. A failed copy changes nothing (logged). Returns
         the bytes moved."""
-        plan = self.planner.plan_spill(pages, snapshots, tuple(protect))
-        if plan is None:
-            return 0
-        try:
-            moved = self.store.copy(plan)
-        except Exception:
-            self.planner.cancel_spill(plan)
-            log.exception("spilling cached prefix entries failed; nothing moved")
-            return 0
-        self.planner.commit_spill(plan)
-        return moved
+        return prefix_moves.spill(self.planner, self.store, pages, snapshots, tuple(protect))
 
     def unspill(self, match: PrefixMatch, tokens: Sequence[int] = ()) -> PrefixMatch:
         """Bring a match's host-tier pages and snapshot back to the device; returns the match to admit. When
         the device has no room or the copy fails (nothing changed), the match the device alone gives for
         the request's `tokens` (the ones matched; without them no partial page can match)."""
-        planner, pc = self.planner, self.planner.prefix
-        hit = match.nodes[-1]
-        pages = sum(1 for n in match.nodes if n.host_page >= 0) - planner.page_pool.num_free
-        rows = int(hit.host_snapshot >= 0 and pc.snap_pool.num_free == 0)
-        self.spill(pages=pages, snapshots=rows, protect=match.nodes)  # room by spilling others, not dropping
-        try:
-            plan = planner.plan_unspill(match)
-        except OutOfDeviceMemoryError:
-            return self._device_match(match, tokens)
-        try:
-            self.store.copy(plan)
-        except Exception:
-            planner.cancel_spill(plan)
-            log.exception("bringing a cached prefix back from the host tier failed; it is prefilled instead")
-            return self._device_match(match, tokens)
-        return planner.commit_unspill(plan, match)
-
-    def _device_match(self, match: PrefixMatch, tokens: Sequence[int]) -> PrefixMatch:
-        e = self.planner.entry(match.req_id)  # its full pages' hashes are kept; a partial page's need the tokens
-        return self.planner.prefix.match(e, tokens, match.context_len, host_ok=False)
+        return prefix_moves.unspill(self.planner, self.store, match, tokens)
 
     def save_snapshots(self, tokens_of, ends: Sequence[Hashable] = ()) -> int:
         """After a committed step, save the prefix-cache snapshots its rows reached, and the committed end
-        of the requests `ends` (that finish now, before they are freed), in rounds: each spills what the
-        worthy candidates need, saves those that found a row — a transaction: a failed copy indexes none of
-        that round's — and leaves the rest to the next round, until a round saves nothing (more rows than
-        the pool holds may end at once). `tokens_of(req_id)` gives a request's tokens through its committed
-        ones. Returns how many were saved."""
-        pc = self.planner.prefix
-        if ends:
-            self.planner.save_at_end(ends)
-        saved = 0
-        try:
-            while pc is not None and pc.candidates:
-                if pc.rows_to_spill_for():
-                    self.spill(snapshots=pc.rows_to_spill_for())
-                plan = self.planner.plan_snapshots(tokens_of)
-                if plan is None:
-                    break
-                try:
-                    self.store.save_snapshots(plan)
-                except BaseException:
-                    self.planner.cancel_snapshots(plan)
-                    raise
-                self.planner.commit_snapshots(plan)
-                saved += len(plan.ids)
-        finally:
-            if pc is not None:
-                pc.candidates = []
-        return saved
+        of the requests `ends` (that finish now, before they are freed); `tokens_of(req_id)` gives a
+        request's tokens through its committed ones. Returns how many were saved (`prefix_moves`)."""
+        return prefix_moves.save_snapshots(self.planner, self.store, tokens_of, ends)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix entry no request uses, device and host tier (`Planner.reset_prefix`);
@@ -341,30 +285,13 @@ class HybridCacheManager:
         """A generating request's live bytes as a suspend would save them, changing nothing: its slot record
         `[slot nbytes]` and the page records of its committed tokens `[live pages, page nbytes]` (uint8,
         host memory; layouts `host_tier.slot_layout` / `page_layout`)."""
-        e = self.planner.entry(req_id)
-        if e.status != Status.GENERATION:
-            raise InvalidTransitionError(f"request {req_id!r} is {e.status.name}; only GENERATION can be exported")
-        rec = self.store.read_records(e.slot, e.pages[: self.planner.live_pages(e)])
-        return rec.slot_records[0], rec.page_records
+        return records.export_records(self.planner, self.store, req_id)
 
     def adopt(self, req_id: Hashable, num_tokens: int, slot_record: torch.Tensor, page_records: torch.Tensor) -> None:
         """Register a request suspended elsewhere (`export_records` of an engine with the same layouts): it
         becomes SUSPENDED here with `num_tokens` committed, and `resume` brings it to the device. Raises
         (changing nothing) on a duplicate id, records of the wrong shape, or a full host tier."""
-        plan = self.planner.plan_adopt(req_id, num_tokens)
-        host = self.store.host_tier
-        try:
-            if (tuple(slot_record.shape) != (host.slot_layout.nbytes,) or slot_record.dtype != torch.uint8
-                    or tuple(page_records.shape) != (len(plan.host_pages), host.page_layout.nbytes)
-                    or page_records.dtype != torch.uint8):
-                raise LayoutError(
-                    f"records {tuple(slot_record.shape)} / {tuple(page_records.shape)} do not fit {num_tokens} tokens: "
-                    f"a slot record is {host.slot_layout.nbytes} B, a page record {host.page_layout.nbytes} B")
-            self.store.write_host(plan.host_slots[0], plan.host_pages, slot_record, page_records)
-        except BaseException:
-            self.planner.cancel_move(plan)
-            raise
-        self.planner.commit_adopt(plan, num_tokens)
+        records.adopt(self.planner, self.store, req_id, num_tokens, slot_record, page_records)
 
     # ------------------------------------------------------------------ inspection
     def live_state(self, req_id: Hashable) -> dict[str, torch.Tensor]:
