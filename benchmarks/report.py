@@ -271,7 +271,8 @@ def spec_section(files: list[dict], img: str | None) -> list[str]:
            "equal to plain*); files with an *oracle fully accepted* column took the speculative engine's own "
            "continuation as the reference, found in the rounds given (`spec_decode.self_consistent`). Where the file has them, the rates are decode tok/s (the tokens "
            "after the first over the call's time less a max_tokens=1 call's) and the whole call's ratio follows in "
-           "brackets; older files hold the whole call's rates only.", ""]
+           "brackets; older files hold the whole call's rates only. Files from 2026-12-04 on ran the three engines "
+           "interleaved, and their ratios are the medians of each round's ratios.", ""]
     for data in files:
         p = data["params"]
         backoff = f", back-off up to {p['backoff']} steps" if p.get("backoff") else ""
@@ -279,6 +280,8 @@ def spec_section(files: list[dict], img: str | None) -> list[str]:
                 f"{p['max_tokens']} new tokens, median of {p['repeats']})", ""]
         out += provenance(data) + [""]
         def ratio(r: dict, kind: str) -> str:
+            if kind + "_ratio" in r:  # paired: the median of each round's ratio
+                return f"{r[kind + '_ratio']:.2f}x ({r[kind + '_call_ratio']:.2f}x)"
             text = f"{r[kind + '_tok_s'] / r['plain_tok_s']:.2f}x"
             if "plain_call_tok_s" in r:
                 text += f" ({r[kind + '_call_tok_s'] / r['plain_call_tok_s']:.2f}x)"

@@ -4,9 +4,10 @@
   full acceptance: an oracle proposes the speculative engine's own greedy continuation (every draft passes;
                    `self_consistent` says why that is not plain decode's in 16-bit)
 
-Decode tok/s (the ratios' basis) = the tokens after the first / (median time of the generate call - median
-time of the same call with max_tokens=1): the steady rate, without the prefill and the first token, which
-speculation does not touch. The whole call's ratio is printed beside it. With asynchronous scheduling (the
+Decode tok/s (the ratios' basis) = the tokens after the first / (time of the generate call - time of the
+same call with max_tokens=1): the steady rate, without the prefill and the first token, which speculation
+does not touch. The three engines run interleaved and each ratio is the median of one round's ratios
+(`paired_rates`); the whole call's ratio is printed beside it. With asynchronous scheduling (the
 CUDA default) greedy verify steps draft on the device: both drafters propose there too.
 
     python benchmarks/spec_decode.py --family nemotron_h --size 1b --device cuda --dtype bfloat16
@@ -91,12 +92,26 @@ def use(drafter, llm) -> None:
     llm.drafter.propose, llm.drafter.propose_on_device = drafter.propose, drafter.propose_on_device
 
 
-def rates(llm, prompts, params, first_params, device: str, repeat: int) -> tuple[float, float]:
-    """(decode tok/s, whole-call tok/s): medians of `repeat` runs after one untimed run of each call."""
-    first = time_runs(lambda: llm.generate(prompts, first_params), device, repeat)
-    runs = time_runs(lambda: llm.generate(prompts, params), device, repeat)
-    b = len(prompts)
-    return decode_rate(b, params.max_tokens, runs, first), b * params.max_tokens / median(runs)
+def paired_rates(arms: dict, prompts, params, first_params, device: str, repeat: int) -> dict[str, dict]:
+    """Per arm (name -> (engine, drafter or None)): the median decode tok/s and whole-call tok/s, and the
+    medians of their ratios to the first arm's. The arms run interleaved, each round every arm's
+    max_tokens=1 call then its whole call, after one untimed round: a drift of the machine's speed over the
+    run lands on every arm alike, and each ratio compares calls of one round."""
+    b, n = len(prompts), params.max_tokens
+    rounds = {name: [] for name in arms}
+    for i in range(repeat + 1):
+        for name, (llm, drafter) in arms.items():
+            if drafter is not None:
+                use(drafter, llm)
+            first = time_runs(lambda: llm.generate(prompts, first_params), device, 1, warmup=0)[0]
+            call = time_runs(lambda: llm.generate(prompts, params), device, 1, warmup=0)[0]
+            if i:
+                rounds[name].append((decode_rate(b, n, [call], [first]), b * n / call))
+    base = next(iter(rounds.values()))
+    return {name: dict(decode=median([d for d, _ in rs]), call=median([c for _, c in rs]),
+                       decode_ratio=median([d / bd for (d, _), (bd, _) in zip(rs, base)]),
+                       call_ratio=median([c / bc for (_, c), (_, bc) in zip(rs, base)]))
+            for name, rs in rounds.items()}
 
 
 def main() -> None:
@@ -107,8 +122,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--backoff", type=int, default=0,
-                    help="SpeculativeConfig.backoff_max_steps of the speculative engine (0: it drafts at every step)")
+    ap.add_argument("--backoff", type=int, default=None,
+                    help="SpeculativeConfig.backoff_max_steps of the speculative engine (default: the config's; "
+                         "0: it drafts at every step)")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                     help="LLM(async_scheduling=...) for both engines (default: the LLM's, on for CUDA)")
     add_json_arg(ap)
@@ -117,6 +133,8 @@ def main() -> None:
     from hybridcache.workload import make_prompts
 
     path = checkpoint(args)
+    if args.backoff is None:
+        args.backoff = SpeculativeConfig().backoff_max_steps
     rec = Record(args.json, "spec_decode", args.device, dict(family=args.family, size=args.size, dtype=args.dtype,
                                                            k=args.k, backoff=args.backoff, prompt_len=args.prompt_len,
                                                            max_tokens=args.max_tokens, repeats=args.repeat))
@@ -133,20 +151,22 @@ def main() -> None:
     for b in args.batch:
         prompts = make_prompts(b, plain.vocab_size, seed=b, min_len=args.prompt_len, max_len=args.prompt_len)
         refs = {tuple(p): o.token_ids for p, o in zip(prompts, plain.generate(prompts, params))}
-        oracle = OracleDrafter(refs, args.k)
-        base, base_call = rates(plain, prompts, params, first_params, args.device, args.repeat)
-        use(WrongDrafter(oracle, plain.vocab_size), spec)
-        zero, zero_call = rates(spec, prompts, params, first_params, args.device, args.repeat)
         own, rounds = self_consistent(spec, prompts, params, refs, args.k)
-        use(OracleDrafter(own, args.k), spec)
-        full, full_call = rates(spec, prompts, params, first_params, args.device, args.repeat)
+        arms = {"plain": (plain, None), "zero": (spec, WrongDrafter(OracleDrafter(refs, args.k), plain.vocab_size)),
+                "full": (spec, OracleDrafter(own, args.k))}
+        m = paired_rates(arms, prompts, params, first_params, args.device, args.repeat)
         same = sum(own[tuple(p)] == refs[tuple(p)] for p in prompts)
+        use(OracleDrafter(own, args.k), spec)
         accepted = sum(o.token_ids == own[tuple(p)] for p, o in zip(prompts, spec.generate(prompts, params)))
-        rec.add(batch=b, plain_tok_s=base, zero_accept_tok_s=zero, full_accept_tok_s=full, outputs_equal=same,
-                oracle_rounds=rounds, oracle_fully_accepted=accepted,
-                plain_call_tok_s=base_call, zero_accept_call_tok_s=zero_call, full_accept_call_tok_s=full_call)
-        print(f"{b:>5} {base:>9.1f} {zero:>12.1f} {zero / base:>6.2f}x ({zero_call / base_call:.2f}x) "
-              f"{full:>12.1f} {full / base:>6.2f}x ({full_call / base_call:.2f}x)"
+        zero, full = m["zero"], m["full"]
+        rec.add(batch=b, plain_tok_s=m["plain"]["decode"], zero_accept_tok_s=zero["decode"],
+                full_accept_tok_s=full["decode"], outputs_equal=same, oracle_rounds=rounds,
+                oracle_fully_accepted=accepted, plain_call_tok_s=m["plain"]["call"], zero_accept_call_tok_s=zero["call"],
+                full_accept_call_tok_s=full["call"], zero_accept_ratio=zero["decode_ratio"],
+                zero_accept_call_ratio=zero["call_ratio"], full_accept_ratio=full["decode_ratio"],
+                full_accept_call_ratio=full["call_ratio"])
+        print(f"{b:>5} {m['plain']['decode']:>9.1f} {zero['decode']:>12.1f} {zero['decode_ratio']:>6.2f}x "
+              f"({zero['call_ratio']:.2f}x) {full['decode']:>12.1f} {full['decode_ratio']:>6.2f}x ({full['call_ratio']:.2f}x)"
               f"   (outputs equal to plain: {same}/{b}; oracle after {rounds} rounds fully accepted: {accepted}/{b})")
     rec.close()
 

@@ -107,15 +107,17 @@ class SamplingParams:
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding: `method="ngram"` proposes `num_draft_tokens` by prompt lookup, matching the
-    longest suffix of `max_ngram`..`min_ngram` tokens earlier in the sequence. `backoff_max_steps` > 0: a
-    request whose drafts keep being rejected stops proposing for up to that many steps (`drafter.DraftBackoff`);
-    0 (the default) drafts at every step."""
+    longest suffix of `max_ngram`..`min_ngram` tokens earlier in the sequence. A request whose drafts keep
+    being rejected stops proposing for up to `backoff_max_steps` steps (`drafter.DraftBackoff`): a verify
+    step of k + 1 tokens a row costs 1.3-1.7x a decode step from batch 16 on an H200, so drafts that never
+    pass would cost that much; backing off keeps it within a few percent (docs/benchmarks.md). 0: every
+    step drafts."""
 
     method: str = "ngram"
     num_draft_tokens: int = 3
     max_ngram: int = 4
     min_ngram: int = 1
-    backoff_max_steps: int = 0
+    backoff_max_steps: int = 16
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method != "ngram":

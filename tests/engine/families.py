@@ -10,7 +10,7 @@ from tests.models import test_kimi_linear as kimi
 from tests.models import test_qwen3_next as qwen
 
 SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
-SPEC = SpeculativeConfig(num_draft_tokens=2)
+SPEC = SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=2)
 
 
 @pytest.fixture(scope="module", params=sorted(SAVERS))

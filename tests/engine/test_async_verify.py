@@ -21,7 +21,7 @@ from tests.engine.test_async_scheduling import (  # noqa: F401 (checkpoint is a 
 )
 from tests.ops.tripwire import count_host_syncs
 
-SPEC = SpeculativeConfig(num_draft_tokens=3)
+SPEC = SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3)
 KW = dict(max_num_seqs=4, page_size=4, max_model_len=128)
 
 

@@ -92,7 +92,7 @@ def test_generate_refuses_a_second_caller_and_returns_only_its_own(tiny):
 def test_logprobs_with_speculation_equal_plain_and_nothing_is_kept(tiny):
     p = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)
     plain = LLM(tiny).generate(PROMPTS, p)
-    llm = LLM(tiny, speculative=SpeculativeConfig(num_draft_tokens=3))
+    llm = LLM(tiny, speculative=SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3))
     spec = llm.generate(PROMPTS, p)
     for a, b in zip(plain, spec):
         assert a.token_ids == b.token_ids

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 
 def test_async_verify_on_cuda_gives_the_synchronous_tokens(checkpoint, monkeypatch):
     _, path = checkpoint
-    kw = dict(device="cuda", dtype="float32", max_num_seqs=4, speculative=SpeculativeConfig(num_draft_tokens=3),
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=4, speculative=SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3),
               page_size=4, max_model_len=128)
     params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.9 * (i % 2), seed=i) for i in range(len(PROMPTS))]
     want = [o.token_ids for o in LLM(path, async_scheduling=False, **kw).generate(PROMPTS, params)]

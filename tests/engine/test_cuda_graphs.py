@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 
 SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
 GRAPHED = set(SAVERS)  # every family's decode / verify forward is capturable
-SPECULATIVE = {"plain": None, "ngram": SpeculativeConfig(num_draft_tokens=3)}
+SPECULATIVE = {"plain": None, "ngram": SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3)}
 PROMPTS = [[3 + (7 * i + j) % 11 for j in range(5 + 3 * i)] * 3 for i in range(6)]
 
 

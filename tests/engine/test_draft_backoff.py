@@ -94,6 +94,19 @@ def test_backing_off_keeps_greedy_tokens_drafts_less_and_runs_plain_steps_asynch
         assert llm.manager.slot_pool.num_owned == 0 and not llm.has_unfinished()
 
 
+def test_the_default_config_backs_off(checkpoint):  # noqa: F811
+    """Rejected drafts cost a verify step each: by default a request stops drafting after misses."""
+    prompts, params = workload(3)
+    drafted = []
+    for spec in (SpeculativeConfig(num_draft_tokens=K), SpeculativeConfig(num_draft_tokens=K, backoff_max_steps=0)):
+        llm = LLM(checkpoint, max_num_seqs=4, page_size=4, max_model_len=64, speculative=spec)
+        wrong_drafts(llm)
+        llm.generate(prompts, params)
+        drafted.append(llm.stats.num_draft_tokens)
+    assert SpeculativeConfig().backoff_max_steps == 16
+    assert 0 < drafted[0] < drafted[1] / 2, drafted
+
+
 def test_accepted_drafts_never_back_off(checkpoint):  # noqa: F811
     """Drafts from the greedy reference itself: every step of every row drafts, with and without back-off."""
     prompts, params = workload(1)

@@ -14,7 +14,7 @@ from tests.models import test_qwen3_next as qwen
 from tests.ops.tripwire import HostSyncs, count_host_syncs
 
 SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
-SPECULATIVE = {"plain": None, "ngram": SpeculativeConfig(num_draft_tokens=3), "async": None}
+SPECULATIVE = {"plain": None, "ngram": SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3), "async": None}
 NUM_REQUESTS = 4
 
 

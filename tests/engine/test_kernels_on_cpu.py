@@ -65,7 +65,7 @@ def launched(monkeypatch) -> set[str]:
 def run(path, mode: str, kernels: bool) -> list[list[int]]:
     """mode: "plain", "ngram" (synchronous verify) or "async-ngram" (asynchronous verify, drafted on the device)."""
     llm = LLM(path, device="cpu", dtype="float32", max_num_seqs=2, page_size=4, max_model_len=64,
-              speculative=SpeculativeConfig(num_draft_tokens=3) if mode != "plain" else None,
+              speculative=SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3) if mode != "plain" else None,
               async_scheduling=mode == "async-ngram")
     params = [SamplingParams(max_tokens=10, ignore_eos=True) for _ in PROMPTS]
     if kernels:

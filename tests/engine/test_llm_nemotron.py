@@ -53,7 +53,7 @@ def pressured(path, speculative, host_requests: float, max_num_seqs: int = 4) ->
 @pytest.mark.parametrize("k", [0, 3])
 def test_equals_transformers(checkpoint, k):
     path, ref = checkpoint
-    llm = LLM(path, speculative=SpeculativeConfig(num_draft_tokens=k) if k else None)
+    llm = LLM(path, speculative=SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=k) if k else None)
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == ref
     if k:
@@ -63,7 +63,7 @@ def test_equals_transformers(checkpoint, k):
 @pytest.mark.parametrize("k", [0, 3])
 def test_equals_transformers_under_memory_pressure(checkpoint, k):
     path, ref = checkpoint
-    llm = pressured(path, SpeculativeConfig(num_draft_tokens=k) if k else None, host_requests=4)
+    llm = pressured(path, SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=k) if k else None, host_requests=4)
     llm.step_hook = llm.manager.check_integrity
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == ref
@@ -75,8 +75,8 @@ def test_equals_transformers_under_memory_pressure(checkpoint, k):
 
 def test_reserve_policy_never_preempts_and_gives_the_same_tokens(checkpoint):
     path, ref = checkpoint
-    probe = pressured(path, SpeculativeConfig(num_draft_tokens=3), host_requests=4)
-    llm = LLM(path, max_num_seqs=4, speculative=SpeculativeConfig(num_draft_tokens=3),
+    probe = pressured(path, SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3), host_requests=4)
+    llm = LLM(path, max_num_seqs=4, speculative=SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3),
               device_cache_bytes=probe.manager.config.device_bytes, num_slots=4, page_size=4,
               max_num_batched_tokens=24, scheduling_policy="reserve")
     llm.step_hook = llm.manager.check_integrity
@@ -87,7 +87,7 @@ def test_reserve_policy_never_preempts_and_gives_the_same_tokens(checkpoint):
 
 def test_full_host_tier_falls_back_to_reprefill(checkpoint):
     path, ref = checkpoint
-    llm = pressured(path, SpeculativeConfig(num_draft_tokens=3), host_requests=0)
+    llm = pressured(path, SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3), host_requests=0)
     llm.step_hook = llm.manager.check_integrity
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == ref
@@ -101,10 +101,10 @@ def test_random_arrivals_under_pressure_equal_the_unconstrained_run(checkpoint):
     params = [SamplingParams(max_tokens=rng.randint(4, MAX_TOKENS), ignore_eos=True,
                              temperature=rng.choice([0.0, 0.8]), top_k=rng.choice([0, 20]), seed=i)
               for i in range(len(prompts))]
-    free = LLM(path, max_num_seqs=16, speculative=SpeculativeConfig(num_draft_tokens=2))
+    free = LLM(path, max_num_seqs=16, speculative=SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=2))
     expected = [o.token_ids for o in free.generate(prompts, params)]
 
-    llm = pressured(path, SpeculativeConfig(num_draft_tokens=2), host_requests=1.5)
+    llm = pressured(path, SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=2), host_requests=1.5)
     llm.step_hook = llm.manager.check_integrity
     pending = list(range(len(prompts)))
     ids: dict[int, int] = {}
@@ -158,7 +158,7 @@ def test_bad_input_is_refused_and_the_others_run(checkpoint, tmp_path):
 @pytest.mark.parametrize("k", [0, 3])
 def test_stop_tokens_and_eos_end_a_request_where_they_first_appear(checkpoint, k):
     path, ref = checkpoint
-    spec = SpeculativeConfig(num_draft_tokens=k) if k else None
+    spec = SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=k) if k else None
     stop = ref[0][5]
     cut = ref[0][: ref[0].index(stop) + 1]
     llm = LLM(path, speculative=spec)

@@ -19,7 +19,7 @@ from tests.models import test_kimi_linear as kimi
 from tests.models import test_qwen3_next as qwen
 
 SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
-SPECS = {"plain": None, "ngram": SpeculativeConfig(num_draft_tokens=2)}
+SPECS = {"plain": None, "ngram": SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=2)}
 L = 32  # prompt + max_tokens of every request here
 PAGE = 4
 

@@ -18,7 +18,7 @@ from tests.models import test_qwen3_next as qwen
 
 SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
 FAMILIES = sorted(SAVERS)
-SPEC = SpeculativeConfig(num_draft_tokens=2)
+SPEC = SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=2)
 PAGE_SIZE = 4
 MAX_TOKENS = 10
 # repeats, so that the n-gram drafter proposes and some drafts are accepted

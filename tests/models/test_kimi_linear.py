@@ -252,7 +252,7 @@ def _run(llm) -> list[list[int]]:
 def test_llm_greedy_equals_transformers_generate(tiny, hf_greedy, speculative):
     from hybridcache import LLM, SpeculativeConfig
 
-    spec = SpeculativeConfig(num_draft_tokens=3) if speculative else None
+    spec = SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3) if speculative else None
     llm = LLM(tiny[0], max_num_seqs=8, device_cache_bytes=1 << 22, page_size=4, speculative=spec,
               max_model_len=64)
     assert _run(llm) == hf_greedy
@@ -263,7 +263,7 @@ def test_llm_greedy_equals_transformers_generate(tiny, hf_greedy, speculative):
 def test_llm_under_memory_pressure_equals_transformers_generate(tiny, hf_greedy):
     from hybridcache import LLM, SpeculativeConfig
 
-    spec = SpeculativeConfig(num_draft_tokens=3)
+    spec = SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3)
     sizing = LLM(tiny[0], max_num_seqs=4, device_cache_bytes=1 << 22, page_size=4, speculative=spec,
                  max_model_len=64).manager.sizing
     # 4 slots (the facade gives slots at most half the budget) and pages for ~2.5 of the 10-page requests

@@ -253,7 +253,7 @@ def greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     return [o.token_ids for o in outs]
 
 
-@pytest.mark.parametrize("speculative", [None, SpeculativeConfig(num_draft_tokens=3)], ids=["plain", "ngram3"])
+@pytest.mark.parametrize("speculative", [None, SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3)], ids=["plain", "ngram3"])
 def test_llm_greedy_equals_transformers_generate(e2e, speculative):
     path, prompts, want = e2e
     llm = LLM(str(path), speculative=speculative, max_num_seqs=4, max_model_len=64)
@@ -262,7 +262,7 @@ def test_llm_greedy_equals_transformers_generate(e2e, speculative):
         assert llm.stats.num_accepted_tokens > 0
 
 
-@pytest.mark.parametrize("speculative", [None, SpeculativeConfig(num_draft_tokens=3)], ids=["plain", "ngram3"])
+@pytest.mark.parametrize("speculative", [None, SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3)], ids=["plain", "ngram3"])
 def test_llm_greedy_under_memory_pressure(e2e, speculative):
     """Four sequences at a time, six prompts, and device pages for about two whole requests: requests are
     suspended to the host tier and resumed, and the outputs do not change."""

@@ -13,7 +13,7 @@ from tests.engine.test_prefix_caching import grouped
 
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=1)
 PROMPTS = grouped(4, groups=2, per=3, shared=20)
-KW = dict(page_size=4, max_model_len=128, max_num_seqs=4, speculative=SpeculativeConfig(num_draft_tokens=2))
+KW = dict(page_size=4, max_model_len=128, max_num_seqs=4, speculative=SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=2))
 CACHED = dict(enable_prefix_caching=True, prefix_snapshot_interval=8, device_cache_bytes=1 << 22)
 
 

@@ -10,7 +10,7 @@ from hybridcache import LLM, SamplingParams, SpeculativeConfig
 from hybridcache.cache import sizing_of
 from tests.engine.arrivals import run_with_arrivals
 
-SPEC = SpeculativeConfig(num_draft_tokens=2)
+SPEC = SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=2)
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 
 

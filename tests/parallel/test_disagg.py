@@ -20,7 +20,7 @@ from tests.parallel.disagg_peer import producer_main
 
 SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
 BASE = {"max_model_len": 64, "page_size": 4}
-SPEC = {**BASE, "speculative": SpeculativeConfig(num_draft_tokens=2)}
+SPEC = {**BASE, "speculative": SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=2)}
 TIMEOUT_S = 20.0
 
 

@@ -12,7 +12,7 @@ from hybridcache import LLM, SamplingParams, SpeculativeConfig
 from hybridcache.cache import HostTierFullError, LayoutError, Status
 from tests.models import helpers as nemotron
 
-KW = {"max_model_len": 64, "page_size": 4, "speculative": SpeculativeConfig(num_draft_tokens=2)}
+KW = {"max_model_len": 64, "page_size": 4, "speculative": SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=2)}
 PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
 

@@ -22,7 +22,7 @@ from tests.models import test_qwen3_next as qwen
 from tests.parallel.disagg_tp_peer import peer_main
 
 SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
-SPEC = {"max_model_len": 64, "page_size": 4, "speculative": SpeculativeConfig(num_draft_tokens=2)}
+SPEC = {"max_model_len": 64, "page_size": 4, "speculative": SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=2)}
 TIMEOUT_S = 60.0
 
 
