@@ -4,7 +4,7 @@ also timed alone; 1 launch for the router's selection) vs the grouped-GEMM path 
 `torch._grouped_mm`: sort, gather, 3 grouped GEMMs, act, mul, index_add) and the torch routers, against
 the roofline of reading the routed experts' weights once. Every path is timed at every batch, past the
 limits the forwards use (MAX_PAIRS, MAX_SORTED_PAIRS), to place them; `--sweep` also times the sorted
-kernels' column and inner tiles.
+kernels' pair, column and inner tiles.
 
 Shapes: the qwen3_next and kimi_linear 1B checkpoints of benchmarks/families.py (hidden 2048, 8 experts of
 512, top 2; qwen3_next's softmax router, kimi_linear's sigmoid group router with n_group 1), bf16.
@@ -31,13 +31,13 @@ from hybridcache.models.layers import routers as routers_layer
 from hybridcache.models.layers.experts import GatedExperts
 from hybridcache.models.layers.routers import SoftmaxTopKRouter, TopKRouter
 from hybridcache.ops.moe import MAX_PAIRS, MAX_SORTED_PAIRS
-from hybridcache.ops.moe.experts_sorted_triton import sort_pairs_triton, sorted_experts_triton
+from hybridcache.ops.moe.experts_sorted_triton import _tiles, sort_pairs_triton, sorted_experts_triton
 from hybridcache.ops.moe.experts_triton import fused_experts_triton
 
 DEV = "cuda"
 ACT = torch.bfloat16
 BATCHES = (1, 4, 16, 32, 64, 128, 256, 512)
-SWEEP = [(n, k) for n in (16, 32, 64, 128) for k in (64, 128)]  # (BLOCK_N, BLOCK_K)
+SWEEP = [(m, n, k) for m in (16, 32, 64) for n in (32, 64) for k in (64, 128)]  # (BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 def shapes(family: str) -> dict:
@@ -89,7 +89,8 @@ def experts_case(family: str, n: int, bandwidth: float, iters: int, sweep: bool)
             row[f"{name}_us"] = us(fn, iters)
             row[f"{name}_GBps"] = weight_bytes / (row[f"{name}_us"] * 1e-6) / 1e9
         if sweep:
-            row["sweep_us"] = {f"{bn}x{bk}": us(lambda: sorted_path((bn, bk)), iters) for bn, bk in SWEEP}
+            row["sorted_tiles"] = "x".join(map(str, _tiles(n * s["k"], s["E"], s["I"], s["D"], x.device)))
+            row["sweep_us"] = {f"{bm}x{bn}x{bk}": us(lambda: sorted_path((bm, bn, bk)), iters) for bm, bn, bk in SWEEP}
     finally:
         experts_layer.runs_triton = real
     return row
@@ -118,7 +119,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--families", nargs="+", default=["qwen3_next", "kimi_linear"])
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
-    ap.add_argument("--sweep", action="store_true", help="the sorted kernels' tiles too (BLOCK_N x BLOCK_K)")
+    ap.add_argument("--sweep", action="store_true", help="the sorted kernels' tiles too (BLOCK_M x BLOCK_N x BLOCK_K)")
     add_json_arg(ap)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -139,7 +140,7 @@ def main() -> None:
                       f"{r['pairs_us']:>9.1f} {r['pairs_GBps']:>6.0f} {r['sorted_us']:>9.1f} {r['sorted_GBps']:>6.0f} "
                       f"{r['grouped_us']:>10.1f} {r['grouped_GBps']:>6.0f} {r['sort_us']:>9.1f}")
                 if args.sweep:
-                    print("    sorted tiles (BLOCK_N x BLOCK_K: us): " +
+                    print(f"    sorted tiles (BLOCK_M x BLOCK_N x BLOCK_K: us; default {r['sorted_tiles']}): " +
                           " ".join(f"{t} {v:.1f}" for t, v in r["sweep_us"].items()))
         print(f"{'family':12} {'N':>3} {'router':18} {'fused us':>9} {'torch us':>9}")
         for family in args.families:

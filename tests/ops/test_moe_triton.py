@@ -21,8 +21,10 @@ if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs triton with CUDA, or TRITON_INTERPRET=1 (Triton's CPU interpreter)", allow_module_level=True)
 
 from hybridcache.models.layers import experts, routers  # noqa: E402
+from hybridcache.models.layers.gated_mlp import GatedMLP  # noqa: E402
+from hybridcache.models.layers.kimi_moe import KimiMoE  # noqa: E402
 from hybridcache.ops.moe import (  # noqa: E402
-    MAX_PAIRS, MAX_SORTED_PAIRS, experts_sorted_triton, experts_triton, naive, routers_triton,
+    MAX_PAIRS, MAX_SORTED_PAIRS, SharedExpert, experts_sorted_triton, experts_triton, naive, routers_triton,
 )
 from hybridcache.ops.moe.sort import sort_by_expert  # noqa: E402
 
@@ -164,10 +166,11 @@ def test_large_batches_keep_the_grouped_path(monkeypatch, launches):
     assert not launches
 
 
-# (gated, dtype, E, k, N, experts used): past MAX_PAIRS; E = 3 at k = 1 puts ~23 pairs on an expert (two
-# blocks of BLOCK_M = 16); "used" < E leaves experts with no pair at the start, middle and end of the order
+# (gated, dtype, E, k, N, experts used): past MAX_PAIRS; "used" < E leaves experts with no pair at the start,
+# middle and end of the order, and puts more pairs on an expert than BLOCK_M (`block_m` sizes it for E):
+# 72 pairs of E = 7 on 3 (BLOCK_M 16), 65 on 1 of 5 (32); E = 2 at k = 1 with N = 200: ~100 an expert (64)
 SORTED_CASES = [(True, BF16, 8, 2, 40, 8), (False, F32, 6, 2, 33, 6), (True, F32, 3, 1, 70, 3),
-                (True, BF16, 7, 2, 36, 3), (False, BF16, 5, 1, 65, 1)]
+                (True, BF16, 7, 2, 36, 3), (False, BF16, 5, 1, 65, 1), (True, F32, 2, 1, 200, 2)]
 
 
 @pytest.mark.parametrize("gated, dtype, e, k, n, used", SORTED_CASES)
@@ -177,10 +180,74 @@ def test_sorted_kernels_match_the_torch_path_and_the_loop(monkeypatch, launches,
     check_forward(monkeypatch, launches, gated, dtype, e, k, n, used, "sorted_experts_triton")
 
 
+# (dtype, E, k, N, path): the shared expert as one more pair a token, on both kernels: N·(k+1) up to
+# MAX_PAIRS one pair a program (5 · 3 = 15), past it sorted (6 · 3 = 18; 40 · 2 = 80 with k = 1)
+SHARED_CASES = [(F32, 4, 2, 5, "fused_experts_triton"), (BF16, 8, 2, 1, "fused_experts_triton"),
+                (F32, 8, 2, 6, "sorted_experts_triton"), (BF16, 8, 2, 40, "sorted_experts_triton"),
+                (BF16, 3, 1, 40, "sorted_experts_triton")]
+
+
+@pytest.mark.parametrize("dtype, e, k, n, entry", SHARED_CASES)
+def test_a_shared_expert_runs_in_the_experts_kernels(monkeypatch, launches, dtype, e, k, n, entry):
+    """GatedExperts with a shared GatedMLP of its shape: one fused call that equals the torch path's
+    `experts(x) + shared(x)` and the per-token loop with the shared expert added last."""
+    module = filled(experts.GatedExperts(e, D, I, "silu", DEVICE, dtype), seed=e)
+    shared = filled(GatedMLP(D, I, "silu", DEVICE, dtype), seed=e + 1)
+    x = randn(n, D, seed=1, dtype=dtype)
+    index, weight = routing(n, e, k, seed=2, dtype=F32)
+    monkeypatch.setattr(experts, "runs_triton", lambda t: False)
+    ref = module(x, index, weight) + shared(x)
+    assert torch.equal(module(x, index, weight, shared=shared), ref)  # the torch path adds it
+    monkeypatch.setattr(experts, "runs_triton", lambda t: True)
+    out = module(x, index, weight, shared=shared)
+    assert launches == [entry]
+    assert_experts_close(out, ref, dtype)
+    weights = SharedExpert(shared.up_proj.weight, shared.down_proj.weight, shared.gate_proj.weight)
+    loop = naive.fused_experts_naive(x, index, weight, module.up, module.down, module.gate, "silu", dtype,
+                                     shared=weights)
+    assert_experts_close(out, loop, dtype)
+
+
+def test_a_shared_expert_of_another_shape_runs_on_its_own(monkeypatch, launches):
+    """Qwen3-Next's shared expert is wider than its routed ones: the kernels take the routed experts only."""
+    module = filled(experts.GatedExperts(4, D, I, "silu", DEVICE, F32), seed=3)
+    shared = filled(GatedMLP(D, 2 * I, "silu", DEVICE, F32), seed=4)
+    x = randn(3, D, seed=5)
+    index, weight = routing(3, 4, 2, seed=6, dtype=F32)
+    monkeypatch.setattr(experts, "runs_triton", lambda t: True)
+    out = module(x, index, weight, shared=shared)
+    assert launches == ["fused_experts_triton"]
+    ref = naive.fused_experts_naive(x, index, weight, module.up, module.down, module.gate, "silu", F32) + shared(x)
+    assert_experts_close(out, ref, F32)
+
+
+def test_kimi_moe_runs_its_shared_expert_in_the_kernels(monkeypatch, launches):
+    """KimiMoE with one shared expert: one experts call holds it, and gives the torch path's result."""
+    moe = KimiMoE(D, 8, 2, I, 1, "silu", 1, 1, True, 2.5, DEVICE, BF16)
+    filled(moe, seed=7)
+    x = randn(20, D, seed=8, dtype=BF16)
+    monkeypatch.setattr(experts, "runs_triton", lambda t: False)
+    monkeypatch.setattr(routers, "runs_triton", lambda t: False)
+    ref = moe(x)
+    monkeypatch.setattr(experts, "runs_triton", lambda t: True)
+    out = moe(x)
+    assert launches == ["sorted_experts_triton"]
+    assert_experts_close(out, ref, BF16)
+
+
+def test_sort_kernel_with_a_shared_expert_puts_every_token_last():
+    """shared=True: each token's (k+1)-th pair is expert E's, sorted after the routed ones, E + 1 run ends."""
+    index = torch.tensor([[1, 0], [2, 1], [1, 2]], device=DEVICE)
+    order, ends = experts_sorted_triton.sort_pairs_triton(index, 3, shared=True)
+    # pairs p = n*3 + j: experts 1 0 E | 2 1 E | 1 2 E with E = 3
+    assert order.tolist() == [1, 0, 4, 6, 3, 7, 2, 5, 8]
+    assert ends.tolist() == [1, 4, 6, 9]
+
+
 @pytest.mark.parametrize("gated, act", [(True, "silu"), (True, "gelu"), (False, "relu2"), (False, "relu")])
 def test_sorted_kernels_in_the_gpu_tiling(gated, act):
-    """Tiles of (BLOCK_N, BLOCK_K) = (32, 32) as on CUDA: 3 column tiles and 3 inner steps, the last of each
-    masked; a token routed to one expert twice; x a column slice of a wider tensor."""
+    """Tiles of (BLOCK_M, BLOCK_N, BLOCK_K) = (16, 32, 32) as on CUDA: 3 column tiles and 3 inner steps, the
+    last of each masked; a token routed to one expert twice; x a column slice of a wider tensor."""
     e, k, n = 5, 2, 37
     up, down = randn(e, I, D, seed=1, scale=D ** -0.5), randn(e, D, I, seed=2, scale=I ** -0.5)
     gate = randn(e, I, D, seed=3, scale=D ** -0.5) if gated else None
@@ -189,7 +256,7 @@ def test_sorted_kernels_in_the_gpu_tiling(gated, act):
     index[0] = 2
     order, _, ends = sort_by_expert(index, e)
     out = experts_sorted_triton.sorted_experts_triton(x, index, weight, order, ends, up, down, gate, act, F32,
-                                                      tiles=(32, 32))
+                                                      tiles=(16, 32, 32))
     ref = naive.fused_experts_naive(x, index, weight, up, down, gate, act, F32)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -200,9 +267,22 @@ def test_sorted_tile_choice_for_the_h200(monkeypatch):
     cuda = torch.device("cuda")
     for rows, inner in ((512, 2048), (2048, 512)):
         for pairs in (2, 65, 128, 512, 1024):
-            block_n, block_k = experts_sorted_triton._tiles(pairs, 8, rows, inner, cuda)
-            blocks = min(8, pairs) + pairs // experts_sorted_triton.BLOCK_M
+            block_m, block_n, block_k = experts_sorted_triton._tiles(pairs, 8, rows, inner, cuda)
+            blocks = min(8, pairs) + pairs // block_m
+            assert block_m == experts_sorted_triton.block_m(pairs, 8)
             assert block_k == 128 and block_n == (64 if blocks * -(-rows // 64) >= 2 * 132 else 32)
+
+
+def test_block_m_leaves_headroom_over_the_mean_pairs_an_expert():
+    """A power of two >= 1.5x the mean pairs an expert, within 16..64: the decode batches of the 1B
+    checkpoints (8 experts, top 2) at N 16 / 64 / 256 take 16 / 32 / 64."""
+    block_m = experts_sorted_triton.block_m
+    assert [block_m(2 * n, 8) for n in (1, 16, 64, 128, 256, 4096)] == [16, 16, 32, 64, 64, 64]
+    for pairs in range(1, 600, 7):
+        for e in (1, 3, 8, 64):
+            m = block_m(pairs, e)
+            assert m & (m - 1) == 0 and 16 <= m <= 64
+            assert m == 64 or m >= 1.5 * pairs / e, (pairs, e, m)
 
 
 @pytest.mark.parametrize("n, k, e", [(1, 1, 1), (3, 2, 8), (40, 2, 8), (33, 1, 5), (300, 2, 7), (7, 3, 300)])

@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops.moe import MAX_SORTED_PAIRS
+from ...ops.moe import MAX_SORTED_PAIRS, SharedExpert
 from ...ops.moe.sort import sort_by_expert
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
+from .gated_mlp import GatedMLP
 from .mlp import ACTIVATIONS
 from .params import param
 
@@ -77,10 +78,11 @@ def dispatch(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_exp
     return torch.zeros(n, x.shape[1], device=x.device, dtype=dtype).index_add_(0, token, out.to(dtype))
 
 
-def fused(x: torch.Tensor, index: torch.Tensor) -> bool:
+def fused(x: torch.Tensor, index: torch.Tensor, shared: bool = False) -> bool:
     """Whether the experts run as fused Triton kernels (`ops/moe/fused.py`): where Triton runs, for up to
-    MAX_SORTED_PAIRS token copies (decode, verify); the same roundings as `dispatch` (the kernels' docstring)."""
-    return runs_triton(x) and 0 < index.numel() <= MAX_SORTED_PAIRS
+    MAX_SORTED_PAIRS token copies (decode, verify; one more a token with a shared expert); the same
+    roundings as `dispatch` (the kernels' docstring)."""
+    return runs_triton(x) and 0 < index.shape[0] * (index.shape[1] + shared) <= MAX_SORTED_PAIRS
 
 
 class Experts(nn.Module):
@@ -150,8 +152,21 @@ class GatedExperts(nn.Module):
         gate, up = linear_grouped(xs, self.gate, ends), linear_grouped(xs, self.up, ends)
         return linear_grouped(self.act(gate) * up, self.down, ends)
 
-    def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x: [N, D]; index, weight: [N, k] -> sum_k weight * expert(x), [N, D] in x's dtype."""
+    def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor,
+                shared: GatedMLP | None = None) -> torch.Tensor:
+        """x: [N, D]; index, weight: [N, k] -> sum_k weight * expert(x) (+ shared(x)), [N, D] in x's dtype.
+
+        A `shared` expert shaped as one of these (Kimi's single shared expert) runs in the same kernels as
+        one more pair a token (its output added last, as `+ shared(x)` in x's dtype rounds); otherwise it
+        runs on its own and is added."""
+        if shared is not None:
+            weights = SharedExpert(shared.up_proj.weight, shared.down_proj.weight, shared.gate_proj.weight)
+            if fused(x, index, shared=True) and weights.fits(self.up, self.down, self.gate) \
+                    and shared.act is self.act:
+                from ...ops.moe.fused import fused_experts
+                return fused_experts(x, index, weight, self.up, self.down, self.gate, self.act_name, x.dtype,
+                                     shared=weights)
+            return self(x, index, weight) + shared(x)
         if fused(x, index):
             from ...ops.moe.fused import fused_experts
             return fused_experts(x, index, weight, self.up, self.down, self.gate, self.act_name, x.dtype)

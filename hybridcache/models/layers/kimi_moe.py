@@ -29,5 +29,4 @@ class KimiMoE(nn.Module):
         """x: [N, D] -> [N, D] (partial under tensor parallelism: experts expert-internal, shared experts
         over their intermediate size, the router replicated)."""
         index, weight = self.gate(x)
-        h = self.experts(x, index, weight)
-        return h if self.shared_experts is None else h + self.shared_experts(x)
+        return self.experts(x, index, weight, shared=self.shared_experts)

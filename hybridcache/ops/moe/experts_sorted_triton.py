@@ -6,9 +6,10 @@ With x [N, D], index / weight [N, k], P = N·k pairs p = n·k + j, `order` [P] t
 `ends` [E] the end of each expert's run in it (`sort_pairs_triton`, or torch's `sort.sort_by_expert`):
 
   sort        `sort_pairs_triton` (one program, up to MAX_SORT_PAIRS pairs): order and ends in one launch
-  blocks      expert e owns ⌈count_e / BLOCK_M⌉ blocks of consecutive pairs of its run; grid axis 0 has
-              ⌈P / BLOCK_M⌉ + E programs (at least as many as there are blocks), each finds its (expert,
-              block) from `ends`, the surplus return at once
+  blocks      expert e owns ⌈count_e / BLOCK_M⌉ blocks of consecutive pairs of its run (BLOCK_M: `block_m`,
+              the mean pairs an expert with headroom); grid axis 0 has ⌈P / BLOCK_M⌉ + E programs (at least
+              as many as there are blocks), each finds its (expert, block) from `ends`, the surplus return
+              at once
   kernel 1    h[p] = rnd_W(rnd_W(act(rnd_W(gate[e] · x[n]))) · rnd_W(up[e] · x[n]))   (non-gated: rnd_W(act(·)))
   kernel 2    y[p] = rnd_O(rnd_M(rnd_O(rnd_W(down[e] · h[p])) · weight[p]))
   kernel 3    out[n] = the k pairs' y summed in k order, rounding to O after each add
@@ -25,9 +26,10 @@ from torch import Tensor
 
 from ..rms_norm_triton import _round
 from ..triton_support import num_sms
-from .experts_triton import _ACT, _check, activation
+from . import SharedExpert
+from .experts_triton import _ACT, _check, activation, shared_pointers
 
-BLOCK_M = 16  # pairs a program: tl.dot's smallest M on the GPU
+MIN_BLOCK_M, MAX_BLOCK_M = 16, 64  # pairs a program: tl.dot's smallest M on the GPU, and the most `_tiles` takes
 BLOCK_N = 64  # output columns a program (CUDA), or half as many
 BLOCK_K = 128  # inner elements a loop step (CUDA)
 MAX_SORT_PAIRS = 4096  # pairs the one-program sort kernel holds
@@ -52,30 +54,49 @@ def _expert_block(ends_ptr, E, BLOCK_M: tl.constexpr, E_POW2: tl.constexpr):
 
 
 @triton.jit
-def _block(ends_ptr, order_ptr, E, ROWS, stride_we, stride_wr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+def _block(ends_ptr, order_ptr, E, ROWS, stride_wr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
            BLOCK_N: tl.constexpr):
-    """This program's block and weight tile: (e: E for a surplus program; live [BLOCK_M]; pair [BLOCK_M] int64;
-    cols, col_ok [BLOCK_N] of ROWS output rows; w [1, BLOCK_N]: the offsets of expert e's rows `cols`)."""
+    """This program's block and weight tile: (e: E for a surplus program, E counting the shared expert;
+    live [BLOCK_M]; pair [BLOCK_M] int64; cols, col_ok [BLOCK_N] of ROWS output rows; w [1, BLOCK_N]: the
+    offsets of an expert's rows `cols` from its first)."""
     e, first, stop = _expert_block(ends_ptr, E, BLOCK_M, E_POW2)
     r = first + tl.arange(0, BLOCK_M)
     live = r < stop  # none for a surplus program
     pair = tl.load(order_ptr + r, mask=live, other=0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w = e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wr
+    w = cols.to(tl.int64)[None, :] * stride_wr
     return e, live, pair, cols, cols < ROWS, w
 
 
 @triton.jit
-def _sort_pairs_kernel(index_ptr, order_ptr, ends_ptr, P, E, P_POW2: tl.constexpr, E_POW2: tl.constexpr):
-    """One program: the P pairs sorted by (expert, pair) as one key, and each expert's run end."""
+def _expert_weights(e, E_ROUTED, stack_ptr, shared_ptr, stride_we, SHARED: tl.constexpr):
+    """The first element of expert e's matrix: in the stack, or the shared expert's (e == E_ROUTED)."""
+    if SHARED:
+        if e == E_ROUTED:
+            base = shared_ptr
+        else:
+            base = stack_ptr + e.to(tl.int64) * stride_we
+    else:
+        base = stack_ptr + e.to(tl.int64) * stride_we
+    return base
+
+
+@triton.jit
+def _sort_pairs_kernel(index_ptr, order_ptr, ends_ptr, P, E, K: tl.constexpr, SHARED: tl.constexpr,
+                       P_POW2: tl.constexpr, E_POW2: tl.constexpr):
+    """One program: the P pairs sorted by (expert, pair) as one key, and each expert's run end. With SHARED
+    the last pair of each token (p % (K + 1) == K) is expert E's, the shared expert after the routed ones."""
     p = tl.arange(0, P_POW2)
     live = p < P
-    ids = tl.load(index_ptr + p, mask=live, other=E).to(tl.int32)  # padding sorts after every expert
+    KP: tl.constexpr = K + SHARED
+    n, j = p // KP, p % KP
+    ids = tl.load(index_ptr + n * K + j, mask=live & (j < K), other=E).to(tl.int32)
+    ids = tl.where(live, ids, E + SHARED)  # padding sorts after every expert
     order = tl.sort(ids * P_POW2 + p) % P_POW2
     tl.store(order_ptr + p, order, mask=live)
     ends = tl.cumsum(tl.histogram(ids, E_POW2, mask=live), 0)
     e = tl.arange(0, E_POW2)
-    tl.store(ends_ptr + e, ends, mask=e < E)
+    tl.store(ends_ptr + e, ends, mask=e < E + SHARED)
 
 
 @triton.jit
@@ -88,14 +109,17 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, h_ptr, E, stride_xn, stride_we, stride_wi,
-               K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    e, live, pair, cols, col_ok, w = _block(ends_ptr, order_ptr, E, I, stride_we, stride_wi, E_POW2, BLOCK_M, BLOCK_N)
-    if e >= E:
+def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_ptr, h_ptr, E,
+                      stride_xn, stride_we, stride_wi, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
+                      ACT: tl.constexpr, GATED: tl.constexpr, SHARED: tl.constexpr, PRECISION: tl.constexpr,
+                      UPCAST: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    e, live, pair, cols, col_ok, w = _block(ends_ptr, order_ptr, E + SHARED, I, stride_wi, E_POW2, BLOCK_M, BLOCK_N)
+    if e >= E + SHARED:
         return
-    token = pair // K
+    up_ptr = _expert_weights(e, E, up_ptr, shared_up_ptr, stride_we, SHARED)
+    gate_ptr = _expert_weights(e, E, gate_ptr, shared_gate_ptr, stride_we, SHARED)
+    token = pair // (K + SHARED)
     acc_u = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     acc_g = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for k0 in range(0, D, BLOCK_K):
@@ -116,12 +140,14 @@ def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, h_ptr, E, st
 
 
 @triton.jit
-def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, y_ptr, E, stride_we, stride_wd,
-                 I: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                 E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    e, live, pair, cols, col_ok, w = _block(ends_ptr, order_ptr, E, D, stride_we, stride_wd, E_POW2, BLOCK_M, BLOCK_N)
-    if e >= E:
+def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, shared_down_ptr, y_ptr, E, stride_we,
+                        stride_wd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, SHARED: tl.constexpr,
+                        PRECISION: tl.constexpr, UPCAST: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    e, live, pair, cols, col_ok, w = _block(ends_ptr, order_ptr, E + SHARED, D, stride_wd, E_POW2, BLOCK_M, BLOCK_N)
+    if e >= E + SHARED:
         return
+    down_ptr = _expert_weights(e, E, down_ptr, shared_down_ptr, stride_we, SHARED)
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     for k0 in range(0, I, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -134,8 +160,11 @@ def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, y_ptr,
     y = _round(acc, W)
     if O != W:
         y = _round(y, O)
-    # promote(O, weight's dtype) is O or fp32: the product rounds to O once
-    y = _round(y * tl.load(weight_ptr + pair, mask=live, other=0.0).to(tl.float32)[:, None], O)
+    # promote(O, weight's dtype) is O or fp32: the product rounds to O once; the shared expert's weight is 1
+    KP: tl.constexpr = K + SHARED
+    routed = pair % KP < K
+    weight = tl.load(weight_ptr + pair // KP * K + pair % KP, mask=live & routed, other=1.0).to(tl.float32)
+    y = _round(y * weight[:, None], O)
     tl.store(y_ptr + pair[:, None] * D + cols[None, :], y.to(O), mask=live[:, None] & col_ok[None, :])
 
 
@@ -151,39 +180,55 @@ def _sorted_sum_kernel(y_ptr, out_ptr, D: tl.constexpr, K: tl.constexpr, BLOCK: 
     tl.store(out_ptr + n * D + cols, total.to(O), mask=ok)
 
 
-def sort_pairs_triton(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor]:
+def sort_pairs_triton(index: Tensor, num_experts: int, shared: bool = False) -> tuple[Tensor, Tensor]:
     """`sort.sort_by_expert`'s (order, ends) in one launch, for up to MAX_SORT_PAIRS pairs: index [N, k] ->
-    order [N*k] int32, ends [E] int32."""
-    P = index.numel()
+    order [N*k] int32, ends [E] int32. `shared`: each token has a (k+1)-th pair, expert E's (the shared
+    expert): order [N*(k+1)], ends [E+1]."""
+    (N, K), extra = index.shape, int(shared)
+    P = N * (K + extra)
     assert P <= MAX_SORT_PAIRS, f"{P} pairs: the sort kernel holds at most {MAX_SORT_PAIRS}"
     order = torch.empty(P, device=index.device, dtype=torch.int32)
-    ends = torch.empty(num_experts, device=index.device, dtype=torch.int32)
-    _sort_pairs_kernel[(1,)](index.contiguous(), order, ends, P, num_experts, P_POW2=max(2, triton.next_power_of_2(P)),
-                       E_POW2=max(2, triton.next_power_of_2(num_experts)), num_warps=4)
+    ends = torch.empty(num_experts + extra, device=index.device, dtype=torch.int32)
+    _sort_pairs_kernel[(1,)](index.contiguous(), order, ends, P, num_experts, K=K, SHARED=extra,
+                             P_POW2=max(2, triton.next_power_of_2(P)),
+                             E_POW2=max(2, triton.next_power_of_2(num_experts + extra)), num_warps=4)
     return order, ends
 
 
-def _tiles(pairs: int, experts: int, rows: int, inner: int, device: torch.device) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) for an output of `rows` over `inner`. CUDA: BLOCK_N columns a program where that
-    still gives about 2 programs an SM over the blocks the pairs can fill, else half as many; BLOCK_K inner
-    elements a step (the best of a sweep on the H200, benchmarks/ops_moe.py --sweep). The CPU interpreter
-    pays per operation: every column and the whole inner width at once."""
+def block_m(pairs: int, experts: int) -> int:
+    """Pairs a program: a power of two at least 1.5x the mean pairs an expert (MIN_BLOCK_M..MAX_BLOCK_M).
+    Each block reads its expert's weights once, so an expert whose pairs spill into a second block reads
+    them twice: the headroom keeps the busier experts of a random routing in one block."""
+    mean = -(-3 * pairs // (2 * experts))
+    return min(MAX_BLOCK_M, max(MIN_BLOCK_M, triton.next_power_of_2(mean)))
+
+
+def _tiles(pairs: int, experts: int, rows: int, inner: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) for an output of `rows` over `inner`: `block_m` pairs a program; CUDA:
+    BLOCK_N columns a program where that still gives about 2 programs an SM over the blocks the pairs can
+    fill, else half as many; BLOCK_K inner elements a step (the best of a sweep on the H200,
+    benchmarks/ops_moe.py --sweep). The CPU interpreter pays per operation: every column and the whole
+    inner width at once."""
+    m = block_m(pairs, experts)
     if device.type != "cuda":
-        return triton.next_power_of_2(rows), triton.next_power_of_2(inner)
-    blocks = min(experts, pairs) + pairs // BLOCK_M
+        return m, triton.next_power_of_2(rows), triton.next_power_of_2(inner)
+    blocks = min(experts, pairs) + pairs // m
     wide = blocks * triton.cdiv(rows, BLOCK_N) >= 2 * num_sms(device)
-    return BLOCK_N if wide else BLOCK_N // 2, min(BLOCK_K, max(16, triton.next_power_of_2(inner)))
+    return m, BLOCK_N if wide else BLOCK_N // 2, min(BLOCK_K, max(16, triton.next_power_of_2(inner)))
 
 
 def sorted_experts_triton(x: Tensor, index: Tensor, weight: Tensor, order: Tensor, ends: Tensor, up: Tensor,
                           down: Tensor, gate: Tensor | None, act: str, out_dtype: torch.dtype,
-                          tiles: tuple[int, int] | None = None) -> Tensor:
+                          tiles: tuple[int, int, int] | None = None, shared: SharedExpert | None = None) -> Tensor:
     """`experts_triton.fused_experts_triton`'s result (same arguments and roundings) from the pairs sorted by
-    expert: `order` [N*k], `ends` [E] int32 from `sort.sort_by_expert(index, E)`. Three launches.
-    `tiles` (tests): (BLOCK_N, BLOCK_K) for both GEMM kernels instead of `_tiles`' choice."""
-    _check(x, index, weight, up, down, gate, act)
+    expert: `order` [N*k], `ends` [E] int32 from `sort.sort_by_expert(index, E)` (with `shared`:
+    `sort_pairs_triton(index, E, shared=True)`'s [N*(k+1)], [E+1]). Three launches.
+    `tiles` (tests, benchmarks): (BLOCK_M, BLOCK_N, BLOCK_K) for both GEMM kernels instead of `_tiles`'."""
+    _check(x, index, weight, up, down, gate, act, shared)
     (N, K), (E, I, D) = index.shape, up.shape
-    assert order.shape == (N * K,) and ends.shape == (E,), f"order {tuple(order.shape)}, ends {tuple(ends.shape)}"
+    extra = int(shared is not None)
+    P = N * (K + extra)
+    assert order.shape == (P,) and ends.shape == (E + extra,), f"order {tuple(order.shape)}, ends {tuple(ends.shape)}"
     out = torch.empty(N, D, device=x.device, dtype=out_dtype)
     if N == 0:
         return out
@@ -192,19 +237,20 @@ def sorted_experts_triton(x: Tensor, index: Tensor, weight: Tensor, order: Tenso
     weight, order, ends = weight.contiguous(), order.contiguous(), ends.contiguous()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 only names the default for 16-bit operands
     upcast = x.device.type != "cuda"  # the interpreter
-    e_pow2, m_blocks = triton.next_power_of_2(E), triton.cdiv(N * K, BLOCK_M) + E
-    h = torch.empty(N * K, I, device=x.device, dtype=x.dtype)
-    block_n, block_k = tiles or _tiles(N * K, E, I, D, x.device)
-    _sorted_up_kernel[(m_blocks, triton.cdiv(I, block_n))](
-        x, order, ends, up if gate is None else gate, up, h, E, x.stride(0), up.stride(0), up.stride(1),
-        K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, PRECISION=precision, UPCAST=upcast,
-        E_POW2=e_pow2, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
-    y = torch.empty(N * K, D, device=x.device, dtype=out_dtype)
-    block_n, block_k = tiles or _tiles(N * K, E, D, I, x.device)
-    _sorted_down_kernel[(m_blocks, triton.cdiv(D, block_n))](
-        h, order, ends, weight, down, y, E, down.stride(0), down.stride(1),
-        I=I, D=D, PRECISION=precision, UPCAST=upcast, E_POW2=e_pow2, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=4)
+    s_gate, s_up, s_down = shared_pointers(shared, up, down)
+    e_pow2 = triton.next_power_of_2(E + extra)
+    h = torch.empty(P, I, device=x.device, dtype=x.dtype)
+    bm, block_n, block_k = tiles or _tiles(P, E + extra, I, D, x.device)
+    _sorted_up_kernel[(triton.cdiv(P, bm) + E + extra, triton.cdiv(I, block_n))](
+        x, order, ends, up if gate is None else gate, up, s_gate, s_up, h, E, x.stride(0), up.stride(0), up.stride(1),
+        K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, SHARED=extra, PRECISION=precision,
+        UPCAST=upcast, E_POW2=e_pow2, BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    y = torch.empty(P, D, device=x.device, dtype=out_dtype)
+    bm, block_n, block_k = tiles or _tiles(P, E + extra, D, I, x.device)
+    _sorted_down_kernel[(triton.cdiv(P, bm) + E + extra, triton.cdiv(D, block_n))](
+        h, order, ends, weight, down, s_down, y, E, down.stride(0), down.stride(1),
+        K=K, I=I, D=D, SHARED=extra, PRECISION=precision, UPCAST=upcast, E_POW2=e_pow2, BLOCK_M=bm,
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     block = min(1024, triton.next_power_of_2(D))
-    _sorted_sum_kernel[(N, triton.cdiv(D, block))](y, out, D=D, K=K, BLOCK=block, num_warps=4)
+    _sorted_sum_kernel[(N, triton.cdiv(D, block))](y, out, D=D, K=K + extra, BLOCK=block, num_warps=4)
     return out

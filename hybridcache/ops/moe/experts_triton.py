@@ -1,11 +1,14 @@
 """Routed experts for small token counts in two Triton launches, no host sync (CUDA-graph capturable).
 
-With x [N, D], index / weight [N, k] from a router and P = N·k token copies ("pairs", p = n·k + j):
+With x [N, D], index / weight [N, k] from a router and P = N·k token copies ("pairs", p = n·k + j); with a
+shared expert (`shared`: an expert every token takes, weight 1, summed after the routed ones) each token
+has k + 1 pairs, p = n·(k + 1) + j, the last one the shared expert's (its weights in their own tensors):
 
   kernel 1, grid (⌈P / BLOCK_P⌉, ⌈I / BLOCK_ROWS⌉):  e = index[p];  u = rnd_W(up[e] · x[n]),  g = rnd_W(gate[e] · x[n])
            gated:      h[p] = rnd_W(rnd_W(act(g)) · u)        non-gated:  h[p] = rnd_W(act(u))
   kernel 2, grid (⌈N / BLOCK_N⌉, ⌈D / BLOCK_ROWS⌉):  for j in 0..k-1, in order (one program, no atomics):
            y = rnd_O(rnd_W(down[e_j] · h[n·k + j]));  total = rnd_O(total + rnd_O(rnd_M(y · weight[n, j])))
+           shared:     total = rnd_O(total + rnd_O(rnd_W(down_s · h[n·(k+1) + k])))   (after the k above)
 
 W is the weights' (and x's) dtype, O the output dtype, M = promote(O, weight's dtype); act runs in fp32.
 These are the roundings of `models/layers/experts.py`'s paths: every GEMM's output is stored in W, the
@@ -28,6 +31,7 @@ from torch import Tensor
 
 from ..rms_norm_triton import _round
 from ..triton_support import num_sms
+from . import SharedExpert
 
 RELU2, RELU, SILU, GELU = (tl.constexpr(a) for a in range(4))  # the kernels' ACT
 _ACT = {"relu2": RELU2, "relu": RELU, "silu": SILU, "gelu": GELU}
@@ -52,26 +56,39 @@ def activation(v, ACT: tl.constexpr):
 
 
 @triton.jit
-def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, h_ptr, P, stride_xn, stride_we, stride_wi,
-               K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr,
-               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
+def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_ptr, h_ptr, P, stride_xn,
+               stride_we, stride_wi, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr,
+               GATED: tl.constexpr, SHARED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+               BLOCK_IN: tl.constexpr):
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BLOCK_P] pairs
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     live = p < P
-    n = (p // K).to(tl.int64)
-    e = tl.load(index_ptr + p, mask=live, other=0).to(tl.int64)
+    KP: tl.constexpr = K + SHARED  # pairs a token
+    n, j = (p // KP).to(tl.int64), p % KP
+    routed = live & (j < K)
+    e = tl.load(index_ptr + n * K + j, mask=routed, other=0).to(tl.int64)
     w_rows = (e * stride_we)[:, None, None] + (rows.to(tl.int64) * stride_wi)[None, :, None]  # [BLOCK_P, R, 1]
     row_ok = live[:, None, None] & (rows < I)[None, :, None]
+    routed_ok = row_ok & routed[:, None, None]
+    shared_ok = row_ok & (j == K)[:, None, None]  # none without SHARED
+    s_rows = (rows.to(tl.int64) * stride_wi)[None, :, None]
     acc_u = tl.full([BLOCK_P, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
     acc_g = tl.full([BLOCK_P, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
     for c0 in range(0, D, BLOCK_IN):
         c = c0 + tl.arange(0, BLOCK_IN)
         xv = tl.load(x_ptr + n[:, None] * stride_xn + c[None, :], mask=live[:, None] & (c < D)[None, :], other=0.0)
         xv = xv.to(tl.float32)[:, None, :]
-        mask = row_ok & (c < D)[None, None, :]
-        acc_u += tl.load(up_ptr + w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * xv
+        c_ok = (c < D)[None, None, :]
+        u = tl.load(up_ptr + w_rows + c[None, None, :], mask=routed_ok & c_ok, other=0.0).to(tl.float32)
+        if SHARED:
+            u += tl.load(shared_up_ptr + s_rows + c[None, None, :], mask=shared_ok & c_ok, other=0.0).to(tl.float32)
+        acc_u += u * xv
         if GATED:
-            acc_g += tl.load(gate_ptr + w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * xv
+            g = tl.load(gate_ptr + w_rows + c[None, None, :], mask=routed_ok & c_ok, other=0.0).to(tl.float32)
+            if SHARED:
+                g += tl.load(shared_gate_ptr + s_rows + c[None, None, :], mask=shared_ok & c_ok,
+                             other=0.0).to(tl.float32)
+            acc_g += g * xv
     # rounding by `_round` only where W is narrower than fp32 (a nested call costs the interpreter ~1 ms)
     W: tl.constexpr = up_ptr.dtype.element_ty
     NARROW: tl.constexpr = W != tl.float32
@@ -92,8 +109,8 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, h_ptr, P, stride_xn, stride_w
 
 
 @triton.jit
-def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, out_ptr, N, stride_we, stride_wd,
-                 K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
+def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, out_ptr, N, stride_we, stride_wd,
+                 K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, SHARED: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] tokens
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -103,24 +120,29 @@ def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, out_ptr, N, stride_we, 
     W: tl.constexpr = down_ptr.dtype.element_ty
     O: tl.constexpr = out_ptr.dtype.element_ty
     total = tl.full([BLOCK_N, BLOCK_ROWS], 0.0, tl.float32)
-    for j in tl.static_range(K):
-        p = n * K + j
-        e = tl.load(index_ptr + p, mask=live, other=0).to(tl.int64)
-        w_rows = (e * stride_we)[:, None, None] + (rows.to(tl.int64) * stride_wd)[None, :, None]
+    KP: tl.constexpr = K + SHARED  # pairs a token
+    for j in tl.static_range(KP):
+        p = n * KP + j  # the pair's row of h
+        if j < K:
+            e = tl.load(index_ptr + n * K + j, mask=live, other=0).to(tl.int64)
+            w_ptr = down_ptr + (e * stride_we)[:, None, None]
+        else:  # the shared expert
+            w_ptr = shared_down_ptr + tl.zeros([BLOCK_N, 1, 1], tl.int64)
+        w_rows = w_ptr + (rows.to(tl.int64) * stride_wd)[None, :, None]
         acc = tl.full([BLOCK_N, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
         for c0 in range(0, I, BLOCK_IN):
             c = c0 + tl.arange(0, BLOCK_IN)
             hv = tl.load(h_ptr + p[:, None] * I + c[None, :], mask=live[:, None] & (c < I)[None, :], other=0.0)
             mask = row_ok & (c < I)[None, None, :]
-            acc += tl.load(down_ptr + w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * \
+            acc += tl.load(w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * \
                 hv.to(tl.float32)[:, None, :]
         y = tl.reduce(acc, 2, _SUM)  # [BLOCK_N, R]
         if W != tl.float32:  # the GEMM's output in W, then in O (`_round` only where narrower than fp32)
             y = _round(y, W)
         if O != tl.float32 and O != W:
             y = _round(y, O)
-        # promote(O, weight's dtype) is O or fp32: no rounding
-        y = y * tl.load(weight_ptr + p, mask=live, other=0.0).to(tl.float32)[:, None]
+        if j < K:  # promote(O, weight's dtype) is O or fp32: no rounding; the shared expert's weight is 1
+            y = y * tl.load(weight_ptr + n * K + j, mask=live, other=0.0).to(tl.float32)[:, None]
         if O != tl.float32:
             total = _round(total + _round(y, O), O)
         else:
@@ -146,7 +168,7 @@ def _tiles(count: int, rows: int, inner: int, device: torch.device) -> tuple[int
 
 
 def _check(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, down: Tensor, gate: Tensor | None,
-           act: str) -> None:
+           act: str, shared: SharedExpert | None = None) -> None:
     E, I, D = up.shape
     assert x.ndim == 2 and x.shape[1] == D, f"x {tuple(x.shape)} against up {tuple(up.shape)}"
     assert index.shape == weight.shape and index.ndim == 2 and index.shape[0] == x.shape[0], \
@@ -156,17 +178,27 @@ def _check(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, down: Tensor, g
     assert up.stride(2) == 1 and down.stride(2) == 1, "expert weights need a unit last stride"
     assert x.dtype == up.dtype == down.dtype, f"x {x.dtype}, weights {up.dtype} / {down.dtype}"
     assert act in _ACT, f"activation {act!r}: the kernels compute {sorted(_ACT)}"
+    if shared is not None:
+        assert shared.fits(up, down, gate), "the shared expert must be laid out as one routed expert"
+
+
+def shared_pointers(shared: SharedExpert | None, up: Tensor, down: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(gate, up, down) of the shared expert for the kernels' pointer arguments; the routed experts' when there
+    is none (never read: SHARED is off)."""
+    if shared is None:
+        return up, up, down
+    return (shared.up if shared.gate is None else shared.gate), shared.up, shared.down
 
 
 def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, down: Tensor,
                          gate: Tensor | None, act: str, out_dtype: torch.dtype,
-                         tiles: tuple[int, int, int] | None = None) -> Tensor:
+                         tiles: tuple[int, int, int] | None = None, shared: SharedExpert | None = None) -> Tensor:
     """`sum_j weight[:, j] * expert(index[:, j], x)` with expert e = `down[e] · act(gate[e] · x) * (up[e] · x)`
-    (gated) or `down[e] · act(up[e] · x)` (gate None). x: [N, D]; index (int), weight: [N, k];
-    up, gate: [E, I, D]; down: [E, D, I] -> [N, D] in out_dtype. Two launches, whatever the index holds.
-    `tiles` (tests): (BLOCK, BLOCK_ROWS, BLOCK_IN) for both kernels instead of `_tiles`' choice, BLOCK the
-    pairs (up) and tokens (down) a program."""
-    _check(x, index, weight, up, down, gate, act)
+    (gated) or `down[e] · act(up[e] · x)` (gate None), then `+ shared(x)` where there is a shared expert.
+    x: [N, D]; index (int), weight: [N, k]; up, gate: [E, I, D]; down: [E, D, I]; shared's [I, D], [D, I]
+    -> [N, D] in out_dtype. Two launches, whatever the index holds. `tiles` (tests): (BLOCK, BLOCK_ROWS,
+    BLOCK_IN) for both kernels instead of `_tiles`' choice, BLOCK the pairs (up) and tokens (down) a program."""
+    _check(x, index, weight, up, down, gate, act, shared)
     (N, K), (_, I, D) = index.shape, up.shape
     out = torch.empty(N, D, device=x.device, dtype=out_dtype)
     if N == 0:
@@ -174,14 +206,16 @@ def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, d
     if x.stride(1) != 1:
         x = x.contiguous()
     index, weight = index.contiguous(), weight.contiguous()
-    h = torch.empty(N * K, I, device=x.device, dtype=x.dtype)
-    block, rows, inner = tiles or _tiles(N * K, I, D, x.device)
-    _up_kernel[(triton.cdiv(N * K, block), triton.cdiv(I, rows))](
-        x, index, up if gate is None else gate, up, h, N * K, x.stride(0), up.stride(0), up.stride(1),
-        K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner,
-        num_warps=4)
+    pairs = N * (K + (shared is not None))
+    s_gate, s_up, s_down = shared_pointers(shared, up, down)
+    h = torch.empty(pairs, I, device=x.device, dtype=x.dtype)
+    block, rows, inner = tiles or _tiles(pairs, I, D, x.device)
+    _up_kernel[(triton.cdiv(pairs, block), triton.cdiv(I, rows))](
+        x, index, up if gate is None else gate, up, s_gate, s_up, h, pairs, x.stride(0), up.stride(0), up.stride(1),
+        K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, SHARED=int(shared is not None), BLOCK_P=block,
+        BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=4)
     block, rows, inner = tiles or _tiles(N, D, I, x.device)
     _down_kernel[(triton.cdiv(N, block), triton.cdiv(D, rows))](
-        h, index, weight, down, out, N, down.stride(0), down.stride(1),
-        K=K, I=I, D=D, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=4)
+        h, index, weight, down, s_down, out, N, down.stride(0), down.stride(1),
+        K=K, I=I, D=D, SHARED=int(shared is not None), BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=4)
     return out

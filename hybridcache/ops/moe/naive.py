@@ -9,22 +9,30 @@ from torch import Tensor
 _ACT = {"relu2": lambda v: torch.square(F.relu(v)), "relu": F.relu, "silu": F.silu, "gelu": F.gelu}
 
 
+def _expert(row: Tensor, up: Tensor, down: Tensor, gate: Tensor | None, act: str) -> Tensor:
+    u = F.linear(row, up)
+    h = _ACT[act](u) if gate is None else _ACT[act](F.linear(row, gate)) * u
+    return F.linear(h, down)
+
+
 def fused_experts_naive(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, down: Tensor,
-                        gate: Tensor | None, act: str, out_dtype: torch.dtype) -> Tensor:
-    """`sum_j weight[n, j] * expert(index[n, j], x[n])` token by token, k in order. x: [N, D]; index,
-    weight: [N, k]; up, gate: [E, I, D]; down: [E, D, I] -> [N, D] in out_dtype.
+                        gate: Tensor | None, act: str, out_dtype: torch.dtype, shared=None) -> Tensor:
+    """`sum_j weight[n, j] * expert(index[n, j], x[n])` token by token, k in order, then `+ shared(x[n])`
+    where a `SharedExpert` is given. x: [N, D]; index, weight: [N, k]; up, gate: [E, I, D]; down: [E, D, I]
+    -> [N, D] in out_dtype.
 
     Each GEMM's output is in x's dtype, the activation runs on it (fp32 inside, one rounding), each expert's
-    output is cast to out_dtype, multiplied by its weight in the promoted dtype, cast back and summed."""
+    output is cast to out_dtype, multiplied by its weight in the promoted dtype, cast back and summed; the
+    shared expert's output is cast to out_dtype and added."""
     out = torch.zeros(x.shape[0], x.shape[1], device=x.device, dtype=out_dtype)
     for n in range(x.shape[0]):
         row = x[n:n + 1]
         for j in range(index.shape[1]):
             e = int(index[n, j])
-            u = F.linear(row, up[e])
-            h = _ACT[act](u) if gate is None else _ACT[act](F.linear(row, gate[e])) * u
-            y = F.linear(h, down[e]).to(out_dtype)
+            y = _expert(row, up[e], down[e], None if gate is None else gate[e], act).to(out_dtype)
             out[n] = out[n] + (y[0] * weight[n, j]).to(out_dtype)
+        if shared is not None:
+            out[n] = out[n] + _expert(row, shared.up, shared.down, shared.gate, act)[0].to(out_dtype)
     return out
 
 
