@@ -54,13 +54,15 @@ def routing(n: int, e: int, k: int, seed: int, dtype: torch.dtype) -> tuple[torc
     return index.to(DEVICE), torch.rand(n, k, generator=g).to(device=DEVICE, dtype=dtype)
 
 
-def assert_experts_close(out: torch.Tensor, ref: torch.Tensor, weight_dtype: torch.dtype) -> None:
+def assert_experts_close(out: torch.Tensor, ref: torch.Tensor, weight_dtype: torch.dtype,
+                         max_ulps: int = 1) -> None:
+    """bf16: the largest difference at most `max_ulps` roundings of the largest output."""
     assert out.dtype == ref.dtype and out.shape == ref.shape
     if weight_dtype == F32:
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
         return
     diff = (out.float() - ref.float()).abs()
-    assert diff.max() <= 2 ** -7 * ref.float().abs().max(), f"off by {diff.max().item()}"
+    assert diff.max() <= max_ulps * 2 ** -7 * ref.float().abs().max(), f"off by {diff.max().item()}"
     assert diff.mean() <= 2 ** -9 * ref.float().abs().mean(), f"mean difference {diff.mean().item()}"
     if not out.is_cuda:  # on a GPU the torch path's cuBLAS sums in another order: bf16 roundings flip more often
         assert (diff > 0).float().mean() <= 0.01, f"{int((diff > 0).sum())} of {diff.numel()} elements differ"
@@ -205,7 +207,7 @@ def test_a_shared_expert_runs_in_the_experts_kernels(monkeypatch, launches, dtyp
     weights = SharedExpert(shared.up_proj.weight, shared.down_proj.weight, shared.gate_proj.weight)
     loop = naive.fused_experts_naive(x, index, weight, module.up, module.down, module.gate, "silu", dtype,
                                      shared=weights)
-    assert_experts_close(out, loop, dtype)
+    assert_experts_close(out, loop, dtype, max_ulps=2)  # the loop rounds the routed sum, then adds the shared
 
 
 def test_a_shared_expert_of_another_shape_runs_on_its_own(monkeypatch, launches):
