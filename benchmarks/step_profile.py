@@ -7,6 +7,7 @@ between): wall - replay is the host's share of a step, replay - GPU the gaps bet
 
     python benchmarks/step_profile.py --family nemotron_h --size 1b --device cuda --dtype bfloat16
     python benchmarks/step_profile.py ... --by-module     # also: kernels and their time per layer kind
+                                                          # (graph modes: the kernels taking the most time)
 
 `--by-module` profiles one eager step (the graph replays the same kernels) with a profiler range around
 every leaf-most module's forward, and charges each kernel to the innermost module that launched it
@@ -94,15 +95,20 @@ def by_module(llm, device: str, steps: int) -> None:
     for kind, (count, ms) in sorted(counts.items(), key=lambda kv: -kv[1][1]):
         print(f"    {kind:28} {count / steps:7.0f} {ms / steps:8.3f}   {ms / total:5.1%}")
     if cuda:
-        by_name: dict[str, list[float]] = {}
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("module::"):
-                entry = by_name.setdefault(e.name[:70], [0, 0.0])
-                entry[0] += 1
-                entry[1] += e.device_time / 1e3
-        print("  per step, the kernels that take the most GPU time (count, ms):")
-        for name, (count, ms) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]:
-            print(f"    {count / steps:5.0f} {ms / steps:7.3f}  {name}")
+        top_kernels(prof, steps)
+
+
+def top_kernels(prof, steps: int, rows: int = 25) -> None:
+    """The kernels that take the most GPU time per step, by name (a graph's replayed kernels included)."""
+    by_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("module::"):
+            entry = by_name.setdefault(e.name[:70], [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.device_time / 1e3
+    print("  per step, the kernels that take the most GPU time (count, ms):")
+    for name, (count, ms) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:rows]:
+        print(f"    {count / steps:5.0f} {ms / steps:7.3f}  {name}")
 
 
 def replay_ms(llm, steps: int) -> float | None:
@@ -234,6 +240,8 @@ def main() -> None:
                   f"{len(kernels) / args.steps:>9.0f} {per_step / wall:>8.0f}{extra}")
             if eager and args.by_module:
                 by_module(llm, args.device, min(args.steps, 5))
+            elif args.by_module and cuda:
+                top_kernels(prof, args.steps)
             del llm
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
