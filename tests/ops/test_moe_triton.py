@@ -1,5 +1,5 @@
-"""The fused MoE kernels (`ops/moe`) against the experts' and routers' own torch forwards
-(`models/layers/experts.py`, `routers.py`) and the per-token references (`ops/moe/naive.py`).
+"""The fused MoE kernels (`ops/moe`) against the experts' own torch forwards (`models/layers/experts.py`)
+and the per-token references (`ops/moe/naive.py`); the routers' kernels are in test_moe_routers_triton.py.
 
 The modules' forwards run with the dispatch forced to torch (the reference: `dispatch`'s grouped GEMMs on
 the CPU) and then to Triton (`runs_triton` patched; a spy checks the kernels ran). Runs on CUDA, or on CPU
@@ -8,16 +8,13 @@ Tolerances. Experts, fp32: rtol 1e-5, atol 1e-5 (the same fp32 steps, the dot pr
 order: 2e-6 at most seen here, outputs of magnitude ~5). 16-bit: the kernels round where torch does, so
 only a dot product that lands on a rounding boundary differs: every element within one bf16 ulp of the
 output's largest magnitude (2^-7 relative), at most 1% of elements different at all (0 to 1 of 1152 seen).
-Routers: indices equal; weights rtol 1e-5 / atol 1e-6 in fp32 (exp and the divisions may differ by an ulp),
-one ulp in bf16. Random logits hold no ties; `test_ties_take_the_lowest_index` checks the chosen tie rule.
 """
 import pytest
 import torch
 
 from hybridcache.ops.triton_support import triton_testable
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if not triton_testable(torch.empty(0, device=DEVICE)):
+if not triton_testable(torch.empty(0, device="cuda" if torch.cuda.is_available() else "cpu")):
     pytest.skip("needs triton with CUDA, or TRITON_INTERPRET=1 (Triton's CPU interpreter)", allow_module_level=True)
 
 from hybridcache.models.layers import experts, routers  # noqa: E402
@@ -27,25 +24,7 @@ from hybridcache.ops.moe import (  # noqa: E402
     MAX_PAIRS, MAX_SORTED_PAIRS, SharedExpert, experts_sorted_triton, experts_triton, naive, routers_triton,
 )
 from hybridcache.ops.moe.sort import sort_by_expert  # noqa: E402
-
-F32, BF16 = torch.float32, torch.bfloat16
-D, I = 72, 80  # hidden and intermediate sizes: neither a power of two, so tiles and inner steps are masked
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def randn(*shape: int, seed: int, scale: float = 1.0, dtype: torch.dtype = F32) -> torch.Tensor:
-    return (scale * torch.randn(*shape, generator=gen(seed))).to(device=DEVICE, dtype=dtype)
-
-
-def filled(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    g = gen(seed)
-    for p in module.parameters():
-        p.copy_((torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5).to(p.dtype))
-    return module
-
+from tests.ops.moe_testing import BF16, D, DEVICE, F32, I, filled, gen, launches, randn  # noqa: E402,F401
 
 def routing(n: int, e: int, k: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """k distinct experts a token and positive weights: index, weight [n, k]."""
@@ -66,22 +45,6 @@ def assert_experts_close(out: torch.Tensor, ref: torch.Tensor, weight_dtype: tor
     assert diff.mean() <= 2 ** -9 * ref.float().abs().mean(), f"mean difference {diff.mean().item()}"
     if not out.is_cuda:  # on a GPU the torch path's cuBLAS sums in another order: bf16 roundings flip more often
         assert (diff > 0).float().mean() <= 0.01, f"{int((diff > 0).sum())} of {diff.numel()} elements differ"
-
-
-@pytest.fixture
-def launches(monkeypatch) -> list[str]:
-    """The fused entry points the test's forwards called, by name."""
-    calls: list[str] = []
-    for module, name in ((experts_triton, "fused_experts_triton"), (experts_sorted_triton, "sorted_experts_triton"),
-                         (routers_triton, "softmax_topk_triton"), (routers_triton, "group_topk_triton")):
-        real = getattr(module, name)
-
-        def spy(*args, _real=real, _name=name, **kw):
-            calls.append(_name)
-            return _real(*args, **kw)
-
-        monkeypatch.setattr(module, name, spy)
-    return calls
 
 
 def both(monkeypatch, launches, layer, module: torch.nn.Module, *inputs):
@@ -308,94 +271,6 @@ def test_tile_choice_for_the_h200(monkeypatch):
             assert block == 1 and 4 <= block_rows <= 64 and block_rows & (block_rows - 1) == 0
             assert block_rows * block_in <= experts_triton.TILE and block_in >= 16
             assert count * -(-rows // block_rows) >= min(4 * 132, count * rows // 4)
-
-
-ROUTER_CASES = [(8, 2, True), (12, 3, False), (5, 1, True)]  # (E, k, renormalise); 12, 5: padded tiles
-# where the Triton forward gets its logits: in the kernel (W's columns in one step at D = 72, or in 16-column
-# steps, the last one masked), or from F.linear (`fuses_logits` turned off)
-LOGITS = {"logits in the kernel": "kernel", "in 16-column steps": "steps", "logits by F.linear": "linear"}
-
-
-def router_paths(monkeypatch, launches, module: torch.nn.Module, x: torch.Tensor, source: str):
-    """(torch forward, Triton forward) of a router whose Triton forward takes its logits from `source`
-    (in the kernel F.linear raises)."""
-    in_kernel = source != "linear"
-    if source == "steps":
-        monkeypatch.setattr(routers_triton, "LOGIT_TILE", 16)
-    if source == "linear":
-        monkeypatch.setattr(routers_triton, "FUSED_MAX_MACS", 0)
-    ref = module(x)
-    monkeypatch.setattr(routers, "runs_triton", lambda t: True)
-    if in_kernel:
-        def no_gemm(*args, **kw):
-            raise AssertionError("F.linear ran: the logits were not computed in the kernel")
-        monkeypatch.setattr(routers.F, "linear", no_gemm)
-    out = module(x)
-    monkeypatch.undo()
-    assert launches, "the forward did not take the Triton path"
-    return ref, out
-
-
-@pytest.mark.parametrize("source", LOGITS.values(), ids=LOGITS.keys())
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("e, k, renormalise", ROUTER_CASES)
-def test_softmax_router(monkeypatch, launches, e, k, renormalise, dtype, source):
-    module = filled(routers.SoftmaxTopKRouter(D, e, k, renormalise, DEVICE, dtype), seed=e)
-    x = randn(7, D, seed=1, dtype=dtype)
-    monkeypatch.setattr(routers, "runs_triton", lambda t: False)
-    (ref_index, ref_weight), (index, weight) = router_paths(monkeypatch, launches, module, x, source)
-    assert torch.equal(index, ref_index) and index.dtype == torch.int64
-    assert weight.dtype == ref_weight.dtype == dtype
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == F32 else dict(rtol=2 ** -7, atol=0.0)
-    torch.testing.assert_close(weight, ref_weight, **tol)
-    logits = torch.nn.functional.linear(x, module.weight)
-    loop_index, loop_weight = naive.softmax_topk_naive(logits, k, renormalise)
-    assert torch.equal(index, loop_index)
-    torch.testing.assert_close(weight, loop_weight, **tol)
-
-
-GROUP_CASES = [(8, 1, 1, 2, True), (16, 4, 2, 3, True), (12, 3, 2, 4, False), (8, 4, 4, 1, True)]
-
-
-@pytest.mark.parametrize("source", LOGITS.values(), ids=LOGITS.keys())
-@pytest.mark.parametrize("x_dtype", [F32, BF16], ids=["x fp32", "x bf16"])
-@pytest.mark.parametrize("e, n_group, topk_group, k, renormalise", GROUP_CASES)
-def test_group_router(monkeypatch, launches, e, n_group, topk_group, k, renormalise, x_dtype, source):
-    """Sigmoid scores, a correction bias large enough to change choices, n_group 1 and > 1; fp32 weights,
-    x in fp32 or 16-bit (taken to fp32 before the GEMM)."""
-    module = filled(routers.TopKRouter(D, e, k, n_group, topk_group, renormalise, 2.5, DEVICE), seed=e)
-    module.e_score_correction_bias.copy_(randn(e, seed=3, scale=0.3))
-    x = randn(9, D, seed=1, scale=3.0, dtype=x_dtype)
-    monkeypatch.setattr(routers, "runs_triton", lambda t: False)
-    (ref_index, ref_weight), (index, weight) = router_paths(monkeypatch, launches, module, x, source)
-    assert torch.equal(index, ref_index) and index.dtype == torch.int64 and weight.dtype == F32
-    torch.testing.assert_close(weight, ref_weight, rtol=1e-5, atol=1e-6)
-    logits = torch.nn.functional.linear(x.float(), module.weight)
-    loop = naive.group_topk_naive(logits, module.e_score_correction_bias, k, n_group, topk_group, renormalise, 2.5)
-    assert torch.equal(index, loop[0])
-    torch.testing.assert_close(weight, loop[1], rtol=1e-5, atol=1e-6)
-
-
-def test_group_limit_changes_the_choice():
-    """The best two experts lie in one group; with one group kept the second pick must come from it, with
-    every group kept it is the global second best (so the group mask is not a no-op)."""
-    logits = torch.tensor([[4.0, 3.0, -4.0, -4.0, 3.5, -5.0, -5.0, -5.0]], device=DEVICE)
-    bias = torch.zeros(8, device=DEVICE)
-    one, _ = routers_triton.group_topk_triton(logits, bias, 2, 2, 1, True, 1.0)
-    every, _ = routers_triton.group_topk_triton(logits, bias, 2, 2, 2, True, 1.0)
-    assert one.tolist() == [[0, 1]] and every.tolist() == [[0, 4]]
-
-
-def test_ties_take_the_lowest_index():
-    """Our rule on ties, in every selection: the lowest index first (torch's CPU topk does not promise an
-    order: topk([1, 3, 3, 2, 3], 2) gives indices [2, 4] here)."""
-    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0, 0.0]], device=DEVICE)
-    index, _ = routers_triton.softmax_topk_triton(logits, 2, False)
-    assert index.tolist() == [[1, 2]] == naive.softmax_topk_naive(logits, 2, False)[0].tolist()
-    # groups of 2: {3, 3} (0) ties {3, 3} (1) on its two best, then two equal experts in group 0
-    logits = torch.tensor([[3.0, 3.0, 3.0, 3.0, 1.0, 0.0]], device=DEVICE)
-    index, _ = routers_triton.group_topk_triton(logits, torch.zeros(6, device=DEVICE), 2, 3, 1, False, 1.0)
-    assert index.tolist() == [[0, 1]]
 
 
 def test_no_tokens():
