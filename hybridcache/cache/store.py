@@ -66,17 +66,31 @@ class CacheStore:
         to upload when no module keeps any (plain decode). `chain` (counts on the device, every row a
         verify row): the next step's committed lengths are taken from these (`StepTensors.chain`)."""
         if chain:
-            self._step.chain(accept.num_valid.to(torch.int32))
-        modules = [m for m in self.states if m.needs_accept]
-        if accept.slots.size == 0 or not modules:
+            self.chain(accept.num_valid)
+        if accept.slots.size == 0 or not self.needs_accept:
             return
         slots = self._step.rows_on_device(accept.slots)
         n = accept.num_tokens  # one count for every row (a verify step): passed as an int, not uploaded
         tokens = int(n[0]) if n.size and (n == n[0]).all() else self._step.upload(n.astype(np.int32))
         valid = (accept.num_valid.to(torch.int32) if isinstance(accept.num_valid, torch.Tensor)  # still on the device
                  else self._step.upload(accept.num_valid.astype(np.int32)))
-        for m in modules:
-            m.on_accept(self.state_tensors(m), slots, tokens, valid)
+        self.accept_on_device(slots, tokens, valid)
+
+    @property
+    def needs_accept(self) -> bool:
+        return any(m.needs_accept for m in self.states)
+
+    def accept_on_device(self, slots: torch.Tensor, num_tokens: int | torch.Tensor, num_valid: torch.Tensor) -> None:
+        """The modules' accept hooks on device tensors alone (no upload, no sync: a CUDA graph can hold it):
+        slots [B] (-1: a padding row, untouched), num_tokens T or [B] int32, num_valid [B] int32 in 1..T."""
+        for m in self.states:
+            if m.needs_accept:
+                m.on_accept(self.state_tensors(m), slots, num_tokens, num_valid)
+
+    def chain(self, num_valid: torch.Tensor) -> None:
+        """The step just executed commits `num_valid` [B] tokens a row, on the device: the next plan of the
+        same rows with lengths on the device starts from them (`StepTensors.chain`)."""
+        self._step.chain(num_valid if num_valid.dtype == torch.int32 else num_valid.to(torch.int32))
 
     def zero_slots(self, slots: np.ndarray | Sequence[int]) -> None:
         """Every role of `slots` from zero, through each module's context-start hook."""

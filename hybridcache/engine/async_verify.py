@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..ops.triton_support import runs_triton
-from .device_sampler import RowParams, sample, sample_greedy
+from .device_sampler import RowParams, greedy_verify_choice, sample
 from .interrupts import deferred_interrupts
 from .request import Request
 from .step_tokens import HostCopy, LogprobCopy
@@ -38,7 +38,9 @@ class TokenHistory:
             host[i, : len(tokens)], host[i, -2], host[i, -1] = tokens, len(tokens), tokens[-1]
         pinned = torch.from_numpy(host).pin_memory() if device.type == "cuda" else torch.from_numpy(host)
         both = pinned.to(device, non_blocking=True)  # one copy up
-        self.history, self.lengths, self._last = both[:, :width], both[:, width].clone(), both[:, width + 1]
+        self.history, self.lengths = both[:, :width], both[:, width].clone()
+        self._last = both[:, width + 1].clone()
+        self.no_drafts = torch.zeros_like(self.lengths)  # a one-token step's proposed drafts [R] (never written)
 
     def same_rows(self, rows: list[Request]) -> bool:
         return len(rows) == len(self.rows) and all(a is b for a, b in zip(rows, self.rows))
@@ -49,7 +51,8 @@ class TokenHistory:
         if runs_triton(tokens):
             from ..ops.ngram_triton import history_append_triton
 
-            self._last = history_append_triton(self.history, self.lengths, tokens.contiguous(), counts.contiguous())
+            rows = tokens if tokens.stride(-1) == 1 else tokens.contiguous()  # a graph's packed output: a view
+            self._last = history_append_triton(self.history, self.lengths, rows, counts.contiguous())
             return
         R, T = tokens.shape
         at = self.lengths[:, None] + torch.arange(T, device=tokens.device)  # [R, T]
@@ -66,13 +69,13 @@ class TokenHistory:
 
 class PendingVerify:
     """A verify step's chosen tokens [R, T] and counts [R] on the device (the next step reads them there),
-    and their copy to the host under way, with the drafts each row proposed [R] (the rest padding);
-    `read()` waits for it (the step's one host sync). `logprobs`: the step's, copied back behind them."""
+    and their copy to the host under way: choice [R, 2 + T] int64 holds each row's count, the drafts it
+    proposed (the rest padding), then its tokens (`greedy_verify_choice`'s layout); `read()` waits for the
+    copy (the step's one host sync). `logprobs`: the step's, copied back behind them."""
 
-    def __init__(self, tokens: torch.Tensor, counts: torch.Tensor, proposed: torch.Tensor,
-                 logprobs: LogprobCopy) -> None:
-        self.tokens, self.counts, self.logprobs = tokens, counts, logprobs
-        self._copy = HostCopy(torch.cat([counts[:, None], proposed[:, None].to(tokens.dtype), tokens], 1))
+    def __init__(self, choice: torch.Tensor, counts: torch.Tensor, logprobs: LogprobCopy) -> None:
+        self.tokens, self.counts, self.logprobs = choice[:, 2:], counts, logprobs
+        self._copy = HostCopy(choice)
 
     def read(self) -> tuple[list[list[int]], list[int], list[int]]:
         """(each row's accepted tokens, each row's count, each row's proposed drafts)."""
@@ -145,20 +148,28 @@ class AsyncVerify:
                 self.history.append(prev[1].tokens, prev[1].counts)
             if T > 1:
                 drafts, proposed = loop.drafter.propose_on_device(self.history.history, self.history.lengths)
+                ids = torch.cat([self.history.last()[:, None], drafts], 1).flatten()
             else:
-                lengths = self.history.lengths
-                drafts, proposed = lengths.new_zeros(len(rows), 0), torch.zeros_like(lengths)
-            ids = torch.cat([self.history.last()[:, None], drafts], 1).flatten()
+                ids, proposed = self.history.last(), self.history.no_drafts
             with deferred_interrupts():
                 plan = mgr.planner.plan_step([r.req_id for r in rows], [T] * len(rows))
-            logits = loop.runner.run(plan, ids, 0, T, np.arange(len(rows) * T)).view(len(rows), T, -1)
-            tokens, counts = self._choose(rows, logits, drafts, proposed, prev)
+            if all(r.params.greedy for r in rows):  # chosen and accepted inside the graph where one replays
+                logits, chosen = loop.runner.run_greedy_verify(plan, ids, T, proposed)
+            else:
+                logits, chosen = loop.runner.run(plan, ids, 0, T, np.arange(len(rows) * T)), None
+            logits = logits.view(len(rows), T, -1)
+            choice, counts = chosen or self._choose(rows, logits, ids.view(len(rows), T), proposed, prev)
             with deferred_interrupts():
-                mgr.store.accept(mgr.planner.device_accept(plan, counts), chain=True)
+                accept = mgr.planner.device_accept(plan, counts)
+                if chosen is None:
+                    mgr.store.accept(accept, chain=True)
+                else:
+                    mgr.store.chain(counts)
                 mgr.planner.commit_unsettled(plan)
                 for r in rows:
                     r.num_pending += T  # at most T tokens are on their way back
-                loop.inflight = (rows, PendingVerify(tokens, counts, proposed, LogprobCopy(rows, logits, tokens)))
+                logprobs = LogprobCopy(rows, logits, choice[:, 2:])
+                loop.inflight = (rows, PendingVerify(choice, counts, logprobs))
         except BaseException:
             with deferred_interrupts():
                 self.history = None
@@ -171,21 +182,22 @@ class AsyncVerify:
         if prev is not None:
             loop.deliver(*prev)
 
-    def _choose(self, rows: list[Request], logits: torch.Tensor, drafts: torch.Tensor, proposed: torch.Tensor,
+    def _choose(self, rows: list[Request], logits: torch.Tensor, ids: torch.Tensor, proposed: torch.Tensor,
                 prev) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens [R, T] and counts [R] of the step, as the synchronous step chooses them: only proposed
-        drafts can pass (the padding never does); sampled rows draw at their output positions, which chain
-        on the device (the step before's plus its counts)."""
-        steps = torch.arange(drafts.shape[1], device=drafts.device)
+        """choice [R, 2 + T] (`PendingVerify`'s layout) and counts [R] of the step, as the synchronous step
+        chooses them: ids [R, T] the fed tokens, each row's last one then its drafts, of which only the
+        proposed can pass (the padding never does); sampled rows draw at their output positions, which
+        chain on the device (the step before's plus its counts)."""
         if all(r.params.greedy for r in rows):
-            return sample_greedy(logits, torch.where(steps < proposed[:, None], drafts, -1))
+            return greedy_verify_choice(logits, ids, proposed)
         if prev is None:
             self.params = RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
                                            [r.params.top_p for r in rows], [r.seed for r in rows],
                                            [len(r.output) for r in rows], [[] for _ in rows], 0, self.loop.device)
         else:
             self.params = replace(self.params, position=self.params.position + prev[1].counts)
-        return sample(logits, replace(self.params, drafts=drafts, num_drafts=proposed))
+        tokens, counts = sample(logits, replace(self.params, drafts=ids[:, 1:], num_drafts=proposed))
+        return torch.cat([counts[:, None], proposed[:, None], tokens], 1), counts
 
     def deliver(self, rows: list[Request], pending: PendingVerify) -> None:
         """The in-flight verify step's tokens and counts (its one host sync): the rejected drafts are taken

@@ -124,6 +124,25 @@ def sample_greedy(logits: torch.Tensor, proposed: torch.Tensor) -> tuple[torch.T
     return best, accepted + 1
 
 
+def greedy_verify_choice(logits: torch.Tensor, ids: torch.Tensor,
+                         proposed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_greedy` in a form a CUDA graph can hold: logits [R, T, V]; ids [R, T] the fed tokens (each
+    row's last token, then its drafts, padded); proposed [R] int64 the row's real drafts (the rest padding,
+    never accepted). Returns choice [R, 2 + T] int64 (the count, the proposed drafts, then `sample_greedy`'s
+    tokens: one block to copy back) and the counts again as [R] int32 (what the state modules and the
+    chained lengths take)."""
+    R, T, _ = logits.shape
+    best = logits.argmax(-1)  # [R, T]
+    if T > 1:
+        steps = torch.arange(T - 1, device=logits.device)
+        passed = (best[:, :-1] == ids[:, 1:]) & (steps < proposed[:, None])
+        counts = passed.cumprod(-1).sum(-1) + 1  # leading accepted drafts, then the new token
+    else:
+        counts = torch.ones_like(proposed)
+    choice = torch.cat([counts[:, None], proposed[:, None], best], 1)
+    return choice, counts.to(torch.int32)
+
+
 def _draw(p: torch.Tensor, rows: RowParams, accepted: torch.Tensor, T: int) -> torch.Tensor:
     """One token per row from p [R, V] — or, where the row rejected a draft, from p without it."""
     V = p.shape[-1]

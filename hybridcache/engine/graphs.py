@@ -14,6 +14,11 @@ lengths on the host (`HostRows.uniform_new`: its work is sized from the page tab
 that cannot be captured (a host sync inside, e.g. fp32 MoE on CUDA past `experts.DENSE_LIMIT` rows x
 experts) is remembered and runs eagerly.
 A rebalance re-carves the arena: graphs of an older carving are dropped.
+
+A verify step whose rows are all greedy can also choose inside its graph (`run_greedy_verify`): the argmax,
+the drafts' check and the counts (`greedy_verify_choice`), and the state modules' accept hooks
+(`CacheStore.accept_on_device`; a padding row's slot -1 is left alone), written to static outputs that the
+host copies back in one block. Such a step is its own graph (the key says so).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import torch
 from ..cache import CacheStore
 from ..models.batch import ForwardBatch
 from ..ops.attention import HostRows
+from .device_sampler import greedy_verify_choice
 from .forward_batch import generation_positions
 
 MAX_GRAPHS = 64  # captured shapes kept at once (a steady batch uses one; widths and sizes change slowly)
@@ -55,17 +61,23 @@ class _Graph:
     logits: torch.Tensor  # [bucket * T, V] fp32, the graph's static output
     rows: int  # real rows of the last load: the rest hold padding
     loaded: dict = field(default_factory=dict)  # name -> the repeated input last copied in (kept alive here)
+    # a greedy verify graph's: input proposed [bucket] int64, outputs choice [bucket, 2 + T] int64, counts [bucket]
+    proposed: torch.Tensor | None = None
+    choice: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
 
-    def load(self, input_ids: torch.Tensor, batch: ForwardBatch) -> None:
+    def load(self, input_ids: torch.Tensor, batch: ForwardBatch, proposed: torch.Tensor | None = None) -> None:
         """Copies a step of `batch.num_rows` rows (at most the bucket) into the first rows; rows past them
         become padding when the step before had more."""
         rows = batch.num_rows
         self._copy("input_ids", self.input_ids, input_ids)
         self._copy("cached_lens", self.batch.cached_lens, batch.cached_lens)
-        for name in _REPEATED:
-            t = getattr(batch, name)
+        repeated = [(name, getattr(self.batch, name), getattr(batch, name)) for name in _REPEATED]
+        if proposed is not None:
+            repeated.append(("proposed", self.proposed, proposed))
+        for name, static, t in repeated:
             if self.loaded.get(name) is not t or rows > self.rows:
-                self._copy(name, getattr(self.batch, name), t)
+                self._copy(name, static, t)
                 self.loaded[name] = t
         if rows < self.rows:
             for name, value in _PADDING.items():
@@ -115,11 +127,29 @@ class DecodeGraphs:
         self.num_captured = 0
         self.num_replays = 0
         self.num_padding_rows = 0  # padding rows replayed, summed over replays
+        self.num_choices = 0  # replays that chose the tokens and accepted inside the graph (`run_greedy_verify`)
         self.last: _Graph | None = None  # the graph replayed last (benchmarks time its replay alone)
 
     def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
         """Logits [N, V] of every fed token, or None when the step is not a graph step (the caller then
         runs it eagerly). input_ids [N] on the device; `batch` the step's eager ForwardBatch."""
+        entry = self._replay(input_ids, batch, None)
+        return None if entry is None else entry.output(input_ids.shape[0])
+
+    def run_greedy_verify(self, input_ids: torch.Tensor, batch: ForwardBatch,
+                          proposed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """A step of generation rows that are all greedy, B rows of T tokens (each row's last token, then
+        its drafts), proposed [B] int64 the real drafts a row: (logits [B * T, V], choice [B, 2 + T] int64,
+        counts [B] int32) as `greedy_verify_choice` gives them, with the state modules' accept applied in
+        the graph; views of its static outputs, which its next replay overwrites. None: not a graph step."""
+        entry = self._replay(input_ids, batch, proposed)
+        if entry is None:
+            return None
+        self.num_choices += 1
+        rows = batch.num_rows
+        return entry.output(input_ids.shape[0]), entry.choice[:rows], entry.counts[:rows]
+
+    def _replay(self, input_ids: torch.Tensor, batch: ForwardBatch, proposed: torch.Tensor | None) -> _Graph | None:
         if batch.num_context_rows or not input_ids.is_cuda:
             return None
         if self.store.device_tier.generation != self._generation:
@@ -127,27 +157,30 @@ class DecodeGraphs:
             self._refused.clear()
             self._generation = self.store.device_tier.generation
         bucket = bucket_rows(batch.num_rows)
-        key = (bucket, batch.generation_tokens, batch.page_table.shape[1], batch.speculative)
+        key = (bucket, batch.generation_tokens, batch.page_table.shape[1], batch.speculative, proposed is not None)
         entry = self._graphs.get(key)
         if entry is None:
             if key in self._refused:
                 return None
-            entry = self._capture(input_ids, batch, bucket)
+            entry = self._capture(input_ids, batch, bucket, proposed)
             if entry is None:
                 self._refused.add(key)
                 return None
             self._graphs[key] = entry
             if len(self._graphs) > MAX_GRAPHS:  # each holds its own memory pool: drop the oldest
                 del self._graphs[next(iter(self._graphs))]
-        entry.load(input_ids, batch)
+        entry.load(input_ids, batch, proposed)
         entry.graph.replay()
         self.last = entry
         self.num_replays += 1
         self.num_padding_rows += bucket - batch.num_rows
-        return entry.output(input_ids.shape[0])
+        return entry
 
-    def _capture(self, input_ids: torch.Tensor, batch: ForwardBatch, bucket: int) -> _Graph | None:
+    def _capture(self, input_ids: torch.Tensor, batch: ForwardBatch, bucket: int,
+                 proposed: torch.Tensor | None) -> _Graph | None:
         ids, static = padded_inputs(input_ids, batch, bucket)
+        if proposed is not None:
+            proposed = torch.cat([proposed, proposed.new_zeros(bucket - len(proposed))])
         stream = torch.cuda.Stream(ids.device)
         stream.wait_stream(torch.cuda.current_stream(ids.device))
         mode = torch.cuda.get_sync_debug_mode()
@@ -155,19 +188,26 @@ class DecodeGraphs:
             torch.cuda.set_sync_debug_mode("error")  # a host sync in the warm-up: not capturable, say so now
             try:
                 with torch.cuda.stream(stream):
-                    self._forward(ids, static)  # warm-up: compiles, allocates, touches no slot
+                    self._forward(ids, static, proposed)  # warm-up: compiles, allocates, touches no slot
             finally:
                 torch.cuda.set_sync_debug_mode(mode)
             torch.cuda.current_stream(ids.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                logits = self._forward(ids, static)
+                logits, choice, counts = self._forward(ids, static, proposed)
         except RuntimeError:  # a host sync (or another uncapturable op) inside the forward
             torch.cuda.synchronize(ids.device)
             return None
         self.num_captured += 1
-        return _Graph(graph, ids, static, logits, rows=bucket)
+        return _Graph(graph, ids, static, logits, rows=bucket, proposed=proposed, choice=choice, counts=counts)
 
-    def _forward(self, ids: torch.Tensor, static: ForwardBatch) -> torch.Tensor:
-        positions = generation_positions(static.cached_lens, static.generation_tokens)
-        return self.model.logits(self.model(ids, replace(static, positions=positions)))
+    def _forward(self, ids: torch.Tensor, static: ForwardBatch, proposed: torch.Tensor | None):
+        """(logits, choice, counts): the last two None unless `proposed` asks for the greedy verify tail."""
+        T = static.generation_tokens
+        positions = generation_positions(static.cached_lens, T)
+        logits = self.model.logits(self.model(ids, replace(static, positions=positions)))
+        if proposed is None:
+            return logits, None, None
+        choice, counts = greedy_verify_choice(logits.view(-1, T, logits.shape[-1]), ids.view(-1, T), proposed)
+        self.store.accept_on_device(static.slots, T, counts)
+        return logits, choice, counts

@@ -46,14 +46,31 @@ class ModelRunner:
                                  self.manager.store.local)
         return self._run(plan, token_ids, num_context_rows, verify_tokens, logit_positions, self.manager.store)
 
+    @torch.inference_mode()
+    def run_greedy_verify(self, plan: StepPlan, token_ids: torch.Tensor, verify_tokens: int,
+                          proposed: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """A step of generation rows that are all greedy, each feeding `verify_tokens` (its last token, then
+        its drafts): token_ids [B * T] and proposed [B] (the real drafts a row) on the device. Returns the
+        logits [B * T, V] of every fed token and, where the step replayed a graph, the choice that graph made
+        (choice [B, 2 + T], counts [B]: `DecodeGraphs.run_greedy_verify`, the accept hooks applied); else
+        None, and the caller chooses and accepts."""
+        if self.workers is not None or self.graphs is None:
+            return self.run(plan, token_ids, 0, verify_tokens, np.arange(len(token_ids))), None
+        store = self.manager.store
+        batch = forward_batch(store, store.execute(plan), 0, verify_tokens, self.speculative,
+                              pages_checked=_pages_checked(plan), with_positions=False)
+        out = self.graphs.run_greedy_verify(token_ids, batch, proposed)
+        if out is not None:
+            return out[0], out[1:]
+        batch = replace(batch, positions=generation_positions(batch.cached_lens, verify_tokens))
+        return self.model.logits(self.model(token_ids, batch)), None
+
     def _run(self, plan: StepPlan, token_ids: np.ndarray, num_context_rows: int, verify_tokens: int,
              logit_positions: np.ndarray, store) -> torch.Tensor | None:
         indices = store.execute(plan)
-        # plan_step refuses a plan whose rows lack pages for their tokens; a dummy row is not checked
-        checked = not (plan.dummy & (plan.num_new > 0)).any()
         graph_step = self.graphs is not None and not num_context_rows and len(logit_positions) > 0
         batch = forward_batch(store, indices, num_context_rows, verify_tokens, self.speculative,
-                              pages_checked=checked, with_positions=not graph_step)
+                              pages_checked=_pages_checked(plan), with_positions=not graph_step)
         # copies from pageable memory that do not wait for the device (a blocking one synchronises on CUDA)
         ids = token_ids if isinstance(token_ids, torch.Tensor) else torch.from_numpy(token_ids).to(
             self.device, non_blocking=True)
@@ -70,3 +87,8 @@ class ModelRunner:
         if logits is not None:
             return logits[positions]
         return self.model.logits(self.model(ids, batch)[positions])
+
+
+def _pages_checked(plan: StepPlan) -> bool:
+    """plan_step refuses a plan whose rows lack pages for their tokens; a dummy row is not checked."""
+    return not (plan.dummy & (plan.num_new > 0)).any()

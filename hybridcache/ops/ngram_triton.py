@@ -48,32 +48,32 @@ def _ngram_kernel(hist_ptr, len_ptr, drafts_ptr, proposed_ptr, W, stride_r,
 
 
 @triton.jit
-def _append_kernel(hist_ptr, len_ptr, tok_ptr, count_ptr, last_ptr, W, stride_r, T: tl.constexpr,
+def _append_kernel(hist_ptr, len_ptr, tok_ptr, count_ptr, last_ptr, W, stride_r, stride_t, T: tl.constexpr,
                    BLOCK_T: tl.constexpr):
     row = tl.program_id(0)
     base = hist_ptr + row.to(tl.int64) * stride_r
     L = tl.load(len_ptr + row)
     c = tl.load(count_ptr + row)
     t = tl.arange(0, BLOCK_T)
-    new = tl.load(tok_ptr + row.to(tl.int64) * T + t, mask=t < T, other=0)
+    new = tl.load(tok_ptr + row.to(tl.int64) * stride_t + t, mask=t < T, other=0)
     tl.store(base + tl.minimum(L + t, W - 1), new, mask=t < c)
     tl.store(len_ptr + row, L + c)
     # the last token from the inputs, not read back from history (another thread of the program wrote it)
-    last = tl.where(c > 0, tl.load(tok_ptr + row.to(tl.int64) * T + tl.maximum(c - 1, 0)),
+    last = tl.where(c > 0, tl.load(tok_ptr + row.to(tl.int64) * stride_t + tl.maximum(c - 1, 0)),
                     tl.load(base + tl.maximum(L - 1, 0)))
     tl.store(last_ptr + row, last)
 
 
 def history_append_triton(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor,
                           counts: torch.Tensor) -> torch.Tensor:
-    """`TokenHistory.append`: row i's first counts[i] of tokens [R, T] (contiguous) written at its
+    """`TokenHistory.append`: row i's first counts[i] of tokens [R, T] (unit last stride) written at its
     lengths[i] (clamped to the last of history's W columns), lengths += counts, in place. Returns each
     row's last token [R]. history [R, W] int64 with a unit last stride."""
     R, T = tokens.shape
     last = torch.empty(R, dtype=torch.int64, device=history.device)
     if R:
-        _append_kernel[(R,)](history, lengths, tokens, counts, last, history.shape[1], history.stride(0), T=T,
-                             BLOCK_T=triton.next_power_of_2(T))
+        _append_kernel[(R,)](history, lengths, tokens, counts, last, history.shape[1], history.stride(0),
+                             tokens.stride(0), T=T, BLOCK_T=triton.next_power_of_2(T))
     return last
 
 

@@ -33,3 +33,19 @@ def test_async_verify_on_cuda_gives_the_synchronous_tokens(checkpoint, monkeypat
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
     assert launches[0] > 0 and llm.runner.graphs.num_replays > 0
     assert llm.manager.planner.unsettled == [] and llm.manager.requests() == []
+
+
+def test_greedy_verify_steps_choose_inside_the_graph(checkpoint):
+    """Every row greedy: the verify steps' graphs choose the tokens and run the accept hooks (argmax, draft
+    check, counts, PNAT / pending drafts / conv window) on their static outputs; the tokens equal the
+    synchronous engine's, which chooses and accepts eagerly, and every step leaves the cache intact."""
+    _, path = checkpoint
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=4, page_size=4, max_model_len=128,
+              speculative=SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3))
+    params = [SamplingParams(max_tokens=24, ignore_eos=True) for _ in PROMPTS]
+    want = [o.token_ids for o in LLM(path, async_scheduling=False, **kw).generate(PROMPTS, params)]
+    llm = LLM(path, async_scheduling=True, **kw)
+    llm.step_hook = llm.manager.check_integrity
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
+    assert llm.runner.graphs.num_choices > 0 and llm.stats.num_accepted_tokens > 0
+    assert llm.manager.planner.unsettled == [] and llm.manager.requests() == []

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from hybridcache.engine.device_sampler import RowParams, filtered_probs, sample, sample_greedy, uniform
+from hybridcache.engine.device_sampler import (RowParams, filtered_probs, greedy_verify_choice, sample, sample_greedy,
+                                               uniform)
 from hybridcache.engine.params import SamplingParams
 from hybridcache.engine.sampler import choose, probabilities
 from tests.ops.tripwire import no_host_sync
@@ -60,6 +61,27 @@ def test_sample_greedy_gives_what_sample_gives_greedy_rows(T):
     assert (counts > 1).any() and (counts < T).any() if T > 1 else (counts == 1).all()  # both cases occur
     for i in range(R):
         assert fast[i, : counts[i]].tolist() == tokens[i, : counts[i]].tolist()
+
+
+@pytest.mark.parametrize("T", [1, 2, 4])
+def test_the_graph_form_chooses_what_sample_greedy_does(T):
+    """`greedy_verify_choice` (what a greedy verify graph runs) against `sample_greedy`: the fed ids hold
+    each row's last token then its drafts, padded past the proposed ones with tokens that would pass
+    (the argmax), which must not; the packed block holds the count, the proposed number, the tokens."""
+    g = torch.Generator().manual_seed(10 + T)
+    R, V = 96, 7
+    logits = torch.randn(R, T, V, generator=g)
+    best = logits.argmax(-1)
+    drafts = torch.where(torch.rand(R, T - 1, generator=g) < 0.7, best[:, :-1], torch.randint(0, V, (R, T - 1), generator=g))
+    num = torch.randint(0, T, (R,), generator=g)
+    padded = torch.where(torch.arange(T - 1) < num[:, None], drafts, best[:, :-1])  # padding that would pass
+    ids = torch.cat([torch.randint(0, V, (R, 1), generator=g), padded], 1)
+    with no_host_sync():
+        choice, counts32 = greedy_verify_choice(logits, ids, num)
+    tokens, counts = sample_greedy(logits, torch.where(torch.arange(T - 1) < num[:, None], drafts, -1))
+    assert counts32.dtype == torch.int32 and counts32.tolist() == counts.tolist() == choice[:, 0].tolist()
+    assert choice[:, 1].tolist() == num.tolist() and torch.equal(choice[:, 2:], tokens)
+    assert (counts > 1).any() and (counts < num + 1).any() if T > 1 else (counts == 1).all()
 
 
 @pytest.mark.parametrize("draft", [None, 0, 2])

@@ -90,6 +90,12 @@ def test_the_append_kernel_equals_the_torch_append(T):
     last = history_append_triton(history, lengths, tokens.to(DEVICE), counts.to(DEVICE))
     assert torch.equal(history.cpu(), want.history) and torch.equal(lengths.cpu(), want.lengths)
     assert torch.equal(last.cpu(), want.last())
+    # the tokens as a greedy verify graph leaves them: columns of a wider block (a row stride of T + 2)
+    history, lengths = laid_out(rows, 2 * T)
+    block = torch.cat([counts[:, None], counts[:, None], tokens], 1).to(DEVICE)
+    last = history_append_triton(history, lengths, block[:, 2:], counts.to(device=DEVICE, dtype=torch.int32))
+    assert torch.equal(history.cpu(), want.history) and torch.equal(lengths.cpu(), want.lengths)
+    assert torch.equal(last.cpu(), want.last())
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="routes CPU tensors through the kernel (the interpreter)")
