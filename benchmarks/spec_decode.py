@@ -37,6 +37,8 @@ class OracleDrafter:
         longest = max(map(len, refs.values()))
         table = [list(p) + c + [-1] * (longest - len(c)) for p, c in refs.items()]
         self.table = torch.tensor(table, dtype=torch.long)  # [N, prompt + continuation], -1 past its end
+        self.steps = torch.arange(k)
+        self.matched: tuple[torch.Tensor, torch.Tensor] | None = None  # (a history tensor, its rows' table rows)
 
     def propose(self, tokens: list[int]) -> list[int]:
         cont = self.refs.get(tuple(tokens[: self.prompt_len]))
@@ -48,10 +50,13 @@ class OracleDrafter:
         the reference's [R]."""
         if self.table.device != history.device:
             self.table = self.table.to(history.device)
-        P, k = self.prompt_len, self.k
-        which = (history[:, None, :P] == self.table[None, :, :P]).all(-1).float().argmax(-1)  # [R]
-        at = (lengths[:, None] + torch.arange(k, device=history.device)).clamp(max=self.table.shape[1] - 1)
-        drafts = self.table[which[:, None], at]
+            self.steps = torch.arange(self.k, device=history.device)
+        if self.matched is None or self.matched[0] is not history:  # a row's prompt holds while its history lives
+            P = self.prompt_len
+            which = (history[:, None, :P] == self.table[None, :, :P]).all(-1).float().argmax(-1)  # [R]
+            self.matched = (history, which[:, None])
+        at = (lengths[:, None] + self.steps).clamp(max=self.table.shape[1] - 1)
+        drafts = self.table[self.matched[1], at]
         real = drafts >= 0
         last = history.gather(1, (lengths - 1)[:, None])
         return torch.where(real, drafts, last), real.sum(-1)
