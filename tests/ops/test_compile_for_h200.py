@@ -71,8 +71,8 @@ ngram_sig = {"hist_ptr": "*i64", "len_ptr": "*i64", "drafts_ptr": "*i64", "propo
              "stride_r": "i64"}
 results["ngram"] = compile_(ngram_triton._ngram_kernel, ngram_sig, {"N": 3, "MIN_N": 1, "K": 3, "BLOCK_C": 256,
                                                                    "BLOCK_K": 4})
-append_sig = {"hist_ptr": "*i64", "len_ptr": "*i64", "tok_ptr": "*i64", "count_ptr": "*i64", "last_ptr": "*i64",
-              "W": "i32", "stride_r": "i64"}
+append_sig = {"hist_ptr": "*i64", "len_ptr": "*i64", "tok_ptr": "*i64", "count_ptr": "*i32", "last_ptr": "*i64",
+              "W": "i32", "stride_r": "i64", "stride_t": "i64"}
 results["ngram-append"] = compile_(ngram_triton._append_kernel, append_sig, {"T": 4, "BLOCK_T": 4})
 results["relu2"] = compile_(activation_triton._relu2_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32"},
                            {"BLOCK": 2048})
