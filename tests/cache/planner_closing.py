@@ -1,4 +1,4 @@
-"""The planner walk's closing rules (`test_planner_stateful.Model`): a pending step committed (counts drawn,
+"""The planner walk's closing rules (`planner_shadow.Model`): a pending step committed (counts drawn,
 some refused), committed unsettled as asynchronous verify does, or aborted; the oldest unsettled step
 settled; a move or a re-carve committed, cancelled or lost. Each updates the shadow `m` as the planner must."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The planner walk's refusal rules (`test_planner_stateful.Model.invalid`): in each phase, calls that must
+"""The planner walk's refusal rules (`planner_shadow.Model.invalid`): in each phase, calls that must
 raise a typed error and change nothing — unknown, freed or twice-listed requests, bad counts, statuses an
 operation does not take, stale plans, anything while a step is pending or a move is in progress. Each rule
 picks one case and hands it to the model's `refused`, which compares every entry and pool before and after."""

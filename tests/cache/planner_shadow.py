@@ -7,8 +7,9 @@ plan's page-table writes, applied in order to a simulated store's table (reset w
 widened when `table_width` grows), must rebuild every row's pages exactly, writing no cell twice.
 
 `Model` draws through a `Draw` (`planner_walk`), backed by `random.Random` for the plain random walk or by
-hypothesis's `data` for the rule-based machine. The rules that must be refused live in `planner_refusals`,
-those that close a pending step or move in `planner_closing`.
+hypothesis's `data` for the rule-based machine. The rules live by kind: steps allocated and planned in
+`planner_steps`, moves planned in `planner_moves`, those that must be refused in `planner_refusals`, those
+that close a pending step or move in `planner_closing`.
 """
 from __future__ import annotations
 
@@ -24,9 +25,7 @@ from hypothesis import strategies as st
 from hybridcache.cache import (
     DoubleFreeError,
     DuplicateRequestError,
-    HostTierFullError,
     IntegrityError,
-    InvalidCountError,
     InvalidTransitionError,
     MovePlan,
     OutOfDeviceMemoryError,
@@ -37,16 +36,14 @@ from hybridcache.cache import (
 )
 from hybridcache.cache.counts import MAX_TOKENS
 from tests.cache.planner_closing import Closings
+from tests.cache.planner_moves import Moves
 from tests.cache.planner_refusals import Refusals
+from tests.cache.planner_steps import Steps, ceil_div
 from tests.cache.planner_walk import (
     CONTEXT, DUMMY, GENERATION, IDLE, MOVING, ON_DEVICE, PENDING, RECARVING, SUSPENDED, WAITING, Req,
 )
 
 STATS = ("suspensions", "resumes", "reprefills", "aborted_rows", "rebalances", "bytes_to_host", "bytes_to_device")
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -88,6 +85,8 @@ class Model:
         self.stats = dict.fromkeys(STATS, 0)
         self.refusals = Refusals(self)
         self.closings = Closings(self)
+        self.steps = Steps(self)
+        self.moves = Moves(self)
         self.counter = 0
         self.step: StepPlan | None = None  # the pending step
         self.move: MovePlan | RecarvePlan | None = None  # the move in progress
@@ -245,127 +244,6 @@ class Model:
         self.reqs[rid] = Req(DUMMY, dummy_slot=self.free_dummies.pop())
         self.added.append(rid)
 
-    # -- rules: idle -------------------------------------------------------------------------------
-    def allocate(self, d, rows: list[str] | None = None) -> bool:
-        if rows is None:
-            rows = d.subset(self.ids(WAITING, CONTEXT, GENERATION, DUMMY), 0)
-        arg, n = self.counts_for(d, rows)
-        fresh = [r for r in rows if self.reqs[r].status == WAITING]
-        grow = [self.growth(r, k) for r, k in zip(rows, n)]
-        free_slots, free_pages, _, _ = self.expected_free()
-        if len(fresh) > free_slots or sum(grow) > free_pages:
-            before = self.snapshot()
-            assert self.planner.allocate(rows, arg) is False
-            assert self.snapshot() == before
-            self.outcomes["allocate refused"] += 1
-            return False
-        assert self.planner.allocate(rows, arg) is True
-        for r in fresh:
-            self.reqs[r].status, self.reqs[r].fresh = CONTEXT, True
-        for r, g in zip(rows, grow):
-            self.reqs[r].pages += g
-        self.outcomes["allocate"] += 1
-        return True
-
-    def allocate_and_plan(self, d) -> None:
-        """What an engine does: allocate the rows, then plan them (sometimes in another row order)."""
-        rows = d.subset(self.ids(WAITING, CONTEXT, GENERATION, DUMMY), 1)
-        self._allocate_then_plan(d, rows)
-
-    def decode(self, d) -> None:
-        """The last planned rows again, the steady state of decoding: the planner reuses its layout."""
-        key = list(self.key)
-        if not key or any(r not in self.reqs or self.reqs[r].status not in (*ON_DEVICE, DUMMY) for r in key):
-            return self.allocate_and_plan(d)
-        self._allocate_then_plan(d, key, reorder=False)
-
-    def _allocate_then_plan(self, d, rows: list[str], reorder: bool = True) -> None:
-        arg, n = self.counts_for(d, rows)
-        fresh = [r for r in rows if self.reqs[r].status == WAITING]
-        grow = [self.growth(r, k) for r, k in zip(rows, n)]
-        free_slots, free_pages, _, _ = self.expected_free()
-        ok = len(fresh) <= free_slots and sum(grow) <= free_pages
-        assert self.planner.allocate(rows, arg) is ok
-        if not ok:
-            self.outcomes["allocate refused"] += 1
-            return
-        for r in fresh:
-            self.reqs[r].status, self.reqs[r].fresh = CONTEXT, True
-        for r, g in zip(rows, grow):
-            self.reqs[r].pages += g
-        if reorder and len(rows) > 1 and d.int(0, 3) == 3:
-            order = d.subset(range(len(rows)), len(rows), len(rows))
-            rows, arg = [rows[i] for i in order], [n[i] for i in order]
-            n = arg
-        self.plan(d, rows, arg, n)
-
-    def plan_only(self, d) -> None:
-        """Plan rows on what they already hold; a count past a row's pages is refused."""
-        rows = d.subset(self.ids(CONTEXT, GENERATION, DUMMY), 1)
-        n = []
-        for r in rows:
-            q = self.reqs[r]
-            room = q.pages * self.cfg.page_size - q.tokens if self.cfg.has_pages and q.status != DUMMY else 8
-            n.append(d.int(1, max(1, room)) if d.int(0, 4) < 4 else d.int(1, room + 2 * self.cfg.page_size + 1))
-        self.plan(d, rows, n, n)
-
-    def plan(self, d, rows: list[str], arg, n: list[int]) -> None:
-        p, cfg = self.planner, self.cfg
-        if any(self.reqs[r].status not in (*ON_DEVICE, DUMMY) for r in rows):
-            return self.refused(InvalidTransitionError, lambda: p.plan_step(rows, arg))
-        if any(self.reqs[r].tokens + k > MAX_TOKENS for r, k in zip(rows, n)):
-            self.outcomes["past int32"] += 1
-            return self.refused(InvalidCountError, lambda: p.plan_step(rows, arg))
-        if any(self.reqs[r].status != DUMMY and cfg.has_pages
-               and ceil_div(self.reqs[r].tokens + k, cfg.page_size) > self.reqs[r].pages for r, k in zip(rows, n)):
-            return self.refused(OutOfDeviceMemoryError, lambda: p.plan_step(rows, arg))
-        if self.unsettled:
-            last = self.unsettled[-1][0]
-            if tuple(rows) != tuple(x[0] if x else None for x in last) and any(map(self.closings.still_generating, last)):
-                return self.refused(InvalidTransitionError, lambda: p.plan_step(rows, arg))
-        plan = p.plan_step(rows, arg)
-        assert plan.lens_on_device == bool(self.unsettled)
-        entries = [p.entry(r) for r in rows]
-        assert plan.req_ids == tuple(rows) and plan.batch_size == len(rows)
-        assert plan.slots.tolist() == [e.slot for e in entries]
-        assert plan.dummy.tolist() == [self.reqs[r].status == DUMMY for r in rows]
-        assert plan.generation.tolist() == [self.reqs[r].status == GENERATION for r in rows]
-        assert plan.cached_lens.tolist() == [self.reqs[r].tokens for r in rows]
-        assert plan.num_new.tolist() == list(n)
-        assert plan.fresh.tolist() == [self.reqs[r].fresh for r in rows]
-        assert plan.zero_slots.tolist() == [e.slot for r, e in zip(rows, entries) if self.reqs[r].fresh]
-        for r in rows:
-            self.reqs[r].fresh = False
-        self.check_table(plan, entries)
-        self.step = self.last_step = plan
-        self.outcomes["plan"] += 1
-
-    def check_table(self, plan: StepPlan, entries) -> None:
-        """Apply the plan's writes as a store would; the table must then hold exactly each row's pages."""
-        assert plan.version >= self.version
-        if plan.version != self.version:
-            self.version, self.key = plan.version, plan.req_ids
-            self.table = np.full((plan.batch_size, plan.table_width), -1, dtype=np.int64)
-        else:
-            assert plan.req_ids == self.key, "a layout version is one row order"
-            assert plan.table_width >= self.table.shape[1]
-            self.outcomes["layout reused"] += 1
-            if plan.table_width > self.table.shape[1]:
-                wider = np.full((plan.batch_size, plan.table_width), -1, dtype=np.int64)
-                wider[:, : self.table.shape[1]] = self.table
-                self.table = wider
-        rows, cols, pages = plan.table_writes
-        assert rows.shape == cols.shape == pages.shape
-        assert ((0 <= cols) & (cols < plan.table_width)).all() and ((0 <= rows) & (rows < plan.batch_size)).all()
-        assert len(set(zip(rows.tolist(), cols.tolist()))) == rows.size, "a cell written twice in one plan"
-        assert (self.table[rows, cols] == -1).all(), "a write to a cell that already holds its page"
-        self.table[rows, cols] = pages
-        assert self.table.shape == (plan.batch_size, plan.table_width)
-        for i, e in enumerate(entries):
-            held = len(e.pages)
-            assert self.table[i, :held].tolist() == e.pages, (plan.req_ids[i], self.table[i], e.pages)
-            assert (self.table[i, held:] == -1).all()
-
     def start_generation(self, d) -> None:
         rid = d.pick(self.ids(CONTEXT))
         self.planner.start_generation(rid)
@@ -389,83 +267,6 @@ class Model:
         with pytest.raises(DoubleFreeError):
             self.planner.entry(rid)
 
-    def suspend(self, d) -> None:
-        p = self.planner
-        rows = d.subset(self.ids(GENERATION), 0 if d.int(0, 9) == 9 else 1)  # now and then none
-        if self.unsettled:
-            return self.refused(InvalidTransitionError, lambda: p.plan_suspend(rows))
-        live = [self.live_pages(self.reqs[r]) for r in rows]
-        _, _, host_slots, host_pages = self.expected_free()
-        if len(rows) > host_slots or sum(live) > host_pages:
-            return self.refused(HostTierFullError, lambda: p.plan_suspend(rows))
-        before = self.snapshot()
-        plan = p.plan_suspend(rows)
-        entries = [p.entry(r) for r in rows]
-        assert plan.to_host and plan.req_ids == tuple(rows) and plan.page_counts == tuple(live)
-        assert plan.slots == tuple(e.slot for e in entries)
-        assert plan.pages == tuple(x for e, k in zip(entries, live) for x in e.pages[:k])
-        held = p.entries()
-        self.check_reserved(plan.host_slots, plan.host_pages, (len(rows), sum(live)),
-                            (0, self.cfg.host_slots, self.cfg.host_pages),
-                            ({e.host_slot for e in held}, {x for e in held for x in e.host_pages}))
-        self.move, self.before_move, self.added = plan, before, []
-
-    def resume(self, d) -> None:
-        p = self.planner
-        rows = d.subset(self.ids(SUSPENDED), 0 if d.int(0, 9) == 9 else 1)
-        if self.unsettled:
-            return self.refused(InvalidTransitionError, lambda: p.plan_resume(rows))
-        need = sum(self.reqs[r].host_pages for r in rows)
-        slots, pages, _, _ = self.expected_free()
-        if len(rows) > slots or need > pages:
-            return self.refused(OutOfDeviceMemoryError, lambda: p.plan_resume(rows))
-        before = self.snapshot()
-        plan = p.plan_resume(rows)
-        entries = [p.entry(r) for r in rows]
-        assert not plan.to_host and plan.req_ids == tuple(rows)
-        assert plan.page_counts == tuple(len(e.host_pages) for e in entries)
-        assert plan.host_slots == tuple(e.host_slot for e in entries)
-        assert plan.host_pages == tuple(x for e in entries for x in e.host_pages)
-        held = p.entries()
-        self.check_reserved(plan.slots, plan.pages, (len(rows), need),
-                            (self.cfg.num_dummies, self.num_slots + self.cfg.num_dummies, self.num_pages),
-                            ({e.slot for e in held}, {x for e in held for x in e.pages}))
-        self.move, self.before_move, self.added = plan, before, []
-
-    @staticmethod
-    def check_reserved(slots, pages, want: tuple, bounds: tuple, held: tuple) -> None:
-        """Reserved ids: `want` (slots, pages) of them, distinct, slots in [first, num_slots) and pages in
-        [0, num_pages) (`bounds`), and none of the `held` (slots, pages) that requests hold."""
-        first, num_slots, num_pages = bounds
-        assert (len(slots), len(pages)) == want
-        assert len(set(slots)) == len(slots) and len(set(pages)) == len(pages)
-        assert all(first <= s < num_slots for s in slots) and all(0 <= x < num_pages for x in pages)
-        assert not set(slots) & held[0] and not set(pages) & held[1]
-
-    def rebalance(self, d) -> None:
-        p, cfg = self.planner, self.cfg
-        num_slots = cfg.num_slots + 2 - d.int(0, cfg.num_slots + 2)  # 0 to a few more than at the start
-        num_pages = cfg.num_pages + 8 - d.int(0, cfg.num_pages + 8)
-        if self.unsettled:
-            return self.refused(InvalidTransitionError, lambda: p.plan_rebalance(num_slots, num_pages))
-        live = self.ids(*ON_DEVICE)
-        counts = [self.live_pages(self.reqs[r]) for r in live]
-        held = [self.reqs[r].pages for r in live]
-        if num_slots < 1 or len(live) > num_slots or sum(held) > num_pages:
-            return self.refused(OutOfDeviceMemoryError, lambda: p.plan_rebalance(num_slots, num_pages))
-        before = self.snapshot()
-        plan = p.plan_rebalance(num_slots, num_pages)
-        entries = [p.entry(r) for r in live]
-        dummies = cfg.num_dummies
-        assert (plan.old_slots, plan.old_pages) == (self.num_slots + dummies, self.num_pages)
-        assert (plan.new_slots, plan.new_pages, plan.num_dummies) == (num_slots + dummies, num_pages, dummies)
-        assert plan.slots_from == tuple(e.slot for e in entries)
-        assert plan.slots_to == tuple(range(dummies, dummies + len(live)))
-        assert plan.pages_from == tuple(x for e, k in zip(entries, counts) for x in e.pages[:k])
-        starts = [sum(held[:i]) for i in range(len(held))]
-        assert plan.pages_to == tuple(s + j for s, k in zip(starts, counts) for j in range(k))
-        self.move, self.before_move, self.added = plan, before, []
-
     # -- rules: what must be refused (`planner_refusals.Refusals`) --------------------------------------
     def invalid(self, d) -> None:
         self.refusals.invalid(d)
@@ -482,13 +283,13 @@ class Model:
             return [(60, finish)] + always
         out = []
         if self.ids(WAITING, CONTEXT, GENERATION, DUMMY):
-            out += [(20, self.decode), (20, self.allocate_and_plan)]
+            out += [(20, self.steps.decode), (20, self.steps.allocate_and_plan)]
         if self.ids(CONTEXT):
             out.append((8, self.start_generation))
         if self.ids(GENERATION):
-            out.append((6, self.suspend))
+            out.append((6, self.moves.suspend))
         if self.ids(SUSPENDED):
-            out.append((12, self.resume))
+            out.append((12, self.moves.resume))
         full = 1 - self.expected_free()[1] / max(self.num_pages, 1)  # under pressure, requests end more often
         if self.ids(CONTEXT, GENERATION, SUSPENDED):
             out.append((2 + int(6 * full), self.reprefill))
@@ -496,4 +297,4 @@ class Model:
             out.append((4 + int(12 * full), self.free))
         if self.unsettled:
             out.append((12, self.closings.settle))
-        return out + [(3, self.allocate), (6, self.plan_only), (3, self.rebalance)] + always
+        return out + [(3, self.steps.allocate), (6, self.steps.plan_only), (3, self.moves.rebalance)] + always
