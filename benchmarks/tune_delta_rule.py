@@ -1,8 +1,9 @@
 """Tiling sweep for the gated-delta-rule Triton kernels (value columns per program x warps), CUDA graphs.
 
 For each batch size, times plain decode (T = 1), the per-token-states baseline (T = 4, every state written),
-and the GDN and KDA verify kernels (T = 4; GDN's history half full) at each (block_v, num_warps), and
-prints the best tiling per kernel and batch next to the default's time. Shapes: GDN 16 key / 32 value heads,
+and the GDN and KDA verify kernels (T = 4; GDN's history half full; KDA with 3 accepted drafts pending, and
+with none, as at zero acceptance), each in the sequential and the parallel form, at each (block_v,
+num_warps), and prints the best tiling per kernel and batch next to the default's time. Shapes: GDN 16 key / 32 value heads,
 KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
     PYTHONPATH=. python benchmarks/tune_delta_rule.py
@@ -42,6 +43,19 @@ def cases(batch: int) -> dict:
     kssm = torch.randn(S, H, K, V, device=DEV) * 0.1
     pend = dict(k=r(S, T - 1, H, K), g=torch.zeros(S, T - 1, H, K, device=DEV), v=r(S, T - 1, H, V),
                 b=torch.zeros(S, T - 1, H, device=DEV), n=torch.full((S,), T - 1, dtype=torch.int32, device=DEV))
+    none_pending = torch.zeros_like(pend["n"])
+
+    def gdn(parallel: bool):
+        return lambda bv, w: gdn_verify_triton(q, k, v, g, beta, ssm, hist["u"], hist["k"], hist["G"], hist["b"], pnat,
+                                               buf, slots, use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
+                                               parallel=parallel)
+
+    def kda(parallel: bool, pending: torch.Tensor):
+        return lambda bv, w: kda_verify_triton(q[:, :, :H], k, v[:, :, :H], gk, beta[:, :, :H], kssm, pend["k"],
+                                               pend["g"], pend["v"], pend["b"], pending, slots,
+                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
+                                               parallel=parallel)
+
     return {
         "decode T=1": lambda bv, w: delta_rule_decode_triton(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], ssm,
                                                              slots, use_qk_l2norm_in_kernel=True, block_v=bv,
@@ -49,13 +63,12 @@ def cases(batch: int) -> dict:
         "per-token T=4": lambda bv, w: delta_rule_decode_triton(q, k, v, g, beta, ssm, slots,
                                                                 use_qk_l2norm_in_kernel=True, block_v=bv,
                                                                 intermediate=inter, num_warps=w),
-        "gdn verify T=4": lambda bv, w: gdn_verify_triton(q, k, v, g, beta, ssm, hist["u"], hist["k"], hist["G"],
-                                                          hist["b"], pnat, buf, slots, use_qk_l2norm_in_kernel=True,
-                                                          block_v=bv, num_warps=w),
-        "kda verify T=4": lambda bv, w: kda_verify_triton(q[:, :, :H], k, v[:, :, :H], gk, beta[:, :, :H], kssm,
-                                                          pend["k"], pend["g"], pend["v"], pend["b"], pend["n"],
-                                                          slots, use_qk_l2norm_in_kernel=True, block_v=bv,
-                                                          num_warps=w),
+        "gdn verify T=4": gdn(False),
+        "gdn verify T=4 par": gdn(True),
+        "kda verify T=4": kda(False, pend["n"]),
+        "kda verify T=4 par": kda(True, pend["n"]),
+        "kda verify T=4 n=0": kda(False, none_pending),
+        "kda verify n=0 par": kda(True, none_pending),
     }
 
 
@@ -76,7 +89,7 @@ def main() -> None:
                     print(f"  {name} B={batch} bv={bv} w={w}: {type(exc).__name__}")
             best = min(times, key=times.get)
             row = "  ".join(f"{bv}x{w}:{us:.1f}" for (bv, w), us in sorted(times.items()))
-            print(f"B={batch:<4} {name:15} best bv={best[0]} warps={best[1]} {times[best]:8.1f} us | {row}")
+            print(f"B={batch:<4} {name:18} best bv={best[0]} warps={best[1]} {times[best]:8.1f} us | {row}")
 
 
 if __name__ == "__main__":

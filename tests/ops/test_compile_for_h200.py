@@ -32,6 +32,8 @@ from hybridcache.ops import rms_norm_triton
 from hybridcache.ops.attention import triton_mla, triton_paged
 from hybridcache.ops.conv1d import triton_shift
 from hybridcache.ops import activation_triton, ngram_triton, slot_rows_triton
+from hybridcache.ops.gdn import triton_verify as gdn_verify
+from hybridcache.ops.kda import triton_verify as kda_verify
 
 def compile_(fn, sig, consts):
     sig = {**sig, **{n: "constexpr" for n in consts}}
@@ -74,13 +76,30 @@ results["ngram"] = compile_(ngram_triton._ngram_kernel, ngram_sig, {"N": 3, "MIN
 append_sig = {"hist_ptr": "*i64", "len_ptr": "*i64", "tok_ptr": "*i64", "count_ptr": "*i32", "last_ptr": "*i64",
               "W": "i32", "stride_r": "i64", "stride_t": "i64"}
 results["ngram-append"] = compile_(ngram_triton._append_kernel, append_sig, {"T": 4, "BLOCK_T": 4})
+def runtime_sig(fn, types):
+    """Every runtime argument of `fn`: `types` by name, else a pointer to fp32 (`*_ptr`) or an i64 stride."""
+    consts = {fn.arg_names[i] for i in fn.constexprs}
+    return {n: types.get(n, "*fp32" if n.endswith("_ptr") else "i64") for n in fn.arg_names if n not in consts}
+
+bf16 = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "o_ptr"), "*bf16")
+for parallel in (False, True):
+    form = "parallel" if parallel else "sequential"
+    results[f"gdn_verify-{form}"] = compile_(gdn_verify._gdn_verify_kernel, runtime_sig(gdn_verify._gdn_verify_kernel, {
+        **bf16, "u_ptr": "*bf16", "hk_ptr": "*bf16", "pnat_ptr": "*i32", "buf_ptr": "*i32", "slot_ptr": "*i64",
+        "scale": "fp32"}), {"T": 4, "H": 16, "HV": 32, "K": 128, "V": 128, "HIST": 16, "BK": 128, "BV": 32,
+                            "L2NORM": True, "RAW_GATE": True, "PARALLEL": parallel, "TP": 4})
+    results[f"kda_verify-{form}"] = compile_(kda_verify._kda_verify_kernel, runtime_sig(kda_verify._kda_verify_kernel, {
+        **bf16, "pk_ptr": "*bf16", "pv_ptr": "*bf16", "n_ptr": "*i32", "slot_ptr": "*i64", "scale": "fp32"}),
+        {"T": 4, "H": 16, "K": 128, "V": 128, "P": 3, "BK": 128, "BV": 32, "L2NORM": True, "RAW_GATE": True,
+         "PARALLEL": parallel, "TP": 4})
 results["relu2"] = compile_(activation_triton._relu2_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32"},
                            {"BLOCK": 2048})
 print(json.dumps(results))
 '''
 CASES = ["rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
          "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "conv_shift",
-         "slot_rows-read", "slot_rows-write", "relu2", "ngram", "ngram-append"]
+         "slot_rows-read", "slot_rows-write", "relu2", "ngram", "ngram-append",
+         *(f"{op}_verify-{form}" for op in ("gdn", "kda") for form in ("sequential", "parallel"))]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import gdn_raw_gate, unit_last
-from ..delta_rule_verify_triton import NUM_WARPS, key_l2norm, verify_tile_sizes
+from ..delta_rule_verify_triton import NUM_WARPS, key_l2norm, parallel_token, verify_tile_sizes
 
 if TYPE_CHECKING:
     from .decode import RawGate
@@ -29,9 +29,11 @@ def _gdn_verify_kernel(
     s_pnat, s_buf,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HIST: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
+    PARALLEL: tl.constexpr, TP: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
-    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]."""
+    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV].
+    PARALLEL: the new tokens in the parallel form (TP = T rounded up to a power of two)."""
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
     slot = tl.load(slot_ptr + row).to(tl.int64)
@@ -78,6 +80,11 @@ def _gdn_verify_kernel(
     if RAW_GATE:
         neg_A = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
         dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
+    if PARALLEL:
+        rows = tl.arange(0, TP)
+        D = tl.zeros([TP, BK], tl.float32)
+        U = tl.zeros([TP, BV], tl.float32)
+        gamma = 1.0
     for t in tl.static_range(T):
         tok = row * T + t
         q_t = tl.load(q_row + t * s_qt + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -91,10 +98,16 @@ def _gdn_verify_kernel(
         b_t = tl.load(b_in + t * s_bit).to(tl.float32)
         if RAW_GATE:
             g_t, b_t = gdn_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
-        h = h * tl.exp(g_t)
-        u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
-        h += k_t[:, None] * u_t[None, :]
-        o_t = tl.where(valid, tl.sum(h * q_t[:, None], 0), 0.0)
+        a_t = tl.exp(g_t)
+        if PARALLEL:  # h stays the state before the new tokens
+            gamma = gamma * a_t
+            u_t, o_t, D, U = parallel_token(h, D, U, t, rows, k_t, q_t, a_t, gamma * k_t, gamma * q_t, v_t, b_t)
+        else:
+            h = h * a_t
+            u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
+            h += k_t[:, None] * u_t[None, :]
+            o_t = tl.sum(h * q_t[:, None], 0)
+        o_t = tl.where(valid, o_t, 0.0)
         tl.store(o_ptr + (tok * HV + hv) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
         G += g_t
         pos = pos0 + t
@@ -128,9 +141,11 @@ def gdn_verify_triton(
     num_warps: int = NUM_WARPS,
     *,
     gate: RawGate | None = None,
+    parallel: bool = False,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
-    which does not change the result).
+    which does not change the result; `parallel`: the new tokens in the parallel form,
+    `delta_rule_verify_triton`, the same result in fp32 rounded otherwise).
 
     q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; ssm [S, HV, K, V] fp32;
     replay_u [S, 2, HIST, HV, V]; replay_k [S, 2, HIST, H, K]; replay_G, replay_beta [S, 2, HV, HIST];
@@ -165,6 +180,6 @@ def gdn_verify_triton(
         *ssm.stride(), *replay_u.stride(), *replay_k.stride(), *replay_G.stride(), *replay_beta.stride(),
         pnat.stride(0), buf_idx.stride(0),
         T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel,
-        RAW_GATE=gate is not None, num_warps=num_warps,
+        RAW_GATE=gate is not None, PARALLEL=parallel, TP=triton.next_power_of_2(T), num_warps=num_warps,
     )
     return o
