@@ -118,7 +118,14 @@ def padded_inputs(input_ids: torch.Tensor, batch: ForwardBatch, bucket: int) -> 
     return grow(input_ids, 0, t), static
 
 
+def padded_proposed(proposed: torch.Tensor, bucket: int) -> torch.Tensor:
+    """A greedy verify graph's static proposed drafts [bucket]: the step's [B], then 0 for padding rows."""
+    return torch.cat([proposed, proposed.new_zeros(bucket - len(proposed))])
+
+
 class DecodeGraphs:
+    """The captured graphs of one model and store (CUDA only: the runner makes none elsewhere)."""
+
     def __init__(self, model: torch.nn.Module, store: CacheStore) -> None:
         self.model, self.store = model, store
         self._graphs: dict[tuple, _Graph] = {}
@@ -150,7 +157,7 @@ class DecodeGraphs:
         return entry.output(input_ids.shape[0]), entry.choice[:rows], entry.counts[:rows]
 
     def _replay(self, input_ids: torch.Tensor, batch: ForwardBatch, proposed: torch.Tensor | None) -> _Graph | None:
-        if batch.num_context_rows or not input_ids.is_cuda:
+        if batch.num_context_rows:
             return None
         if self.store.device_tier.generation != self._generation:
             self._graphs.clear()
@@ -180,7 +187,7 @@ class DecodeGraphs:
                  proposed: torch.Tensor | None) -> _Graph | None:
         ids, static = padded_inputs(input_ids, batch, bucket)
         if proposed is not None:
-            proposed = torch.cat([proposed, proposed.new_zeros(bucket - len(proposed))])
+            proposed = padded_proposed(proposed, bucket)
         stream = torch.cuda.Stream(ids.device)
         stream.wait_stream(torch.cuda.current_stream(ids.device))
         mode = torch.cuda.get_sync_debug_mode()

@@ -53,6 +53,7 @@ from .triton_support import num_sms
 BLOCK_V = 32
 NUM_WARPS = 1
 MIN_PROGRAMS_PER_SM = 4
+PARALLEL = False  # the form a call that names none takes (benchmarks switch it: benchmarks/verify_form.py)
 
 
 @triton.jit

@@ -34,6 +34,7 @@ from hybridcache.ops.conv1d import triton_shift
 from hybridcache.ops import activation_triton, ngram_triton, slot_rows_triton
 from hybridcache.ops.gdn import triton_verify as gdn_verify
 from hybridcache.ops.kda import triton_verify as kda_verify
+from hybridcache.ops.mamba2 import triton_verify as mamba2_verify
 
 def compile_(fn, sig, consts):
     sig = {**sig, **{n: "constexpr" for n in consts}}
@@ -92,6 +93,12 @@ for parallel in (False, True):
         **bf16, "pk_ptr": "*bf16", "pv_ptr": "*bf16", "n_ptr": "*i32", "slot_ptr": "*i64", "scale": "fp32"}),
         {"T": 4, "H": 16, "K": 128, "V": 128, "P": 3, "BK": 128, "BV": 32, "L2NORM": True, "RAW_GATE": True,
          "PARALLEL": parallel, "TP": 4})
+    m2 = mamba2_verify._verify_kernel
+    results[f"mamba2_verify-{form}"] = compile_(m2, runtime_sig(m2, {
+        **dict.fromkeys(("x_ptr", "dt_ptr", "B_ptr", "C_ptr", "y_ptr", "rx_ptr", "rb_ptr"), "*bf16"),
+        "pnat_ptr": "*i32", "buf_ptr": "*i32", "slot_ptr": "*i64", "dt_lo": "fp32", "dt_hi": "fp32", "hist": "i32"}),
+        {"STEPS": 4, "HEAD_DIM": 64, "DSTATE": 128, "REPS": 8, "BLOCK_P": 32, "BLOCK_N": 128, "BLOCK_H": 16,
+         "HAS_D": True, "HAS_BIAS": True, "PARALLEL": parallel, "TP": 4})
 results["relu2"] = compile_(activation_triton._relu2_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32"},
                            {"BLOCK": 2048})
 print(json.dumps(results))
@@ -99,7 +106,7 @@ print(json.dumps(results))
 CASES = ["rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
          "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "conv_shift",
          "slot_rows-read", "slot_rows-write", "relu2", "ngram", "ngram-append",
-         *(f"{op}_verify-{form}" for op in ("gdn", "kda") for form in ("sequential", "parallel"))]
+         *(f"{op}_verify-{form}" for op in ("gdn", "kda", "mamba2") for form in ("sequential", "parallel"))]
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import gdn_raw_gate, unit_last
+from .. import delta_rule_verify_triton
 from ..delta_rule_verify_triton import NUM_WARPS, key_l2norm, parallel_token, verify_tile_sizes
 
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ def gdn_verify_triton(
     num_warps: int = NUM_WARPS,
     *,
     gate: RawGate | None = None,
-    parallel: bool = False,
+    parallel: bool | None = None,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result; `parallel`: the new tokens in the parallel form,
@@ -172,6 +173,7 @@ def gdn_verify_triton(
         return o
     q, k, v = unit_last(q), unit_last(k), unit_last(v)
     BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device)
+    parallel = delta_rule_verify_triton.PARALLEL if parallel is None else parallel
     _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](
         q, k, v, g, beta, A_log, dt_bias, o,
         ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx, slots.contiguous(),

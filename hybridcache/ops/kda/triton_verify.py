@@ -9,6 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
+from .. import delta_rule_verify_triton
 from ..delta_rule_verify_triton import NUM_WARPS, key_l2norm, parallel_token, verify_tile_sizes
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ def kda_verify_triton(
     num_warps: int = NUM_WARPS,
     *,
     gate: KDARawGate | None = None,
-    parallel: bool = False,
+    parallel: bool | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
     `parallel`: the new tokens in the parallel form (`delta_rule_verify_triton`), the same result in fp32
@@ -191,6 +192,7 @@ def kda_verify_triton(
     slots = slots.contiguous()
     inputs = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:3], *beta.stride()[:3])
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
+    parallel = delta_rule_verify_triton.PARALLEL if parallel is None else parallel
     _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](
         q, k, v, g, beta, A_log, dt_bias, o,
         ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots,
