@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import hybridcache.models.qwen3_next as qwen3_next
 from hybridcache.models import load_model
@@ -25,8 +26,9 @@ class CheckpointLayoutMixer(GatedDeltaNetMixer):
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         n, H, K, rV = x.shape[0], self.H, self.K, self.r * self.V
-        q, k, v, z = self.in_proj_qkvz(x).view(n, H, 2 * K + 2 * rV).split([K, K, rV, rV], dim=-1)
-        b, a = self.in_proj_ba(x).view(n, H, 2 * self.r).split([self.r, self.r], dim=-1)
+        w = self.checkpoint_tensors()
+        q, k, v, z = F.linear(x, w["in_proj_qkvz.weight"]).view(n, H, 2 * K + 2 * rV).split([K, K, rV, rV], dim=-1)
+        b, a = F.linear(x, w["in_proj_ba.weight"]).view(n, H, 2 * self.r).split([self.r, self.r], dim=-1)
         qkv = torch.cat([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], dim=-1)
         return qkv, z.reshape(n, self.HV, self.V), b.reshape(n, self.HV), a.reshape(n, self.HV)
 
@@ -61,10 +63,12 @@ def test_projections_are_views_equal_to_the_checkpoint_grouping(dtype):
     for name, g, w in zip(("qkv", "z", "b", "a"), got, want):
         assert g.shape == w.shape and torch.equal(g, w), name
     qkv, z, b, a = got
-    assert qkv._base is z._base and b._base is a._base and qkv._base is not None and b._base is not None  # views
-    assert qkv.stride() == (qkv._base.shape[1], 1) and b.stride() == (2 * 6, 1)
-    assert torch.equal(ours.in_proj_qkvz.weight, regroup_rows(state["in_proj_qkvz.weight"], 2, [8, 8, 12, 12]))
-    assert torch.equal(ours.in_proj_ba.weight, regroup_rows(state["in_proj_ba.weight"], 2, [3, 3]))
+    assert qkv._base is not None and all(t._base is qkv._base for t in (z, b, a))  # views of one GEMM's output
+    assert qkv.stride() == b.stride() == (qkv._base.shape[1], 1)
+    loaded = checkpoint_targets(ours)
+    assert torch.equal(loaded["in_proj_qkvz.weight"], regroup_rows(state["in_proj_qkvz.weight"], 2, [8, 8, 12, 12]))
+    assert torch.equal(loaded["in_proj_ba.weight"], regroup_rows(state["in_proj_ba.weight"], 2, [3, 3]))
+    assert torch.equal(ours.in_weight, torch.cat([loaded["in_proj_qkvz.weight"], loaded["in_proj_ba.weight"]]))
     assert ours.kernel_layout and not ref.kernel_layout
     with pytest.raises(RuntimeError, match="already in the kernel layout"):
         ours.finish_load()

@@ -1,9 +1,10 @@
-"""KDA's fused q/k/v projection: `KDAMixer.qkv_weight` `[3*H*K, D]`, whose row slices are the checkpoint's
-q_proj / k_proj / v_proj weights (views, filled name for name by the loader), gives the conv input in one
-linear. Against the checkpoint layout (`CheckpointLayoutMixer`, the mixer as it was: three linears and a cat)
-the projections and the mixer outputs of prefill, decode, verify and mixed steps are the same bit for bit
-(on CPU, where g and beta are computed for every row in both; the fused gate of the CUDA kernels is tested
-against the precomputed one in tests/ops)."""
+"""KDA's fused input projection: `KDAMixer.in_weight` `[3*H*K + 2*K + H, D]`, whose row slices are the
+checkpoint's q_proj / k_proj / v_proj / f_a_proj / g_a_proj / b_proj weights (views, filled name for name by
+the loader), gives all six in one linear. Against the checkpoint layout (`CheckpointLayoutMixer`, the mixer
+as it was: six linears, q, k and v concatenated) the mixer outputs and logits of prefill, decode, verify and
+mixed steps agree to fp32 rounding, rtol = atol = 1e-5: the one wide GEMM blocks its dot products otherwise
+than six narrow ones (1.4e-6 at most seen, on logits up to 4.8). On CPU, where g and beta are computed for
+every row in both; the fused gate of the CUDA kernels is tested against the precomputed one in tests/ops."""
 from __future__ import annotations
 
 import pytest
@@ -20,33 +21,46 @@ from .test_kimi_linear import save_tiny, tokens
 
 
 class CheckpointLayoutMixer(KDAMixer):
-    """The mixer as it was before the fused projection: q, k, v from three linears, concatenated."""
+    """The mixer as it was before the fused projection: one linear a checkpoint weight, q, k, v concatenated."""
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv, g_raw, b = super()._project(x)
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         t = self.checkpoint_tensors()
-        separate = torch.cat([F.linear(x, t[f"{p}_proj.weight"].clone()) for p in "qkv"], dim=-1)
-        return separate, g_raw, b
+
+        def linear(name: str) -> torch.Tensor:
+            return F.linear(x, t[f"{name}.weight"].clone())
+
+        qkv = torch.cat([linear(f"{p}_proj") for p in "qkv"], dim=-1)
+        g_raw = self.f_b_proj(linear("f_a_proj")).view(x.shape[0], self.num_heads, self.head_dim)
+        return qkv, g_raw, linear("b_proj"), linear("g_a_proj")
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "f_a_proj", "g_a_proj", "b_proj")
 
 
 def test_checkpoint_names_are_row_views_of_the_fused_weight():
-    """Loading name for name fills the fused weight: q, k, v are its row slices, and the module's parameter
-    walk lists each weight once (no q_proj / k_proj / v_proj modules)."""
+    """Loading name for name fills the fused weight: the six projections are its row slices, and the module's
+    parameter walk lists each weight once (no q_proj / f_a_proj / b_proj ... modules)."""
     D, H, K = 32, 2, 8
     mixer = KDAMixer(0, D, H, K, 4, 1e-6, "cpu", torch.float32)
     targets = checkpoint_targets(mixer)
     gen = torch.Generator().manual_seed(0)
-    w = {p: torch.randn(H * K, D, generator=gen) for p in "qkv"}
+    rows = dict(q_proj=H * K, k_proj=H * K, v_proj=H * K, f_a_proj=K, g_a_proj=K, b_proj=H)
+    w = {p: torch.randn(rows[p], D, generator=gen) for p in PROJECTIONS}
     with torch.no_grad():
-        for p in "qkv":
-            assert targets[f"{p}_proj.weight"].shape == (H * K, D)
-            targets[f"{p}_proj.weight"].copy_(w[p])
-    assert torch.equal(mixer.qkv_weight, torch.cat([w["q"], w["k"], w["v"]]))
-    assert "qkv_weight" not in targets and not any("q_proj" in n for n, _ in mixer.named_parameters())
+        for p in PROJECTIONS:
+            assert targets[f"{p}.weight"].shape == (rows[p], D)
+            targets[f"{p}.weight"].copy_(w[p])
+        mixer.f_b_proj.weight.copy_(torch.randn(mixer.f_b_proj.weight.shape, generator=gen))
+    assert torch.equal(mixer.in_weight, torch.cat([w[p] for p in PROJECTIONS]))
+    assert "in_weight" not in targets
+    assert not any(n.split(".")[0] in PROJECTIONS for n, _ in mixer.named_parameters())
     x = torch.randn(5, D, generator=gen)
-    qkv, g_raw, b = mixer._project(x)
-    assert qkv.shape == (5, 3 * H * K) and g_raw.shape == (5, H, K) and b.shape == (5, H)
-    torch.testing.assert_close(qkv, torch.cat([x @ w[p].T for p in "qkv"], dim=-1))
+    qkv, g_raw, b, g_a = mixer._project(x)
+    assert qkv.shape == (5, 3 * H * K) and g_raw.shape == (5, H, K) and b.shape == (5, H) and g_a.shape == (5, K)
+    torch.testing.assert_close(qkv, torch.cat([x @ w[p].T for p in PROJECTIONS[:3]], dim=-1))
+    torch.testing.assert_close(b, x @ w["b_proj"].T)
+    torch.testing.assert_close(g_a, x @ w["g_a_proj"].T)
+    torch.testing.assert_close(g_raw, mixer.f_b_proj(x @ w["f_a_proj"].T).view(5, H, K))
 
 
 def kda_mixers(model) -> list[KDAMixer]:
@@ -104,4 +118,4 @@ def test_mixer_outputs_equal_the_checkpoint_layout(models, speculative):
     got, want = run_steps(ours, speculative), run_steps(ref, speculative)
     assert len(got) == len(want) > 0
     for i, (g, w) in enumerate(zip(got, want)):
-        assert torch.equal(g, w), f"{name} output {i}: max diff {(g - w).abs().max()}"
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name} output {i}: {m}")

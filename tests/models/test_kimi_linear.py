@@ -32,6 +32,7 @@ CONFIGS = {
         linear_attn_config={"kda_layers": [2, 3, 5], "full_attn_layers": [1, 4], "head_dim": 4, "num_heads": 4,
                             "short_conv_kernel_size": 3},
     ),
+    "KAKA, biases without q lora": dict(attention_bias=True),  # kv_a_proj's bias beside q_proj's none
 }
 
 

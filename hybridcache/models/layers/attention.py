@@ -20,7 +20,7 @@ class PagedGQAAttention(nn.Module):
     """q_proj `[Hq*Dh, D]`, k_proj / v_proj `[Hkv*Dh, D]`, o_proj `[D, Hq*Dh]`.
 
     The three input projections are row views of one `qkv_weight` `[(Hq + 2*Hkv)*Dh, D]` (and `qkv_bias`),
-    so one GEMM gives cat(q, k, v); see `fused_rows` (the layout of KDAMixer's `qkv_weight`).
+    so one GEMM gives cat(q, k, v); see `fused_rows` (KDAMixer's `in_weight` is laid out so too).
     `index` is this layer's position among the model's attention layers (its layer in the `kv` role).
     Tensor parallel: query heads sharded, K/V heads with them (`kv_share`); o_proj row-parallel, so the
     output is this rank's partial sum.

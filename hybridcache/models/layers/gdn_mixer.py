@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.gdn import RawGate, gdn_decode, gdn_gate, gdn_prefill, gdn_verify
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
-from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
+from ...parallel.linear import RowParallelLinear
 from ..batch import ForwardBatch
-from .params import param
+from .attention import fused_params, fused_rows
 from .norm import GatedRMSNorm
+from .params import param
 
 STATE_NAME = "gdn"
 REPLAY_ROLES = ("replay_u", "replay_k", "replay_G", "replay_beta")
@@ -41,10 +43,11 @@ class GatedDeltaNetMixer(nn.Module):
         in_proj_qkvz  [ q: H*K | k: H*K | v: HV*V | z: HV*V ]     (q, k, v = the conv input, C = 2HK + HV*V)
         in_proj_ba    [ b: HV | a: HV ]
 
-    (heads in order within each part), so that qkv `[N, C]`, z, b and a are column slices of the two
-    outputs: views, no copies. A row permutation of a linear permutes its output columns and leaves each
-    column's arithmetic as it was. The parameters keep the checkpoint's names and shapes (loading stays name
-    for name); only their row order differs once loaded.
+    (heads in order within each part), so that qkv `[N, C]`, z, b and a are column slices of one output:
+    views, no copies. A row permutation of a linear permutes its output columns and leaves each column's
+    arithmetic as it was. The two weights are row views of one `in_weight` (`attention.fused_rows`), so one
+    GEMM gives them both; they keep the checkpoint's names and shapes (loading stays name for name); only
+    their row order differs once loaded.
 
     Causal conv + silu over qkv; beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (`gdn_gate`);
     gated delta rule with q/k l2-normalised in the kernel; per-head gated RMSNorm with z; out_proj
@@ -71,10 +74,9 @@ class GatedDeltaNetMixer(nn.Module):
         self.index, self.H, self.HV, self.K, self.V, self.r = index, hl, vl, K, V, r
         self.conv_dim = 2 * hl * K + vl * V
         group = 2 * K + 2 * r * V  # checkpoint rows per key head in in_proj_qkvz
-        self.in_proj_qkvz = ColumnParallelLinear(hidden, num_key_heads * group, [(h0 * group, hl * group)], False,
-                                                 device, dtype)
-        self.in_proj_ba = ColumnParallelLinear(hidden, 2 * num_value_heads, [(h0 * 2 * r, hl * 2 * r)], False,
-                                               device, dtype)
+        self.rows = [("in_proj_qkvz", num_key_heads * group, (h0 * group, hl * group)),
+                     ("in_proj_ba", 2 * num_value_heads, (h0 * 2 * r, hl * 2 * r))]
+        self.in_weight, _ = fused_params(self.rows, hidden, False, device, dtype)
         self.conv1d = DepthwiseConvWeight(self.conv_dim, conv_kernel, device, dtype)
         hk = num_key_heads * K
         shard(self.conv1d.weight, 0, 2 * hk + num_value_heads * V, (h0 * K, hl * K), (hk + h0 * K, hl * K),
@@ -85,26 +87,29 @@ class GatedDeltaNetMixer(nn.Module):
         self.out_proj = RowParallelLinear(num_value_heads * V, [(v0 * V, vl * V)], hidden, False, tp, device, dtype)
         self.kernel_layout = False  # whether finish_load has permuted the projections' rows
 
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        return {**fused_rows(self.rows, self.in_weight, None), "dt_bias": self.dt_bias, "A_log": self.A_log}
+
     def finish_load(self) -> None:
         """Permute the projections' rows from the checkpoint's per-key-head grouping into the layout `_project`
         reads (class docstring). Called once, after every weight is filled; a second call would scramble them."""
         if self.kernel_layout:
             raise RuntimeError(f"GDN layer {self.index}: the projections are already in the kernel layout")
         K, rV, r = self.K, self.r * self.V, self.r
+        qkvz, ba = self.in_weight.split([row[2][1] for row in self.rows])
         with torch.no_grad():
-            for w, parts in ((self.in_proj_qkvz.weight, [K, K, rV, rV]), (self.in_proj_ba.weight, [r, r])):
+            for w, parts in ((qkvz, [K, K, rV, rV]), (ba, [r, r])):
                 w.copy_(regroup_rows(w, self.H, parts))
         self.kernel_layout = True
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, D] -> qkv [N, C] (conv input), z [N, HV, V], b, a [N, HV]: column slices (views, unit last
-        stride) of the two projections' outputs."""
+        stride) of the one projection's output."""
         if not self.kernel_layout:  # checkpoint row order read as the kernel layout would be silently wrong
             raise RuntimeError(f"GDN layer {self.index}: weights not in the kernel layout; load the model with "
                                "hybridcache.models.loader.load_model (or call finish_load once after filling them)")
         HV = self.HV
-        qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, HV * self.V], dim=-1)
-        b, a = self.in_proj_ba(x).split([HV, HV], dim=-1)
+        qkv, z, b, a = F.linear(x, self.in_weight).split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
         return qkv, z.view(x.shape[0], HV, self.V), b, a
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
 from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from ..batch import ForwardBatch
-from .mlp import Linear
+from .attention import fused_params, fused_rows
 from .norm import SigmoidGatedRMSNorm
 from .params import param
 
@@ -28,9 +28,11 @@ class KDAMixer(nn.Module):
     `v_conv1d.weight` `[H*K, 1, W+1]` are views of one `[3*H*K, W+1]` weight, so the cache's one conv window
     covers the three equal sections. `A_log` `[1, 1, H, 1]`, `dt_bias` `[H*K]` (fp32).
 
-    Likewise `q_proj.weight`, `k_proj.weight`, `v_proj.weight` `[H*K, D]` are row slices (views) of one
-    `qkv_weight` `[3*H*K, D]`, so one linear gives the conv input cat(q, k, v) `[N, 3*H*K]` (one GEMM in
-    place of three and a cat). The views are made here, at construction, not by a copy in a `finish_load`:
+    Likewise every projection of x, `q_proj`, `k_proj`, `v_proj` `[H*K, D]`, the low-rank `f_a_proj`,
+    `g_a_proj` `[K, D]` and `b_proj` `[H, D]`, is a row slice (a view) of one `in_weight`
+    `[3*H*K + 2*K + H, D]`, so one GEMM gives them all (in place of six): the conv input cat(q, k, v)
+    `[N, 3*H*K]` and the others are column slices of its output (`attention.fused_rows` names the views).
+    The views are made here, at construction, not by a copy in a `finish_load`:
     the loader fills them name for name and the fused weight holds the checkpoint's values with nothing
     more to do, so there is no state in which the fused weight is stale (no "before finish_load" to guard,
     no second call to refuse). They are tensors of `checkpoint_tensors`, not Linear modules, so that the
@@ -43,8 +45,8 @@ class KDAMixer(nn.Module):
     f_b_proj and b_proj outputs (`KDARawGate`); g and beta are computed here for the context rows only.
 
     Tensor parallel: heads sharded (q/k/v rows and their conv channels, f_b / g_b / b rows, A_log,
-    dt_bias); the low-rank f_a / g_a projections and the per-head norm are replicated; o_proj is
-    row-parallel (the output is this rank's partial sum).
+    dt_bias); the low-rank f_a / g_a rows and the per-head norm are replicated; o_proj is row-parallel
+    (the output is this rank's partial sum).
     """
 
     def __init__(self, index: int, hidden: int, num_heads: int, head_dim: int, conv_kernel: int, eps: float,
@@ -55,41 +57,39 @@ class KDAMixer(nn.Module):
         self.index, self.num_heads, self.head_dim = index, hl, head_dim
         self.width, self.full_width, self.channels = hl * K, full, (h0 * K, hl * K)
         self.heads = (h0, hl)
-        self.qkv_weight = param(3 * self.width, hidden, device=device, dtype=dtype)
+        self.rows = [*((name, full, self.channels) for name in ("q_proj", "k_proj", "v_proj")),
+                     ("f_a_proj", K, (0, K)), ("g_a_proj", K, (0, K)), ("b_proj", num_heads, self.heads)]
+        self.in_weight, _ = fused_params(self.rows, hidden, False, device, dtype)
         self.conv_weight = param(3 * self.width, conv_kernel, device=device, dtype=dtype)
-        self.f_a_proj = Linear(hidden, head_dim, False, device, dtype)
         self.f_b_proj = ColumnParallelLinear(head_dim, full, [self.channels], False, device, dtype)
         self.A_log = param(1, 1, hl, 1, device=device, dtype=dtype)
         self.dt_bias = shard(param(self.width, device=device, dtype=torch.float32), 0, full, self.channels)
-        self.b_proj = ColumnParallelLinear(hidden, num_heads, [self.heads], False, device, dtype)
-        self.g_a_proj = Linear(hidden, head_dim, False, device, dtype)
         self.g_b_proj = ColumnParallelLinear(head_dim, full, [self.channels], False, device, dtype)
         self.o_norm = SigmoidGatedRMSNorm(head_dim, eps, device, dtype)
         self.o_proj = RowParallelLinear(full, [self.channels], hidden, False, tp, device, dtype)
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         q, k, v = self.conv_weight.split(self.width)
-        wq, wk, wv = self.qkv_weight.split(self.width)
         full, rows = self.full_width, self.channels
         return {"q_conv1d.weight": shard(q[:, None], 0, full, rows), "k_conv1d.weight": shard(k[:, None], 0, full, rows),
-                "v_conv1d.weight": shard(v[:, None], 0, full, rows), "q_proj.weight": shard(wq, 0, full, rows),
-                "k_proj.weight": shard(wk, 0, full, rows), "v_proj.weight": shard(wv, 0, full, rows),
+                "v_conv1d.weight": shard(v[:, None], 0, full, rows), **fused_rows(self.rows, self.in_weight, None),
                 "A_log": shard(self.A_log, 2, full // self.head_dim, self.heads),
                 "dt_bias": self.dt_bias}
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, D] -> qkv [N, 3*H*K] (the conv input), g_raw [N, H, K] (f_b_proj's output), b [N, H]
-        (the raw beta logits)."""
-        n = x.shape[0]
-        return (F.linear(x, self.qkv_weight), self.f_b_proj(self.f_a_proj(x)).view(n, self.num_heads, self.head_dim),
-                self.b_proj(x))
+        (the raw beta logits), g_a [N, K] (g_a_proj's output); qkv, b and g_a are column slices of one GEMM's
+        output (views, unit last stride)."""
+        n, K = x.shape[0], self.head_dim
+        qkv, f_a, g_a, b = F.linear(x, self.in_weight).split([3 * self.width, K, K, self.num_heads], dim=-1)
+        return qkv, self.f_b_proj(f_a).view(n, self.num_heads, K), b, g_a
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] -> [N, D]; updates this layer's conv / ssm (/ pending) roles of the batch's slots."""
         roles = batch.states[STATE_NAME]
         i, n, H, K = self.index, x.shape[0], self.num_heads, self.head_dim
         conv, ssm = roles["conv"][i], roles["ssm"][i]
-        qkv, g_raw, b = self._project(x)
+        qkv, g_raw, b, g_a = self._project(x)
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
         fused = runs_triton(x)  # the generation rows' kernels then compute their own gate (KDARawGate)
         rows = nc if fused else n  # the rows whose g [rows, H, K] fp32 and beta [rows, H] are computed here
@@ -119,5 +119,5 @@ class KDAMixer(nn.Module):
                 o = kda_decode(q, k, v, g_g, beta_g, ssm, slots, use_qk_l2norm_in_kernel=True, gate=raw_gate)
             outs.append(o.reshape(bg * steps, H, K))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        gate = self.g_b_proj(self.g_a_proj(x)).view(n, H, K)
+        gate = self.g_b_proj(g_a).view(n, H, K)
         return self.o_proj(self.o_norm(o, gate).reshape(n, self.width))

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ...ops.attention import mla_paged_attention
 from ...parallel import SINGLE, TPGroup, head_share
 from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from ..batch import ForwardBatch
-from .mlp import Linear
+from .attention import fused_params, fused_rows
 from .norm import RMSNorm
+from .params import param
 
 LATENT_ROLE = "mla.latent"
 LORA_NORM_EPS = 1e-6  # transformers builds q_a_layernorm / kv_a_layernorm with the RMSNorm default, not rms_norm_eps
@@ -26,6 +28,10 @@ class MLAAttention(nn.Module):
     Tensor parallel: the heads are sharded (q_proj / q_b_proj, kv_b_proj column-parallel, o_proj
     row-parallel, so the output is this rank's partial sum); the low-rank projections, their norms and
     the latent pages are replicated (every head reads the whole latent).
+
+    The two projections of x (q_proj or q_a_proj, and kv_a_proj_with_mqa) are row views of one `in_weight`
+    (and `in_bias` when both have a bias): one GEMM (`attention.fused_rows` names the views). q_proj has none,
+    so with `bias` and no q_lora_rank kv_a_proj_with_mqa's bias is its own `kv_a_bias`, added after.
     """
 
     def __init__(self, index: int, hidden: int, num_heads: int, q_lora_rank: int | None, kv_lora_rank: int,
@@ -37,27 +43,37 @@ class MLAAttention(nn.Module):
         self.nope_dim, self.rope_dim, self.v_dim = nope_dim, rope_dim, v_dim
         qd, kvd = nope_dim + rope_dim, nope_dim + v_dim
         q_rows = [(h0 * qd, hl * qd)]
+        kv_a = ("kv_a_proj_with_mqa", kv_lora_rank + rope_dim, (0, kv_lora_rank + rope_dim))
         if q_lora_rank is None:
-            self.q_proj = ColumnParallelLinear(hidden, num_heads * qd, q_rows, False, device, dtype)
+            self.rows = [("q_proj", num_heads * qd, q_rows[0]), kv_a]
         else:
-            self.q_a_proj = Linear(hidden, q_lora_rank, bias, device, dtype)
+            self.rows = [("q_a_proj", q_lora_rank, (0, q_lora_rank)), kv_a]
             self.q_a_layernorm = RMSNorm(q_lora_rank, LORA_NORM_EPS, device, dtype)
             self.q_b_proj = ColumnParallelLinear(q_lora_rank, num_heads * qd, q_rows, False, device, dtype)
-        self.kv_a_proj_with_mqa = Linear(hidden, kv_lora_rank + rope_dim, bias, device, dtype)
+        self.q_lora = q_lora_rank is not None
+        self.in_weight, self.in_bias = fused_params(self.rows, hidden, bias and self.q_lora, device, dtype)
+        self.kv_a_bias = param(kv_a[1], device=device, dtype=dtype) if bias and not self.q_lora else None
         self.kv_a_layernorm = RMSNorm(kv_lora_rank, LORA_NORM_EPS, device, dtype)
         self.kv_b_proj = ColumnParallelLinear(kv_lora_rank, num_heads * kvd, [(h0 * kvd, hl * kvd)], False, device, dtype)
         self.o_proj = RowParallelLinear(num_heads * v_dim, [(h0 * v_dim, hl * v_dim)], hidden, bias, tp, device, dtype)
 
-    def _queries(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "q_proj"):
-            return self.q_proj(x)
-        return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        extra = {} if self.kv_a_bias is None else {"kv_a_proj_with_mqa.bias": self.kv_a_bias}
+        return {**fused_rows(self.rows, self.in_weight, self.in_bias), **extra}
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [N, D] -> queries [N, H*(Dn+Dr)], kv_a_proj_with_mqa's output [N, R+Dr] (a column slice)."""
+        q, kv = F.linear(x, self.in_weight, self.in_bias).split([row[2][1] for row in self.rows], dim=-1)
+        if self.kv_a_bias is not None:
+            kv = kv + self.kv_a_bias
+        return (self.q_b_proj(self.q_a_layernorm(q)) if self.q_lora else q), kv
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] (all rows) -> [N, D]; writes the new tokens' latent and rope key into the pages."""
         n, H, R = x.shape[0], self.num_heads, self.kv_lora_rank
-        q_nope, q_rope = self._queries(x).view(n, H, -1).split([self.nope_dim, self.rope_dim], dim=-1)
-        latent, k_rope = self.kv_a_proj_with_mqa(x).split([R, self.rope_dim], dim=-1)
+        q, kv = self._project(x)
+        q_nope, q_rope = q.view(n, H, -1).split([self.nope_dim, self.rope_dim], dim=-1)
+        latent, k_rope = kv.split([R, self.rope_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)
         w_k, w_v = self.kv_b_proj.weight.view(H, self.nope_dim + self.v_dim, R).split([self.nope_dim, self.v_dim], 1)
         o = mla_paged_attention(q_nope, q_rope, latent, k_rope, batch.pages[LATENT_ROLE][self.index],
