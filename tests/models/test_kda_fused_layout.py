@@ -1,7 +1,8 @@
-"""KDA's fused input projection: `KDAMixer.in_weight` `[3*H*K + 2*K + H, D]`, whose row slices are the
-checkpoint's q_proj / k_proj / v_proj / f_a_proj / g_a_proj / b_proj weights (views, filled name for name by
-the loader), gives all six in one linear. Against the checkpoint layout (`CheckpointLayoutMixer`, the mixer
-as it was: six linears, q, k and v concatenated) the mixer outputs and logits of prefill, decode, verify and
+"""KDA's fused projections: `KDAMixer.in_weight` `[3*H*K + 2*K + H, D]`, whose row slices are the
+checkpoint's q_proj / k_proj / v_proj / f_a_proj / g_a_proj / b_proj weights, gives all six in one linear;
+`up_weight` `[2*H*K, 2*K]`, whose diagonal blocks are f_b_proj and g_b_proj (zeros elsewhere), gives both
+up-projections in another (views, filled name for name by the loader). Against the checkpoint layout
+(`CheckpointLayoutMixer`, the mixer as it was: eight linears, q, k and v concatenated) the mixer outputs and logits of prefill, decode, verify and
 mixed steps agree to fp32 rounding, rtol = atol = 1e-5: the one wide GEMM blocks its dot products otherwise
 than six narrow ones (1.4e-6 at most seen, on logits up to 4.8). On CPU, where g and beta are computed for
 every row in both; the fused gate of the CUDA kernels is tested against the precomputed one in tests/ops."""
@@ -29,38 +30,43 @@ class CheckpointLayoutMixer(KDAMixer):
         def linear(name: str) -> torch.Tensor:
             return F.linear(x, t[f"{name}.weight"].clone())
 
+        def up(name: str, low_rank: torch.Tensor) -> torch.Tensor:
+            return F.linear(low_rank, t[f"{name}.weight"].clone()).view(x.shape[0], self.num_heads, self.head_dim)
+
         qkv = torch.cat([linear(f"{p}_proj") for p in "qkv"], dim=-1)
-        g_raw = self.f_b_proj(linear("f_a_proj")).view(x.shape[0], self.num_heads, self.head_dim)
-        return qkv, g_raw, linear("b_proj"), linear("g_a_proj")
+        return qkv, up("f_b_proj", linear("f_a_proj")), linear("b_proj"), up("g_b_proj", linear("g_a_proj"))
 
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "f_a_proj", "g_a_proj", "b_proj")
+UP = ("f_b_proj", "g_b_proj")
 
 
 def test_checkpoint_names_are_row_views_of_the_fused_weight():
-    """Loading name for name fills the fused weight: the six projections are its row slices, and the module's
-    parameter walk lists each weight once (no q_proj / f_a_proj / b_proj ... modules)."""
+    """Loading name for name fills the fused weights: the six projections of x are row slices of one, the two
+    up-projections the diagonal blocks of the other (zeros elsewhere); the module's parameter walk lists each
+    weight once (no q_proj / f_a_proj / f_b_proj ... modules)."""
     D, H, K = 32, 2, 8
     mixer = KDAMixer(0, D, H, K, 4, 1e-6, "cpu", torch.float32)
     targets = checkpoint_targets(mixer)
     gen = torch.Generator().manual_seed(0)
     rows = dict(q_proj=H * K, k_proj=H * K, v_proj=H * K, f_a_proj=K, g_a_proj=K, b_proj=H)
     w = {p: torch.randn(rows[p], D, generator=gen) for p in PROJECTIONS}
+    w.update({p: torch.randn(H * K, K, generator=gen) for p in UP})
     with torch.no_grad():
-        for p in PROJECTIONS:
-            assert targets[f"{p}.weight"].shape == (rows[p], D)
+        for p in PROJECTIONS + UP:
+            assert targets[f"{p}.weight"].shape == w[p].shape
             targets[f"{p}.weight"].copy_(w[p])
-        mixer.f_b_proj.weight.copy_(torch.randn(mixer.f_b_proj.weight.shape, generator=gen))
     assert torch.equal(mixer.in_weight, torch.cat([w[p] for p in PROJECTIONS]))
-    assert "in_weight" not in targets
-    assert not any(n.split(".")[0] in PROJECTIONS for n, _ in mixer.named_parameters())
+    assert torch.equal(mixer.up_weight, torch.block_diag(w["f_b_proj"], w["g_b_proj"]))
+    assert "in_weight" not in targets and "up_weight" not in targets
+    assert not any(n.split(".")[0] in PROJECTIONS + UP for n, _ in mixer.named_parameters())
     x = torch.randn(5, D, generator=gen)
-    qkv, g_raw, b, g_a = mixer._project(x)
-    assert qkv.shape == (5, 3 * H * K) and g_raw.shape == (5, H, K) and b.shape == (5, H) and g_a.shape == (5, K)
+    qkv, g_raw, b, gate = mixer._project(x)
+    assert qkv.shape == (5, 3 * H * K) and g_raw.shape == gate.shape == (5, H, K) and b.shape == (5, H)
     torch.testing.assert_close(qkv, torch.cat([x @ w[p].T for p in PROJECTIONS[:3]], dim=-1))
     torch.testing.assert_close(b, x @ w["b_proj"].T)
-    torch.testing.assert_close(g_a, x @ w["g_a_proj"].T)
-    torch.testing.assert_close(g_raw, mixer.f_b_proj(x @ w["f_a_proj"].T).view(5, H, K))
+    torch.testing.assert_close(g_raw, (x @ w["f_a_proj"].T @ w["f_b_proj"].T).view(5, H, K))
+    torch.testing.assert_close(gate, (x @ w["g_a_proj"].T @ w["g_b_proj"].T).view(5, H, K))
 
 
 def kda_mixers(model) -> list[KDAMixer]:

@@ -9,7 +9,7 @@ from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.kda import KDARawGate, kda_decode, kda_gate, kda_prefill, kda_verify
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
-from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
+from ...parallel.linear import RowParallelLinear
 from ..batch import ForwardBatch
 from .attention import fused_params, fused_rows
 from .norm import SigmoidGatedRMSNorm
@@ -32,6 +32,10 @@ class KDAMixer(nn.Module):
     `g_a_proj` `[K, D]` and `b_proj` `[H, D]`, is a row slice (a view) of one `in_weight`
     `[3*H*K + 2*K + H, D]`, so one GEMM gives them all (in place of six): the conv input cat(q, k, v)
     `[N, 3*H*K]` and the others are column slices of its output (`attention.fused_rows` names the views).
+    The two low-rank up-projections, `f_b_proj` and `g_b_proj` `[H*K, K]`, are the diagonal blocks of one
+    `up_weight` `[2*H*K, 2*K]` (zeros off the diagonal), applied to the adjacent f_a, g_a columns: one GEMM
+    gives g_raw and the norm's gate (the zero blocks cost 2*H*K*K more weight bytes, a fraction of a
+    launch's time at batch 1).
     The views are made here, at construction, not by a copy in a `finish_load`:
     the loader fills them name for name and the fused weight holds the checkpoint's values with nothing
     more to do, so there is no state in which the fused weight is stale (no "before finish_load" to guard,
@@ -61,35 +65,39 @@ class KDAMixer(nn.Module):
                      ("f_a_proj", K, (0, K)), ("g_a_proj", K, (0, K)), ("b_proj", num_heads, self.heads)]
         self.in_weight, _ = fused_params(self.rows, hidden, False, device, dtype)
         self.conv_weight = param(3 * self.width, conv_kernel, device=device, dtype=dtype)
-        self.f_b_proj = ColumnParallelLinear(head_dim, full, [self.channels], False, device, dtype)
+        self.up_weight = param(2 * self.width, 2 * K, device=device, dtype=dtype)
+        with torch.no_grad():
+            self.up_weight.zero_()  # the off-diagonal blocks stay zero: the loader fills the diagonal ones
         self.A_log = param(1, 1, hl, 1, device=device, dtype=dtype)
         self.dt_bias = shard(param(self.width, device=device, dtype=torch.float32), 0, full, self.channels)
-        self.g_b_proj = ColumnParallelLinear(head_dim, full, [self.channels], False, device, dtype)
         self.o_norm = SigmoidGatedRMSNorm(head_dim, eps, device, dtype)
         self.o_proj = RowParallelLinear(full, [self.channels], hidden, False, tp, device, dtype)
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         q, k, v = self.conv_weight.split(self.width)
-        full, rows = self.full_width, self.channels
+        full, rows, W, K = self.full_width, self.channels, self.width, self.head_dim
         return {"q_conv1d.weight": shard(q[:, None], 0, full, rows), "k_conv1d.weight": shard(k[:, None], 0, full, rows),
                 "v_conv1d.weight": shard(v[:, None], 0, full, rows), **fused_rows(self.rows, self.in_weight, None),
+                "f_b_proj.weight": shard(self.up_weight[:W, :K], 0, full, rows),
+                "g_b_proj.weight": shard(self.up_weight[W:, K:], 0, full, rows),
                 "A_log": shard(self.A_log, 2, full // self.head_dim, self.heads),
                 "dt_bias": self.dt_bias}
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, D] -> qkv [N, 3*H*K] (the conv input), g_raw [N, H, K] (f_b_proj's output), b [N, H]
-        (the raw beta logits), g_a [N, K] (g_a_proj's output); qkv, b and g_a are column slices of one GEMM's
-        output (views, unit last stride)."""
-        n, K = x.shape[0], self.head_dim
-        qkv, f_a, g_a, b = F.linear(x, self.in_weight).split([3 * self.width, K, K, self.num_heads], dim=-1)
-        return qkv, self.f_b_proj(f_a).view(n, self.num_heads, K), b, g_a
+        (the raw beta logits), gate [N, H, K] (g_b_proj's output, for the norm): column slices of two GEMMs'
+        outputs (views, unit last stride)."""
+        n, H, K, W = x.shape[0], self.num_heads, self.head_dim, self.width
+        qkv, low_rank, b = F.linear(x, self.in_weight).split([3 * W, 2 * K, H], dim=-1)  # low_rank: f_a, g_a
+        g_raw, gate = F.linear(low_rank, self.up_weight).split([W, W], dim=-1)
+        return qkv, g_raw.view(n, H, K), b, gate.view(n, H, K)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] -> [N, D]; updates this layer's conv / ssm (/ pending) roles of the batch's slots."""
         roles = batch.states[STATE_NAME]
         i, n, H, K = self.index, x.shape[0], self.num_heads, self.head_dim
         conv, ssm = roles["conv"][i], roles["ssm"][i]
-        qkv, g_raw, b, g_a = self._project(x)
+        qkv, g_raw, b, gate = self._project(x)
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
         fused = runs_triton(x)  # the generation rows' kernels then compute their own gate (KDARawGate)
         rows = nc if fused else n  # the rows whose g [rows, H, K] fp32 and beta [rows, H] are computed here
@@ -119,5 +127,4 @@ class KDAMixer(nn.Module):
                 o = kda_decode(q, k, v, g_g, beta_g, ssm, slots, use_qk_l2norm_in_kernel=True, gate=raw_gate)
             outs.append(o.reshape(bg * steps, H, K))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        gate = self.g_b_proj(g_a).view(n, H, K)
         return self.o_proj(self.o_norm(o, gate).reshape(n, self.width))
