@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..ops.triton_support import runs_triton
-from .device_sampler import RowParams, greedy_verify_choice, sample
+from .device_sampler import RowParams, greedy_verify_choice, packed_choice, sample
 from .interrupts import deferred_interrupts
 from .request import Request
 from .step_tokens import HostCopy, LogprobCopy
@@ -153,12 +153,11 @@ class AsyncVerify:
                 ids, proposed = self.history.last(), self.history.no_drafts
             with deferred_interrupts():
                 plan = mgr.planner.plan_step([r.req_id for r in rows], [T] * len(rows))
-            if all(r.params.greedy for r in rows):  # chosen and accepted inside the graph where one replays
-                logits, chosen = loop.runner.run_greedy_verify(plan, ids, T, proposed)
-            else:
-                logits, chosen = loop.runner.run(plan, ids, 0, T, np.arange(len(rows) * T)), None
+            sampling = self._sampling(rows, prev)
+            # chosen and accepted inside the graph where one replays
+            logits, chosen = loop.runner.run_verify_choice(plan, ids, T, proposed, sampling)
             logits = logits.view(len(rows), T, -1)
-            choice, counts = chosen or self._choose(rows, logits, ids.view(len(rows), T), proposed, prev)
+            choice, counts = chosen or self._choose(logits, ids.view(len(rows), T), proposed, sampling)
             with deferred_interrupts():
                 accept = mgr.planner.device_accept(plan, counts)
                 if chosen is None:
@@ -182,22 +181,28 @@ class AsyncVerify:
         if prev is not None:
             loop.deliver(*prev)
 
-    def _choose(self, rows: list[Request], logits: torch.Tensor, ids: torch.Tensor, proposed: torch.Tensor,
-                prev) -> tuple[torch.Tensor, torch.Tensor]:
-        """choice [R, 2 + T] (`PendingVerify`'s layout) and counts [R] of the step, as the synchronous step
-        chooses them: ids [R, T] the fed tokens, each row's last one then its drafts, of which only the
-        proposed can pass (the padding never does); sampled rows draw at their output positions, which
-        chain on the device (the step before's plus its counts)."""
+    def _sampling(self, rows: list[Request], prev) -> RowParams | None:
+        """The rows' sampling parameters, None when all are greedy: uploaded when a chain starts, then each
+        step's output positions are the step before's plus its counts (on the device)."""
         if all(r.params.greedy for r in rows):
-            return greedy_verify_choice(logits, ids, proposed)
+            return None
         if prev is None:
             self.params = RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
                                            [r.params.top_p for r in rows], [r.seed for r in rows],
                                            [len(r.output) for r in rows], [[] for _ in rows], 0, self.loop.device)
         else:
             self.params = replace(self.params, position=self.params.position + prev[1].counts)
-        tokens, counts = sample(logits, replace(self.params, drafts=ids[:, 1:], num_drafts=proposed))
-        return torch.cat([counts[:, None], proposed[:, None], tokens], 1), counts
+        return self.params
+
+    def _choose(self, logits: torch.Tensor, ids: torch.Tensor, proposed: torch.Tensor,
+                sampling: RowParams | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """choice [R, 2 + T] (`PendingVerify`'s layout) and counts [R] of a step no graph chose, as the
+        synchronous step chooses them: ids [R, T] the fed tokens, each row's last one then its drafts, of
+        which only the proposed can pass (the padding never does); sampled rows draw at their output
+        positions (`_sampling`)."""
+        if sampling is None:
+            return greedy_verify_choice(logits, ids, proposed)
+        return packed_choice(*sample(logits, replace(sampling, drafts=ids[:, 1:], num_drafts=proposed)), proposed)
 
     def deliver(self, rows: list[Request], pending: PendingVerify) -> None:
         """The in-flight verify step's tokens and counts (its one host sync): the rejected drafts are taken

@@ -139,8 +139,14 @@ def greedy_verify_choice(logits: torch.Tensor, ids: torch.Tensor,
         counts = passed.cumprod(-1).sum(-1) + 1  # leading accepted drafts, then the new token
     else:
         counts = torch.ones_like(proposed)
-    choice = torch.cat([counts[:, None], proposed[:, None], best], 1)
-    return choice, counts.to(torch.int32)
+    return packed_choice(best, counts, proposed)
+
+
+def packed_choice(tokens: torch.Tensor, counts: torch.Tensor,
+                  proposed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [R, T], counts [R], proposed [R] (int64) -> choice [R, 2 + T] int64 (count, proposed, tokens:
+    one block to copy back) and counts [R] int32."""
+    return torch.cat([counts[:, None], proposed[:, None], tokens], 1), counts.to(torch.int32)
 
 
 def _draw(p: torch.Tensor, rows: RowParams, accepted: torch.Tensor, T: int) -> torch.Tensor:

@@ -15,10 +15,12 @@ that cannot be captured (a host sync inside, e.g. fp32 MoE on CUDA past `experts
 experts) is remembered and runs eagerly.
 A rebalance re-carves the arena: graphs of an older carving are dropped.
 
-A verify step whose rows are all greedy can also choose inside its graph (`run_greedy_verify`): the argmax,
-the drafts' check and the counts (`greedy_verify_choice`), and the state modules' accept hooks
-(`CacheStore.accept_on_device`; a padding row's slot -1 is left alone), written to static outputs that the
-host copies back in one block. Such a step is its own graph (the key says so).
+A verify step can also choose inside its graph (`run_verify_choice`): greedy rows the argmax, the drafts'
+check and the counts (`greedy_verify_choice`); rows that sample (any mix with greedy ones) the device
+sampler's draft rejection and draws (`device_sampler.sample`, counter-based, so a replay draws what an
+eager step would), their parameters static inputs; then the state modules' accept hooks
+(`CacheStore.accept_on_device`; a padding row's slot -1 is left alone), all written to static outputs that
+the host copies back in one block. Such a step is its own graph (the key says which tail).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import torch
 from ..cache import CacheStore
 from ..models.batch import ForwardBatch
 from ..ops.attention import HostRows
-from .device_sampler import greedy_verify_choice
+from .device_sampler import RowParams, greedy_verify_choice, packed_choice, sample
 from .forward_batch import generation_positions
 
 MAX_GRAPHS = 64  # captured shapes kept at once (a steady batch uses one; widths and sizes change slowly)
@@ -51,6 +53,9 @@ def bucket_rows(rows: int) -> int:
 _REPEATED = ("slots", "has_initial", "page_table")
 # what a padding row holds: no recurrent slot, no pages, an empty prefix
 _PADDING = {"slots": -1, "page_table": -1, "cached_lens": 0, "has_initial": False}
+# a verify graph's choice inputs [bucket] (`run_verify_choice`) and a padding row's values: no drafts, greedy
+_CHOICE_PADDING = {"proposed": 0, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "position": 0}
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed", "position")
 
 
 @dataclass
@@ -61,20 +66,21 @@ class _Graph:
     logits: torch.Tensor  # [bucket * T, V] fp32, the graph's static output
     rows: int  # real rows of the last load: the rest hold padding
     loaded: dict = field(default_factory=dict)  # name -> the repeated input last copied in (kept alive here)
-    # a greedy verify graph's: input proposed [bucket] int64, outputs choice [bucket, 2 + T] int64, counts [bucket]
-    proposed: torch.Tensor | None = None
+    # a verify graph that chooses: inputs (`_CHOICE_PADDING`'s names) [bucket], outputs choice [bucket, 2 + T]
+    # int64 and counts [bucket] int32
+    choice_inputs: dict[str, torch.Tensor] | None = None
     choice: torch.Tensor | None = None
     counts: torch.Tensor | None = None
 
-    def load(self, input_ids: torch.Tensor, batch: ForwardBatch, proposed: torch.Tensor | None = None) -> None:
+    def load(self, input_ids: torch.Tensor, batch: ForwardBatch, choice_inputs: dict | None = None) -> None:
         """Copies a step of `batch.num_rows` rows (at most the bucket) into the first rows; rows past them
-        become padding when the step before had more."""
+        become padding when the step before had more (their stale choice inputs choose for no row)."""
         rows = batch.num_rows
         self._copy("input_ids", self.input_ids, input_ids)
         self._copy("cached_lens", self.batch.cached_lens, batch.cached_lens)
         repeated = [(name, getattr(self.batch, name), getattr(batch, name)) for name in _REPEATED]
-        if proposed is not None:
-            repeated.append(("proposed", self.proposed, proposed))
+        for name, t in (choice_inputs or {}).items():  # proposed and position change every step, the rest seldom
+            repeated.append((name, self.choice_inputs[name], t))
         for name, static, t in repeated:
             if self.loaded.get(name) is not t or rows > self.rows:
                 self._copy(name, static, t)
@@ -118,9 +124,12 @@ def padded_inputs(input_ids: torch.Tensor, batch: ForwardBatch, bucket: int) -> 
     return grow(input_ids, 0, t), static
 
 
-def padded_proposed(proposed: torch.Tensor, bucket: int) -> torch.Tensor:
-    """A greedy verify graph's static proposed drafts [bucket]: the step's [B], then 0 for padding rows."""
-    return torch.cat([proposed, proposed.new_zeros(bucket - len(proposed))])
+def padded_choice_inputs(choice_inputs: dict | None, bucket: int) -> dict[str, torch.Tensor] | None:
+    """A choosing verify graph's static inputs [bucket]: the step's [B], then a padding row's values."""
+    if choice_inputs is None:
+        return None
+    return {name: torch.cat([t, torch.full((bucket - len(t),), _CHOICE_PADDING[name], dtype=t.dtype, device=t.device)])
+            for name, t in choice_inputs.items()}
 
 
 class DecodeGraphs:
@@ -134,7 +143,7 @@ class DecodeGraphs:
         self.num_captured = 0
         self.num_replays = 0
         self.num_padding_rows = 0  # padding rows replayed, summed over replays
-        self.num_choices = 0  # replays that chose the tokens and accepted inside the graph (`run_greedy_verify`)
+        self.num_choices = 0  # replays that chose the tokens and accepted inside the graph (`run_verify_choice`)
         self.last: _Graph | None = None  # the graph replayed last (benchmarks time its replay alone)
 
     def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
@@ -143,20 +152,25 @@ class DecodeGraphs:
         entry = self._replay(input_ids, batch, None)
         return None if entry is None else entry.output(input_ids.shape[0])
 
-    def run_greedy_verify(self, input_ids: torch.Tensor, batch: ForwardBatch,
-                          proposed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """A step of generation rows that are all greedy, B rows of T tokens (each row's last token, then
-        its drafts), proposed [B] int64 the real drafts a row: (logits [B * T, V], choice [B, 2 + T] int64,
-        counts [B] int32) as `greedy_verify_choice` gives them, with the state modules' accept applied in
-        the graph; views of its static outputs, which its next replay overwrites. None: not a graph step."""
-        entry = self._replay(input_ids, batch, proposed)
+    def run_verify_choice(self, input_ids: torch.Tensor, batch: ForwardBatch, proposed: torch.Tensor,
+                          sampling: RowParams | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """A step of generation rows, B rows of T tokens (each row's last token, then its drafts), proposed
+        [B] int64 the real drafts a row; `sampling` the rows' parameters when any samples (its drafts are
+        ignored: the fed ids are the drafts), None when all are greedy. Returns (logits [B * T, V], choice
+        [B, 2 + T] int64, counts [B] int32) as `greedy_verify_choice` / `packed_choice(*sample(...))` give
+        them, with the state modules' accept applied in the graph; views of its static outputs, which its
+        next replay overwrites. None: not a graph step."""
+        inputs = {"proposed": proposed}
+        if sampling is not None:
+            inputs.update((name, getattr(sampling, name)) for name in SAMPLING_FIELDS)
+        entry = self._replay(input_ids, batch, inputs)
         if entry is None:
             return None
         self.num_choices += 1
         rows = batch.num_rows
         return entry.output(input_ids.shape[0]), entry.choice[:rows], entry.counts[:rows]
 
-    def _replay(self, input_ids: torch.Tensor, batch: ForwardBatch, proposed: torch.Tensor | None) -> _Graph | None:
+    def _replay(self, input_ids: torch.Tensor, batch: ForwardBatch, choice_inputs: dict | None) -> _Graph | None:
         if batch.num_context_rows:
             return None
         if self.store.device_tier.generation != self._generation:
@@ -164,19 +178,20 @@ class DecodeGraphs:
             self._refused.clear()
             self._generation = self.store.device_tier.generation
         bucket = bucket_rows(batch.num_rows)
-        key = (bucket, batch.generation_tokens, batch.page_table.shape[1], batch.speculative, proposed is not None)
+        tail = None if choice_inputs is None else ("sampled" if "temperature" in choice_inputs else "greedy")
+        key = (bucket, batch.generation_tokens, batch.page_table.shape[1], batch.speculative, tail)
         entry = self._graphs.get(key)
         if entry is None:
             if key in self._refused:
                 return None
-            entry = self._capture(input_ids, batch, bucket, proposed)
+            entry = self._capture(input_ids, batch, bucket, choice_inputs)
             if entry is None:
                 self._refused.add(key)
                 return None
             self._graphs[key] = entry
             if len(self._graphs) > MAX_GRAPHS:  # each holds its own memory pool: drop the oldest
                 del self._graphs[next(iter(self._graphs))]
-        entry.load(input_ids, batch, proposed)
+        entry.load(input_ids, batch, choice_inputs)
         entry.graph.replay()
         self.last = entry
         self.num_replays += 1
@@ -184,10 +199,9 @@ class DecodeGraphs:
         return entry
 
     def _capture(self, input_ids: torch.Tensor, batch: ForwardBatch, bucket: int,
-                 proposed: torch.Tensor | None) -> _Graph | None:
+                 choice_inputs: dict | None) -> _Graph | None:
         ids, static = padded_inputs(input_ids, batch, bucket)
-        if proposed is not None:
-            proposed = padded_proposed(proposed, bucket)
+        inputs = padded_choice_inputs(choice_inputs, bucket)
         stream = torch.cuda.Stream(ids.device)
         stream.wait_stream(torch.cuda.current_stream(ids.device))
         mode = torch.cuda.get_sync_debug_mode()
@@ -195,26 +209,31 @@ class DecodeGraphs:
             torch.cuda.set_sync_debug_mode("error")  # a host sync in the warm-up: not capturable, say so now
             try:
                 with torch.cuda.stream(stream):
-                    self._forward(ids, static, proposed)  # warm-up: compiles, allocates, touches no slot
+                    self._forward(ids, static, inputs)  # warm-up: compiles, allocates, touches no slot
             finally:
                 torch.cuda.set_sync_debug_mode(mode)
             torch.cuda.current_stream(ids.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                logits, choice, counts = self._forward(ids, static, proposed)
+                logits, choice, counts = self._forward(ids, static, inputs)
         except RuntimeError:  # a host sync (or another uncapturable op) inside the forward
             torch.cuda.synchronize(ids.device)
             return None
         self.num_captured += 1
-        return _Graph(graph, ids, static, logits, rows=bucket, proposed=proposed, choice=choice, counts=counts)
+        return _Graph(graph, ids, static, logits, rows=bucket, choice_inputs=inputs, choice=choice, counts=counts)
 
-    def _forward(self, ids: torch.Tensor, static: ForwardBatch, proposed: torch.Tensor | None):
-        """(logits, choice, counts): the last two None unless `proposed` asks for the greedy verify tail."""
+    def _forward(self, ids: torch.Tensor, static: ForwardBatch, choice_inputs: dict | None):
+        """(logits, choice, counts): the last two None unless `choice_inputs` ask for a verify tail."""
         T = static.generation_tokens
         positions = generation_positions(static.cached_lens, T)
         logits = self.model.logits(self.model(ids, replace(static, positions=positions)))
-        if proposed is None:
+        if choice_inputs is None:
             return logits, None, None
-        choice, counts = greedy_verify_choice(logits.view(-1, T, logits.shape[-1]), ids.view(-1, T), proposed)
+        rows_logits, fed, proposed = logits.view(-1, T, logits.shape[-1]), ids.view(-1, T), choice_inputs["proposed"]
+        if "temperature" in choice_inputs:
+            fields = (choice_inputs[name] for name in SAMPLING_FIELDS)
+            choice, counts = packed_choice(*sample(rows_logits, RowParams(*fields, fed[:, 1:], proposed)), proposed)
+        else:
+            choice, counts = greedy_verify_choice(rows_logits, fed, proposed)
         self.store.accept_on_device(static.slots, T, counts)
         return logits, choice, counts

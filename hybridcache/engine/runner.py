@@ -11,6 +11,7 @@ import torch
 
 from ..cache import HybridCacheManager, StepPlan
 from ..parallel.workers import Workers
+from .device_sampler import RowParams
 from .forward_batch import forward_batch, generation_positions
 from .graphs import DecodeGraphs
 
@@ -47,19 +48,20 @@ class ModelRunner:
         return self._run(plan, token_ids, num_context_rows, verify_tokens, logit_positions, self.manager.store)
 
     @torch.inference_mode()
-    def run_greedy_verify(self, plan: StepPlan, token_ids: torch.Tensor, verify_tokens: int,
-                          proposed: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        """A step of generation rows that are all greedy, each feeding `verify_tokens` (its last token, then
-        its drafts): token_ids [B * T] and proposed [B] (the real drafts a row) on the device. Returns the
-        logits [B * T, V] of every fed token and, where the step replayed a graph, the choice that graph made
-        (choice [B, 2 + T], counts [B]: `DecodeGraphs.run_greedy_verify`, the accept hooks applied); else
-        None, and the caller chooses and accepts."""
+    def run_verify_choice(self, plan: StepPlan, token_ids: torch.Tensor, verify_tokens: int, proposed: torch.Tensor,
+                          sampling: RowParams | None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """A step of generation rows, each feeding `verify_tokens` (its last token, then its drafts):
+        token_ids [B * T] and proposed [B] (the real drafts a row) on the device; `sampling` the rows'
+        parameters, None when all are greedy. Returns the logits [B * T, V] of every fed token and, where
+        the step replayed a graph, the choice that graph made (choice [B, 2 + T], counts [B]:
+        `DecodeGraphs.run_verify_choice`, the accept hooks applied); else None, and the caller chooses and
+        accepts."""
         if self.workers is not None or self.graphs is None:
             return self.run(plan, token_ids, 0, verify_tokens, np.arange(len(token_ids))), None
         store = self.manager.store
         batch = forward_batch(store, store.execute(plan), 0, verify_tokens, self.speculative,
                               pages_checked=_pages_checked(plan), with_positions=False)
-        out = self.graphs.run_greedy_verify(token_ids, batch, proposed)
+        out = self.graphs.run_verify_choice(token_ids, batch, proposed, sampling)
         if out is not None:
             return out[0], out[1:]
         batch = replace(batch, positions=generation_positions(batch.cached_lens, verify_tokens))

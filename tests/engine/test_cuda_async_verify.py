@@ -32,6 +32,7 @@ def test_async_verify_on_cuda_gives_the_synchronous_tokens(checkpoint, monkeypat
     llm.step_hook = llm.manager.check_integrity
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
     assert launches[0] > 0 and llm.runner.graphs.num_replays > 0
+    assert "sampled" in {key[-1] for key in llm.runner.graphs._graphs}  # greedy and sampled rows chose in a graph
     assert llm.manager.planner.unsettled == [] and llm.manager.requests() == []
 
 

@@ -28,19 +28,18 @@ class Rerun:
 
 
 class EagerGraphs(graphs.DecodeGraphs):
-    def _capture(self, input_ids, batch, bucket, proposed):
+    def _capture(self, input_ids, batch, bucket, choice_inputs):
         ids, static = graphs.padded_inputs(input_ids, batch, bucket)
-        if proposed is not None:
-            proposed = graphs.padded_proposed(proposed, bucket)
-        outs = self._forward(ids, static, proposed)  # the warm-up: every slot -1, no state touched
+        inputs = graphs.padded_choice_inputs(choice_inputs, bucket)
+        outs = self._forward(ids, static, inputs)  # the warm-up: every slot -1, no state touched
 
         def rerun() -> None:
-            for static_out, out in zip(outs, self._forward(ids, static, proposed)):
+            for static_out, out in zip(outs, self._forward(ids, static, inputs)):
                 if static_out is not None:
                     static_out.copy_(out)
 
         self.num_captured += 1
-        return graphs._Graph(Rerun(rerun), ids, static, outs[0], rows=bucket, proposed=proposed, choice=outs[1],
+        return graphs._Graph(Rerun(rerun), ids, static, outs[0], rows=bucket, choice_inputs=inputs, choice=outs[1],
                              counts=outs[2])
 
 
@@ -82,13 +81,31 @@ def test_backed_off_rows_chain_one_token_graphs(checkpoint, monkeypatch):
 
     monkeypatch.setattr(llm.drafter, "propose_on_device", wrong)
     widths = []
-    run = llm.runner.graphs.run_greedy_verify
-    monkeypatch.setattr(llm.runner.graphs, "run_greedy_verify",
-                        lambda ids, batch, proposed: (widths.append(batch.generation_tokens), run(ids, batch, proposed))[1])
+    run = llm.runner.graphs.run_verify_choice
+    monkeypatch.setattr(llm.runner.graphs, "run_verify_choice", lambda ids, batch, proposed, sampling: (
+        widths.append(batch.generation_tokens), run(ids, batch, proposed, sampling))[1])
     llm.step_hook = llm.manager.check_integrity
     assert outputs(llm, prompts, params) == plain
     assert widths.count(1) > widths.count(4) > 0, widths
     assert llm.stats.num_accepted_tokens == 0
+    assert_idle_and_empty(llm)
+
+
+def test_sampled_verify_graphs_draw_as_the_eager_step(checkpoint):
+    """A greedy row beside a sampled one: the graph's tail is the device sampler's draft rejection and draws
+    (counter-based: a replay draws what an eager step would), the sampling parameters static inputs, the
+    output positions chained on the device; the tokens equal the synchronous speculative engine's."""
+    prompts = repetitive(5, 2)
+    params = [SamplingParams(max_tokens=30 + 4 * i, temperature=0.8 * i, top_p=0.9, seed=7 + i, ignore_eos=True)
+              for i in range(2)]
+    sync = LLM(checkpoint, speculative=SPEC, async_scheduling=False, **KW)
+    want = outputs(sync, prompts, params)
+    llm = with_eager_graphs(LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW))
+    llm.step_hook = llm.manager.check_integrity
+    assert outputs(llm, prompts, params) == want
+    tails = {key[-1] for key in llm.runner.graphs._graphs}
+    assert llm.runner.graphs.num_choices > 0 and "sampled" in tails
+    assert llm.stats.num_accepted_tokens == sync.stats.num_accepted_tokens > 0
     assert_idle_and_empty(llm)
 
 
