@@ -64,6 +64,9 @@ class ModelRunner:
         out = self.graphs.run_verify_choice(token_ids, batch, proposed, sampling)
         if out is not None:
             return out[0], out[1:]
+        logits = self.graphs.run(token_ids, batch)  # a tail that could not be captured: the forward alone
+        if logits is not None:
+            return logits, None
         batch = replace(batch, positions=generation_positions(batch.cached_lens, verify_tokens))
         return self.model.logits(self.model(token_ids, batch)), None
 

@@ -120,3 +120,32 @@ def test_plain_decode_graphs_give_the_eager_tokens(checkpoint, greedy):
     llm.step_hook = llm.manager.check_integrity
     assert outputs(llm, prompts, params) == plain
     assert llm.runner.graphs.num_replays > 0 and llm.runner.graphs.num_choices == 0
+
+
+def test_a_tail_that_cannot_be_captured_keeps_the_forward_graph(checkpoint, monkeypatch):
+    """Where a verify graph's tail is refused (as a capture that meets a host sync is), the step replays the
+    forward-only graph and chooses eagerly: the same tokens, and no step runs the model eagerly."""
+    prompts = repetitive(6, 2)
+    params = [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)] * 2
+    want = outputs(LLM(checkpoint, speculative=SPEC, async_scheduling=False, **KW), prompts, params)
+    llm = with_eager_graphs(LLM(checkpoint, speculative=SPEC, async_scheduling=True, **KW))
+    capture = llm.runner.graphs._capture
+    monkeypatch.setattr(llm.runner.graphs, "_capture", lambda ids, batch, bucket, inputs: None if inputs else
+                        capture(ids, batch, bucket, inputs))
+    eager, in_graph = [], []
+    forward, graph_forward = llm.runner.model.forward, llm.runner.graphs._forward
+
+    def replayed(*args):
+        in_graph.append(True)
+        try:
+            return graph_forward(*args)
+        finally:
+            in_graph.pop()
+
+    monkeypatch.setattr(llm.runner.graphs, "_forward", replayed)
+    monkeypatch.setattr(llm.runner.model, "forward", lambda ids, batch: (
+        eager.append(batch.num_context_rows == 0 and not in_graph), forward(ids, batch))[1])
+    llm.step_hook = llm.manager.check_integrity
+    assert outputs(llm, prompts, params) == want
+    g = llm.runner.graphs
+    assert g.num_choices == 0 and g.num_replays > 0 and eager.count(False) > 0 and not any(eager)
