@@ -88,7 +88,7 @@ for parallel in (False, True):
     results[f"gdn_verify-{form}"] = compile_(gdn_verify._gdn_verify_kernel, runtime_sig(gdn_verify._gdn_verify_kernel, {
         **bf16, "u_ptr": "*bf16", "hk_ptr": "*bf16", "pnat_ptr": "*i32", "buf_ptr": "*i32", "slot_ptr": "*i64",
         "scale": "fp32"}), {"T": 4, "H": 16, "HV": 32, "K": 128, "V": 128, "HIST": 16, "BK": 128, "BV": 32,
-                            "L2NORM": True, "RAW_GATE": True, "PARALLEL": parallel, "TP": 4})
+                            "L2NORM": True, "RAW_GATE": True, "PARALLEL": parallel, "TP": 4, "BH": 16})
     results[f"kda_verify-{form}"] = compile_(kda_verify._kda_verify_kernel, runtime_sig(kda_verify._kda_verify_kernel, {
         **bf16, "pk_ptr": "*bf16", "pv_ptr": "*bf16", "n_ptr": "*i32", "slot_ptr": "*i64", "scale": "fp32"}),
         {"T": 4, "H": 16, "K": 128, "V": 128, "P": 3, "BK": 128, "BV": 32, "L2NORM": True, "RAW_GATE": True,
