@@ -31,8 +31,8 @@ wait on one another: with γ_t = Π_{s≤t} exp(g_s) and d_{s→t} = Π_{s<m≤t
 (the sequential recurrence unrolled; `parallel_token`). The d rows [T, BK] and u rows [T, BV] are small; the
 tile is read twice a token and written not at all (KDA forms the state after token 0 once: exp(g_0)·h +
 k_0·u_0ᵀ). Products of gates only, never a quotient: no overflow however strong the decay. GDN's parallel
-form also folds its history 16 entries a product on the tensor cores (tf32x3: fp32-accurate), not one
-rank-1 update an entry.
+form also folds its history 16 entries a product on the tensor cores (tf32x3: three tf32 products, about
+1e-6 relative), not one rank-1 update an entry.
 Padding rows (slot < 0) load no state, store nothing and output zeros; every pool load is masked, never
 multiplied by zero, so NaNs in unused slots or past p / pend_n cannot leak.
 GDN's inputs are read through their strides (q, k, v with a unit last stride: column slices of the conv

@@ -60,7 +60,7 @@ def _gdn_verify_kernel(
     k_row = hk_ptr + s * s_ks + b * s_kb + hk * s_kh
     G_last = tl.load(G_row + (p - 1) * s_Gt, mask=p > 0, other=0.0).to(tl.float32)
     h = h * tl.exp(G_last)
-    if PARALLEL:  # the fold as products [BK, BH] x [BH, BV] on the tensor cores, fp32-accurate (tf32x3)
+    if PARALLEL:  # the fold as products [BK, BH] x [BH, BV] on the tensor cores, near fp32 (tf32x3)
         for j0 in range(0, p, BH):
             j = j0 + tl.arange(0, BH)
             j_ok = j < p
