@@ -13,6 +13,7 @@ import torch
 
 from ..cache import HybridCacheManager, StateLostError, Status
 from .async_verify import AsyncVerify, PendingVerify
+from .device_sampler import RowParams
 from .drafter import NgramDrafter
 from .interrupts import deferred_interrupts
 from .request import Request, RequestDelta, RequestOutput, TokenLogprob
@@ -103,7 +104,11 @@ class StepLoop:
         try:
             with deferred_interrupts():
                 plan, tokens, positions = self._plan(step, drafts, 1 + longest)
-            logits = self.runner.run(plan, tokens, len(step.context), 1 + longest, positions)
+            if self._chooses_in_graph(step):
+                inputs = self._choice_inputs(step, tokens, drafts, 1 + longest)
+                logits, chosen = self.runner.run_verify_choice(plan, *inputs)
+            else:
+                logits, chosen = self.runner.run(plan, tokens, len(step.context), 1 + longest, positions), None
             early: list[bool] = []
 
             def accept_on_device(counts: torch.Tensor) -> None:
@@ -113,8 +118,14 @@ class StepLoop:
                     self.manager.store.accept(self.manager.planner.device_accept(plan, counts))
                     early.append(True)
 
-            new_tokens, accepted, logprobs = choose_tokens(step, drafts, logits, 1 + longest, self.device,
-                                                           accept_on_device)
+            if chosen is not None:  # the graph chose and accepted: read its block (the step's one host sync)
+                rows = chosen[0].tolist()
+                new_tokens = {r.req_id: row[2 : 2 + row[0]] for r, row in zip(step.generation, rows)}
+                accepted, logprobs = [row[0] for row in rows], {}
+                early.append(True)
+            else:
+                new_tokens, accepted, logprobs = choose_tokens(step, drafts, logits, 1 + longest, self.device,
+                                                               accept_on_device)
             with deferred_interrupts():
                 # planner and store directly, as the runner executes: a failed accept hook leaves the step
                 # pending, so the handler below restarts its rows (the facade's accept would abort it unseen)
@@ -129,6 +140,25 @@ class StepLoop:
                 if self.manager.has_pending_step:  # nothing committed: the rows run again (same draws)
                     self.scheduler.restart(self.manager.abort_step(), self.requests)
             raise
+
+    def _chooses_in_graph(self, step: ScheduledStep) -> bool:
+        """A synchronous step whose graph can choose its tokens (`ModelRunner.run_verify_choice`): generation
+        rows only, CUDA graphs on, one process, no row asking for logprobs (those need the logits read)."""
+        return (not step.context and self.runner.graphs is not None and self.runner.workers is None
+                and all(r.params.logprobs is None for r in step.generation))
+
+    def _choice_inputs(self, step: ScheduledStep, tokens: np.ndarray, drafts: dict[int, list[int]], width: int):
+        """(token ids [B * width], verify width, proposed [B], sampling or None) on the device for
+        `run_verify_choice`; the ids and the draft counts go up in one copy."""
+        rows = step.generation
+        proposed = np.array([len(drafts.get(r.req_id, [])) for r in rows], dtype=np.int64)
+        up = torch.from_numpy(np.concatenate([tokens, proposed])).to(self.device, non_blocking=True)
+        sampling = None
+        if not all(r.params.greedy for r in rows):
+            sampling = RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
+                                        [r.params.top_p for r in rows], [r.seed for r in rows],
+                                        [len(r.output) for r in rows], [[] for _ in rows], 0, self.device)
+        return up[: len(tokens)], width, up[len(tokens) :], sampling
 
     # ------------------------------------------------------------------ asynchronous plain decode
     # A plain decode step's tokens are not needed on the host to plan the next one: every row accepts

@@ -109,17 +109,42 @@ def test_sampled_verify_graphs_draw_as_the_eager_step(checkpoint):
     assert_idle_and_empty(llm)
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
-def test_plain_decode_graphs_give_the_eager_tokens(checkpoint, greedy):
-    """No speculation: decode steps replay the graphs' plain form (logits only, sampled outside)."""
+def test_plain_decode_graphs_give_the_eager_tokens(checkpoint, greedy, overlap):
+    """No speculation. Asynchronous decode replays the forward-only graphs and samples outside them (the
+    tokens stay on the device for the next step); a synchronous step's graph chooses its tokens itself
+    (a verify tail of width 1). Both give the eager engine's tokens."""
     prompts = repetitive(4, 4)
     params = [SamplingParams(max_tokens=12, temperature=0.0 if greedy else 0.8, seed=i, ignore_eos=True)
               for i in range(4)]
-    plain = outputs(LLM(checkpoint, **KW), prompts, params)
-    llm = with_eager_graphs(LLM(checkpoint, **KW))
+    plain = outputs(LLM(checkpoint, async_scheduling=False, **KW), prompts, params)
+    llm = with_eager_graphs(LLM(checkpoint, async_scheduling=overlap, **KW))
     llm.step_hook = llm.manager.check_integrity
     assert outputs(llm, prompts, params) == plain
-    assert llm.runner.graphs.num_replays > 0 and llm.runner.graphs.num_choices == 0
+    g = llm.runner.graphs
+    assert g.num_replays > 0 and (g.num_choices == 0 if overlap else g.num_choices > 0)
+
+
+@pytest.mark.parametrize("prefix", [False, True], ids=["plain", "prefix caching"])
+def test_synchronous_verify_graphs_choose_as_the_eager_step(checkpoint, prefix):
+    """Speculation with synchronous steps (as prefix caching runs them): generation-only steps choose and
+    accept in their graph, greedy and sampled rows; the tokens and accept counts are the eager engine's."""
+    prompts = repetitive(11, 2)
+    params = [SamplingParams(max_tokens=24 + 4 * i, temperature=0.7 * i, seed=3 + i, ignore_eos=True)
+              for i in range(2)]
+    kw = dict(KW, speculative=SPEC, async_scheduling=False, enable_prefix_caching=prefix)
+    eager = LLM(checkpoint, **kw)
+    want = outputs(eager, prompts, params)
+    llm = with_eager_graphs(LLM(checkpoint, **kw))
+    llm.step_hook = llm.manager.check_integrity
+    assert outputs(llm, prompts, params) == want
+    assert llm.runner.graphs.num_choices > 0 and {key[-1] for key in llm.runner.graphs._graphs} >= {"sampled"}
+    assert llm.stats.num_accepted_tokens == eager.stats.num_accepted_tokens > 0
+    if prefix:  # the cache keeps the turns' pages and snapshots
+        assert llm.manager.requests() == [] and llm.manager.planner.prefix.stats == eager.manager.planner.prefix.stats
+    else:
+        assert_idle_and_empty(llm)
 
 
 def test_a_tail_that_cannot_be_captured_keeps_the_forward_graph(checkpoint, monkeypatch):
