@@ -3,8 +3,8 @@
 For each batch size, times plain decode (T = 1), the per-token-states baseline (T = 4, every state written),
 and the GDN and KDA verify kernels (T = 4; GDN's history half full; KDA with 3 accepted drafts pending, and
 with none, as at zero acceptance), each in the sequential and the parallel form, at each (block_v,
-num_warps), and prints the best tiling per kernel and batch next to the default's time. Shapes: GDN 16 key / 32 value heads,
-KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
+num_warps), and prints the best tiling per kernel and batch next to the default's time. Shapes: GDN 16
+key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
     PYTHONPATH=. python benchmarks/tune_delta_rule.py
 """

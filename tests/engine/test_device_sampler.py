@@ -72,7 +72,8 @@ def test_the_graph_form_chooses_what_sample_greedy_does(T):
     R, V = 96, 7
     logits = torch.randn(R, T, V, generator=g)
     best = logits.argmax(-1)
-    drafts = torch.where(torch.rand(R, T - 1, generator=g) < 0.7, best[:, :-1], torch.randint(0, V, (R, T - 1), generator=g))
+    other = torch.randint(0, V, (R, T - 1), generator=g)
+    drafts = torch.where(torch.rand(R, T - 1, generator=g) < 0.7, best[:, :-1], other)
     num = torch.randint(0, T, (R,), generator=g)
     padded = torch.where(torch.arange(T - 1) < num[:, None], drafts, best[:, :-1])  # padding that would pass
     ids = torch.cat([torch.randint(0, V, (R, 1), generator=g), padded], 1)

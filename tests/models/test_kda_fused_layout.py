@@ -2,10 +2,11 @@
 checkpoint's q_proj / k_proj / v_proj / f_a_proj / g_a_proj / b_proj weights, gives all six in one linear;
 `up_weight` `[2*H*K, 2*K]`, whose diagonal blocks are f_b_proj and g_b_proj (zeros elsewhere), gives both
 up-projections in another (views, filled name for name by the loader). Against the checkpoint layout
-(`CheckpointLayoutMixer`, the mixer as it was: eight linears, q, k and v concatenated) the mixer outputs and logits of prefill, decode, verify and
-mixed steps agree to fp32 rounding, rtol = atol = 1e-5: the one wide GEMM blocks its dot products otherwise
-than six narrow ones (1.4e-6 at most seen, on logits up to 4.8). On CPU, where g and beta are computed for
-every row in both; the fused gate of the CUDA kernels is tested against the precomputed one in tests/ops."""
+(`CheckpointLayoutMixer`, the mixer as it was: eight linears, q, k and v concatenated) the mixer outputs
+and logits of prefill, decode, verify and mixed steps agree to fp32 rounding, rtol = atol = 1e-5: the one
+wide GEMM blocks its dot products otherwise than six narrow ones (1.4e-6 at most seen, on logits up to
+4.8). On CPU, where g and beta are computed for every row in both; the fused gate of the CUDA kernels is
+tested against the precomputed one in tests/ops."""
 from __future__ import annotations
 
 import pytest
