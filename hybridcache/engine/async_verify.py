@@ -17,7 +17,7 @@ from ..ops.triton_support import runs_triton
 from .device_sampler import RowParams, greedy_verify_choice, packed_choice, sample
 from .interrupts import deferred_interrupts
 from .request import Request
-from .step_tokens import HostCopy, LogprobCopy
+from .step_tokens import HostCopy, LogprobCopy, row_params
 
 if TYPE_CHECKING:
     from .scheduler import ScheduledStep
@@ -51,8 +51,7 @@ class TokenHistory:
         if runs_triton(tokens):
             from ..ops.ngram_triton import history_append_triton
 
-            rows = tokens if tokens.stride(-1) == 1 else tokens.contiguous()  # a graph's packed output: a view
-            self._last = history_append_triton(self.history, self.lengths, rows, counts.contiguous())
+            self._last = history_append_triton(self.history, self.lengths, tokens, counts.contiguous())
             return
         R, T = tokens.shape
         at = self.lengths[:, None] + torch.arange(T, device=tokens.device)  # [R, T]
@@ -187,9 +186,7 @@ class AsyncVerify:
         if all(r.params.greedy for r in rows):
             return None
         if prev is None:
-            self.params = RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
-                                           [r.params.top_p for r in rows], [r.seed for r in rows],
-                                           [len(r.output) for r in rows], [[] for _ in rows], 0, self.loop.device)
+            self.params = row_params(rows, self.loop.device)
         else:
             self.params = replace(self.params, position=self.params.position + prev[1].counts)
         return self.params

@@ -13,13 +13,12 @@ import torch
 
 from ..cache import HybridCacheManager, StateLostError, Status
 from .async_verify import AsyncVerify, PendingVerify
-from .device_sampler import RowParams
 from .drafter import NgramDrafter
 from .interrupts import deferred_interrupts
 from .request import Request, RequestDelta, RequestOutput, TokenLogprob
 from .scheduler import ScheduledStep, Scheduler
 from .stats import Stats
-from .step_tokens import PendingTokens, choose_tokens, sample_plain
+from .step_tokens import PendingTokens, choose_tokens, row_params, sample_plain
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +152,7 @@ class StepLoop:
         rows = step.generation
         proposed = np.array([len(drafts.get(r.req_id, [])) for r in rows], dtype=np.int64)
         up = torch.from_numpy(np.concatenate([tokens, proposed])).to(self.device, non_blocking=True)
-        sampling = None
-        if not all(r.params.greedy for r in rows):
-            sampling = RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
-                                        [r.params.top_p for r in rows], [r.seed for r in rows],
-                                        [len(r.output) for r in rows], [[] for _ in rows], 0, self.device)
+        sampling = None if all(r.params.greedy for r in rows) else row_params(rows, self.device)
         return up[: len(tokens)], width, up[len(tokens) :], sampling
 
     # ------------------------------------------------------------------ asynchronous plain decode

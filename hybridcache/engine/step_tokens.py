@@ -12,6 +12,16 @@ from .request import Request, TokenLogprob
 from .scheduler import ScheduledStep
 
 
+def row_params(rows: list[Request], device: torch.device, drafts: list[list[int]] | None = None, width: int = 0,
+               positions: list[int] | None = None) -> RowParams:
+    """The rows' sampling parameters on the device in one copy (`RowParams.upload`): each row's drafts
+    padded to `width` (none by default) and its output position (its tokens so far by default)."""
+    return RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
+                            [r.params.top_p for r in rows], [r.seed for r in rows],
+                            [len(r.output) for r in rows] if positions is None else positions,
+                            [[] for _ in rows] if drafts is None else drafts, width, device)
+
+
 def choose_tokens(step: ScheduledStep, drafts: dict[int, list[int]], logits: torch.Tensor | None, width: int,
                   device: torch.device, before_read: Callable[[torch.Tensor], None] | None = None,
                   ) -> tuple[dict[int, list[int]], list[int], dict[int, list[TokenLogprob]]]:
@@ -32,9 +42,7 @@ def choose_tokens(step: ScheduledStep, drafts: dict[int, list[int]], logits: tor
     if not num_first and all(r.params.greedy and r.params.logprobs is None for r in sampled):
         new_tokens = _choose_greedy(sampled, props, logits, T, device, before_read)
         return new_tokens, accepted + [len(new_tokens[r.req_id]) for r in step.generation], {}
-    rows = RowParams.upload([r.params.temperature for r in sampled], [r.params.top_k for r in sampled],
-                            [r.params.top_p for r in sampled], [r.seed for r in sampled],
-                            [len(r.output) for r in sampled], props, T - 1, device)
+    rows = row_params(sampled, device, props, T - 1)
     # logits rows: a first token reads its prompt's last position; a generation row its T positions
     row = torch.arange(len(sampled), device=device)
     gen = (row >= num_first).long()
@@ -154,8 +162,6 @@ def sample_plain(rows: list[Request], logits: torch.Tensor, device: torch.device
     if all(r.params.greedy for r in rows):
         tokens = logits.argmax(-1)
     else:
-        params = RowParams.upload([r.params.temperature for r in rows], [r.params.top_k for r in rows],
-                                  [r.params.top_p for r in rows], [r.seed for r in rows],
-                                  [len(r.output) + r.num_pending for r in rows], [[] for _ in rows], 0, device)
+        params = row_params(rows, device, positions=[len(r.output) + r.num_pending for r in rows])
         tokens = sample(logits[:, None], params)[0][:, 0]
     return PendingTokens(tokens, LogprobCopy(rows, logits[:, None], tokens[:, None]))

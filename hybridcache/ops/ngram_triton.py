@@ -66,9 +66,10 @@ def _append_kernel(hist_ptr, len_ptr, tok_ptr, count_ptr, last_ptr, W, stride_r,
 
 def history_append_triton(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor,
                           counts: torch.Tensor) -> torch.Tensor:
-    """`TokenHistory.append`: row i's first counts[i] of tokens [R, T] (unit last stride) written at its
+    """`TokenHistory.append`: row i's first counts[i] of tokens [R, T] (any row stride) written at its
     lengths[i] (clamped to the last of history's W columns), lengths += counts, in place. Returns each
     row's last token [R]. history [R, W] int64 with a unit last stride."""
+    tokens = tokens if tokens.stride(-1) == 1 else tokens.contiguous()  # rows read in place, e.g. a wider block's
     R, T = tokens.shape
     last = torch.empty(R, dtype=torch.int64, device=history.device)
     if R:

@@ -11,7 +11,6 @@ from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from ..batch import ForwardBatch
 from .attention import fused_params, fused_rows
 from .norm import RMSNorm
-from .params import param
 
 LATENT_ROLE = "mla.latent"
 LORA_NORM_EPS = 1e-6  # transformers builds q_a_layernorm / kv_a_layernorm with the RMSNorm default, not rms_norm_eps
@@ -30,8 +29,8 @@ class MLAAttention(nn.Module):
     the latent pages are replicated (every head reads the whole latent).
 
     The two projections of x (q_proj or q_a_proj, and kv_a_proj_with_mqa) are row views of one `in_weight`
-    (and `in_bias` when both have a bias): one GEMM (`attention.fused_rows` names the views). q_proj has none,
-    so with `bias` and no q_lora_rank kv_a_proj_with_mqa's bias is its own `kv_a_bias`, added after.
+    (and `in_bias`): one GEMM (`attention.fused_rows` names the views). q_proj has no bias: with `bias` and no
+    q_lora_rank its rows of `in_bias` stay zero and only kv_a_proj_with_mqa's are a checkpoint tensor.
     """
 
     def __init__(self, index: int, hidden: int, num_heads: int, q_lora_rank: int | None, kv_lora_rank: int,
@@ -51,21 +50,22 @@ class MLAAttention(nn.Module):
             self.q_a_layernorm = RMSNorm(q_lora_rank, LORA_NORM_EPS, device, dtype)
             self.q_b_proj = ColumnParallelLinear(q_lora_rank, num_heads * qd, q_rows, False, device, dtype)
         self.q_lora = q_lora_rank is not None
-        self.in_weight, self.in_bias = fused_params(self.rows, hidden, bias and self.q_lora, device, dtype)
-        self.kv_a_bias = param(kv_a[1], device=device, dtype=dtype) if bias and not self.q_lora else None
+        self.in_weight, self.in_bias = fused_params(self.rows, hidden, bias, device, dtype)
+        if self.in_bias is not None:
+            with torch.no_grad():
+                self.in_bias.zero_()  # q_proj's rows, when it has no bias, stay so: the loader fills the rest
         self.kv_a_layernorm = RMSNorm(kv_lora_rank, LORA_NORM_EPS, device, dtype)
         self.kv_b_proj = ColumnParallelLinear(kv_lora_rank, num_heads * kvd, [(h0 * kvd, hl * kvd)], False, device, dtype)
         self.o_proj = RowParallelLinear(num_heads * v_dim, [(h0 * v_dim, hl * v_dim)], hidden, bias, tp, device, dtype)
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        extra = {} if self.kv_a_bias is None else {"kv_a_proj_with_mqa.bias": self.kv_a_bias}
-        return {**fused_rows(self.rows, self.in_weight, self.in_bias), **extra}
+        views = fused_rows(self.rows, self.in_weight, self.in_bias)
+        views.pop("q_proj.bias", None)  # not in checkpoints: q_proj has no bias
+        return views
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, D] -> queries [N, H*(Dn+Dr)], kv_a_proj_with_mqa's output [N, R+Dr] (a column slice)."""
         q, kv = F.linear(x, self.in_weight, self.in_bias).split([row[2][1] for row in self.rows], dim=-1)
-        if self.kv_a_bias is not None:
-            kv = kv + self.kv_a_bias
         return (self.q_b_proj(self.q_a_layernorm(q)) if self.q_lora else q), kv
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
