@@ -4,9 +4,9 @@
   full acceptance: an oracle proposes the speculative engine's own greedy continuation (every draft passes;
                    `self_consistent` says why that is not plain decode's in 16-bit)
 
-Decode tok/s (the ratios' basis) = the tokens after the first / (time of the generate call - time of the
-same call with max_tokens=1): the steady rate, without the prefill and the first token, which speculation
-does not touch. The three engines run interleaved and each ratio is the median of one round's ratios
+Decode tok/s (the ratios' basis) = the tokens delivered after every request has its first token / the
+time they take (`time_decode_phase`, the engine stepped from here): the steady rate, without the prefill
+and the first token, which speculation does not touch. The three engines run interleaved and each ratio is the median of one round's ratios
 (`paired_rates`); the whole call's ratio is printed beside it. With asynchronous scheduling (the
 CUDA default) greedy verify steps draft on the device: both drafters propose there too.
 
@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.families import add_model_args, checkpoint
 from benchmarks.record import Record, add_json_arg
-from benchmarks.timing import decode_rate, median, time_runs
+from benchmarks.timing import median, time_decode_phase
 from benchmarks.verify_form import add_verify_form_arg, apply_verify_form
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -98,21 +98,20 @@ def use(drafter, llm) -> None:
     llm.drafter.propose, llm.drafter.propose_on_device = drafter.propose, drafter.propose_on_device
 
 
-def paired_rates(arms: dict, prompts, params, first_params, device: str, repeat: int) -> dict[str, dict]:
+def paired_rates(arms: dict, prompts, params, device: str, repeat: int) -> dict[str, dict]:
     """Per arm (name -> (engine, drafter or None)): the median decode tok/s and whole-call tok/s, and the
-    medians of their ratios to the first arm's. The arms run interleaved, each round every arm's
-    max_tokens=1 call then its whole call, after one untimed round: a drift of the machine's speed over the
-    run lands on every arm alike, and each ratio compares calls of one round."""
+    medians of their ratios to the first arm's. The arms run interleaved, one run each a round, after one
+    untimed round: a drift of the machine's speed over the run lands on every arm alike, and each ratio
+    compares runs of one round."""
     b, n = len(prompts), params.max_tokens
     rounds = {name: [] for name in arms}
     for i in range(repeat + 1):
         for name, (llm, drafter) in arms.items():
             if drafter is not None:
                 use(drafter, llm)
-            first = time_runs(lambda: llm.generate(prompts, first_params), device, 1, warmup=0)[0]
-            call = time_runs(lambda: llm.generate(prompts, params), device, 1, warmup=0)[0]
+            run = time_decode_phase(llm, prompts, params, device)
             if i:
-                rounds[name].append((decode_rate(b, n, [call], [first]), b * n / call))
+                rounds[name].append((run.decode_rate, b * n / run.call_s))
     base = next(iter(rounds.values()))
     return {name: dict(decode=median([d for d, _ in rs]), call=median([c for _, c in rs]),
                        decode_ratio=median([d / bd for (d, _), (bd, _) in zip(rs, base)]),
@@ -147,7 +146,6 @@ def main() -> None:
                                                            k=args.k, backoff=args.backoff, prompt_len=args.prompt_len,
                                                            max_tokens=args.max_tokens, repeats=args.repeat))
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
-    first_params = SamplingParams(max_tokens=1, ignore_eos=True)
     kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=max(args.batch), max_num_batched_tokens=8192,
               max_model_len=args.prompt_len + args.max_tokens + args.k + 16, async_scheduling=args.async_scheduling)
     plain = LLM(path, **kw)
@@ -162,7 +160,7 @@ def main() -> None:
         own, rounds = self_consistent(spec, prompts, params, refs, args.k)
         arms = {"plain": (plain, None), "zero": (spec, WrongDrafter(OracleDrafter(refs, args.k), plain.vocab_size)),
                 "full": (spec, OracleDrafter(own, args.k))}
-        m = paired_rates(arms, prompts, params, first_params, args.device, args.repeat)
+        m = paired_rates(arms, prompts, params, args.device, args.repeat)
         same = sum(own[tuple(p)] == refs[tuple(p)] for p in prompts)
         use(OracleDrafter(own, args.k), spec)
         accepted = sum(o.token_ids == own[tuple(p)] for p, o in zip(prompts, spec.generate(prompts, params)))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
@@ -92,3 +93,49 @@ def decode_rate(batch: int, max_tokens: int, runs: list[float], first_runs: list
     with max_tokens=1 (prefill and the first token), for `batch` requests of `max_tokens` each."""
     spent = median(runs) - median(first_runs)
     return batch * (max_tokens - 1) / spent if spent > 0 and max_tokens > 1 else float("nan")
+
+
+@dataclass
+class DecodePhase:
+    """One generate-like run of an engine, timed on the host: `call_s` from queueing to the last output,
+    `decode_s` from the step that delivered the last request's first token to the last output, and
+    `decode_tokens` the tokens delivered in that span (every request is past its prefill there)."""
+
+    call_s: float
+    decode_s: float
+    decode_tokens: int
+    outputs: dict[int, list[int]]
+
+    @property
+    def decode_rate(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+
+def time_decode_phase(llm, prompts: Sequence[Sequence[int]], params, device: str | torch.device) -> DecodePhase:
+    """Run `prompts` through `llm` (hybridcache.LLM) step by step, counting tokens as the steps deliver
+    them. The decode span starts at a delivery and counts only later deliveries, so a pipelined step in
+    flight then is counted with the time it takes after that point: the steady rate, without prefill."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    streaming, llm.stream_deltas = llm.stream_deltas, True
+    try:
+        start = time.perf_counter()
+        rids = [llm.add_request(list(p), params) for p in prompts]
+        waiting, decode_start, tokens, outputs = set(rids), None, 0, {}
+        while len(outputs) < len(rids):
+            for out in llm.step():
+                outputs[out.request_id] = list(out.token_ids)
+            for d in llm.take_deltas():
+                if decode_start is not None:
+                    tokens += len(d.token_ids)
+                elif d.token_ids:
+                    waiting.discard(d.request_id)
+            if decode_start is None and not waiting:
+                decode_start = time.perf_counter()
+        if cuda:
+            torch.cuda.synchronize()
+        end = time.perf_counter()
+    finally:
+        llm.stream_deltas = streaming
+    return DecodePhase(end - start, end - (decode_start or end), tokens, outputs)
