@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -269,9 +270,12 @@ def spec_section(files: list[dict], img: str | None) -> list[str]:
            "against plain decode in the same run. In 16-bit a verify step rounds differently from a decode step, so "
            "on random weights (near-tied logits) the speculative greedy tokens drift from plain decode's (*outputs "
            "equal to plain*); files with an *oracle fully accepted* column took the speculative engine's own "
-           "continuation as the reference, found in the rounds given (`spec_decode.self_consistent`). Where the file has them, the rates are decode tok/s (the tokens "
-           "after the first over the call's time less a max_tokens=1 call's) and the whole call's ratio follows in "
-           "brackets; older files hold the whole call's rates only. Files from 2026-12-04 on ran the three engines "
+           "continuation as the reference, found in the rounds given (`spec_decode.self_consistent`). Where the file has them, the rates are decode tok/s and the whole "
+           "call's ratio follows in brackets (older files hold the whole call's rates only): files marked *decode "
+           "span* time the steps after the last request's first token and count the tokens they deliver "
+           "(`timing.time_decode_phase`); the others take the tokens after the first over the call's time less a "
+           "max_tokens=1 call's, which at bs64 leaves the decode inside the prefill's noise (*n/a* where that "
+           "difference came out negative). Files from 2026-12-04 on ran the three engines "
            "interleaved, and their ratios are the medians of each round's ratios.", ""]
     for data in files:
         p = data["params"]
@@ -279,16 +283,20 @@ def spec_section(files: list[dict], img: str | None) -> list[str]:
         out += [f"### {p['family']} {p['size']} ({p['dtype']}, k={p['k']}{backoff}, prompt {p['prompt_len']}, "
                 f"{p['max_tokens']} new tokens, median of {p['repeats']})", ""]
         out += provenance(data) + [""]
+        if data.get("extra", {}).get("decode_timing") == "span":
+            out += ["Decode span.", ""]
+
         def ratio(r: dict, kind: str) -> str:
             if kind + "_ratio" in r:  # paired: the median of each round's ratio
-                return f"{r[kind + '_ratio']:.2f}x ({r[kind + '_call_ratio']:.2f}x)"
+                decode = "n/a" if math.isnan(r[kind + "_ratio"]) else f"{r[kind + '_ratio']:.2f}x"
+                return f"{decode} ({r[kind + '_call_ratio']:.2f}x)"
             text = f"{r[kind + '_tok_s'] / r['plain_tok_s']:.2f}x"
             if "plain_call_tok_s" in r:
                 text += f" ({r[kind + '_call_tok_s'] / r['plain_call_tok_s']:.2f}x)"
             return text
 
         rows = [[str(r["batch"]), f"{r['plain_tok_s']:,.1f}", f"{r['zero_accept_tok_s']:,.1f}", ratio(r, "zero_accept"),
-                 f"{r['full_accept_tok_s']:,.1f}", ratio(r, "full_accept"), f"{r['outputs_equal']} / {r['batch']}"]
+                 "n/a" if math.isnan(r["full_accept_tok_s"]) else f"{r['full_accept_tok_s']:,.1f}", ratio(r, "full_accept"), f"{r['outputs_equal']} / {r['batch']}"]
                 + ([f"{r['oracle_fully_accepted']} / {r['batch']} ({r['oracle_rounds']} rounds)"]
                    if "oracle_rounds" in r else [])
                 for r in data["rows"]]

@@ -146,6 +146,7 @@ def main() -> None:
                                                            k=args.k, backoff=args.backoff, prompt_len=args.prompt_len,
                                                            max_tokens=args.max_tokens, repeats=args.repeat))
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    rec.extra("decode_timing", "span")  # time_decode_phase: from the last first token's delivery on
     kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=max(args.batch), max_num_batched_tokens=8192,
               max_model_len=args.prompt_len + args.max_tokens + args.k + 16, async_scheduling=args.async_scheduling)
     plain = LLM(path, **kw)
