@@ -242,7 +242,8 @@ def step_section(files: list[dict], img: str | None) -> list[str]:
            "asynchronous scheduling (the next step is planned and launched before this one's tokens are read back); "
            "`graph-sync`: CUDA graphs, the host plans while the device idles; `eager`: no graphs; `verify`: every step "
            "a k=3 verify under graphs whose drafts the model does not pick (synchronous: the host drafts from the "
-           "tokens read back), tok/s of the committed tokens. *replay ms*: the step's graph replayed back to back "
+           "tokens read back), tok/s of the committed tokens; `spec-idle`: the speculative engine with every row "
+           "backing off (one-token steps, what zero acceptance mostly runs). *replay ms*: the step's graph replayed back to back "
            "alone; *host share* = 1 - replay / wall. The weight-bandwidth limit is the checkpoint's bytes read once "
            "per step at 4.2 TB/s.", ""]
     for data in files:

@@ -33,9 +33,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # (name, enforce_eager, async_scheduling, draft tokens): graphs with the host's planning overlapped, graphs
 # with a synchronous step (the host plans while the device idles), eager; `verify`: every step a k=3 verify
 # (graphs, asynchronous: drafted on the device), each row proposing 3 tokens the model does not pick;
-# `verify-sync`: the same, synchronous (the host drafts from the tokens read back)
+# `verify-sync`: the same, synchronous (the host drafts from the tokens read back); `spec-idle`: the speculative
+# engine (k=3) with every row backing off, each step a one-token step (what zero acceptance mostly runs)
 MODES = [("graph", False, True, 0), ("graph-sync", False, False, 0), ("eager", True, True, 0), ("verify", False, True, 3),
-         ("verify-sync", False, False, 3)]
+         ("verify-sync", False, False, 3), ("spec-idle", False, True, 3)]
 
 
 def never_picked(tokens: list[int]) -> list[int]:
@@ -219,6 +220,11 @@ def main() -> None:
             if k:
                 llm.drafter.propose, llm.drafter.propose_on_device = never_picked, never_picked_on_device
             steady(llm, b, args.prompt_len, llm.vocab_size)
+            if mode == "spec-idle":  # the back-off of a row that missed ever since (DraftBackoff), set directly
+                for req in llm._loop.requests.values():
+                    req.draft_skip = 1 << 30
+                for _ in range(4):  # the steps with drafts in flight, and the one-token graphs' capture
+                    llm.step()
             sync(args.device)
             t0, generated = time.perf_counter(), llm.stats.num_generated_tokens
             for _ in range(args.steps):
