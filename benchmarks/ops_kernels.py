@@ -14,6 +14,7 @@ prefill  8,192 tokens as one sequence and as 8 x 1,024, from initial states in t
          Eager calls (fla's varlen set-up reads the sequence lengths on the host).
 
     PYTHONPATH=. python benchmarks/ops_kernels.py --json bench-out/ops_kernels.json
+    PYTHONPATH=. python benchmarks/ops_kernels.py --skip-decode --prefill-ops mamba2 --prefill-shapes 8x1024
 
 Each figure is the median of 5 timed runs after warm-up calls at the same shapes (CUDA events).
 """
@@ -204,11 +205,15 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50, help="graph replays per timed run")
     ap.add_argument("--skip-prefill", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--prefill-ops", nargs="+", choices=["gdn", "kda", "mamba2"], default=["gdn", "kda", "mamba2"])
+    ap.add_argument("--prefill-shapes", nargs="+", default=["1x8192", "8x1024"],
+                    help="prefill rows x tokens each (a run cut short can be resumed at one shape)")
     add_json_arg(ap)
     args = ap.parse_args()
     fla, mamba = fla_ops(), mamba_ssm_ops()
     rec = Record(args.json, "ops_kernels", DEV, dict(device=DEV, batches=args.batches, gdn=GDN, kda=KDA, mamba2=MAMBA2,
-                                                     dtype=str(ACT), iters=args.iters))
+                                                     dtype=str(ACT), iters=args.iters, prefill_ops=args.prefill_ops,
+                                                     prefill_shapes=args.prefill_shapes))
     bw = copy_bandwidth(DEV)
     rec.extra("copy_gbs", bw)
     print(f"copy bandwidth {bw:.0f} GB/s (read + write); decode figures are CUDA-graph replays, us per call")
@@ -224,9 +229,12 @@ def main() -> None:
             peer_text = "  ".join(f"{key[:-3]} {val:8.1f} us ({val / row['ours_us']:.2f}x ours)" for key, val in peers.items())
             print(f"decode {op:6} B={batch:<4} ours {row['ours_us']:8.1f} us {gbs:7.0f} GB/s ({gbs / bw:5.1%})  {peer_text}")
     if not args.skip_prefill:
-        for lengths in ([8192], [1024] * 8):
-            for op, case in (("gdn", lambda ls: gdn_prefill_case(ls, fla)), ("kda", lambda ls: kda_prefill_case(ls, fla)),
-                             ("mamba2", lambda ls: mamba2_prefill_case(ls, mamba))):
+        prefill_cases = {"gdn": lambda ls: gdn_prefill_case(ls, fla), "kda": lambda ls: kda_prefill_case(ls, fla),
+                         "mamba2": lambda ls: mamba2_prefill_case(ls, mamba)}
+        for shape in args.prefill_shapes:
+            rows, tokens = map(int, shape.split("x"))
+            lengths = [tokens] * rows
+            for op, case in ((op, prefill_cases[op]) for op in args.prefill_ops):
                 print(f"prefill {op} {len(lengths)} x {lengths[0]} ...", flush=True)
                 row = case(lengths)
                 rec.add(kind="prefill", op=op, rows=len(lengths), tokens=sum(lengths), **row)

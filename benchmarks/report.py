@@ -57,8 +57,9 @@ def subject(data: dict) -> tuple:
     if data["benchmark"] == "prefix_cache":  # a budget sweep is another subject than the run
         return (p.get("size"), p.get("device"), tuple(p.get("workloads", ())), tuple(p.get("cache_scale", ())),
                 p.get("host_scale"))
-    if data["benchmark"] == "ops_kernels":  # a decode sweep and a prefill-only rerun are different subjects
-        return tuple(sorted({str(r.get("kind")) for r in data["rows"]}))
+    if data["benchmark"] == "ops_kernels":  # a decode sweep, a prefill-only rerun and one of a few rows differ
+        return (tuple(sorted({str(r.get("kind")) for r in data["rows"]})), tuple(p.get("prefill_ops", ())),
+                tuple(p.get("prefill_shapes", ())))
     return (p.get("op"), p.get("device"))
 
 
