@@ -20,7 +20,6 @@ import torch
 from benchmarks.ops_mamba2 import timed
 from benchmarks.record import Record, add_json_arg
 from benchmarks.timing import REPEATS, graphed
-from benchmarks.verify_form import add_verify_form_arg, apply_verify_form
 from hybridcache.ops.gdn import gdn_accept, gdn_decode, gdn_verify
 from hybridcache.ops.gdn.block import per_value_head, prepare_qk
 from hybridcache.ops.triton_support import runs_triton
@@ -123,9 +122,7 @@ def main() -> None:
     ap.add_argument("--no-graph", action="store_true", help="CUDA: time eager launches, not graph replays")
     ap.add_argument("--profile", action="store_true", help="print the top kernels of each approach per case")
     add_json_arg(ap)
-    add_verify_form_arg(ap)
     args = ap.parse_args()
-    apply_verify_form(args)
     dev, gpu = args.device, args.device == "cuda"
     full = (args.size or ("full" if gpu else "tiny")) == "full"
     H = args.heads or (16 if full else 2)

@@ -20,7 +20,6 @@ import torch
 
 from benchmarks.record import Record, add_json_arg
 from benchmarks.timing import REPEATS, graphed, median, time_runs
-from benchmarks.verify_form import add_verify_form_arg, apply_verify_form
 from hybridcache.ops.mamba2 import mamba2_accept, mamba2_decode, mamba2_verify
 from hybridcache.ops.mamba2.intermediate import mamba2_accept_intermediate, mamba2_verify_intermediate
 
@@ -153,9 +152,7 @@ def main() -> None:
     parser.add_argument("--no-graph", action="store_true", help="CUDA: time eager launches, not graph replay")
     parser.add_argument("--profile", action="store_true", help="print the top kernels of each approach per case")
     add_json_arg(parser)
-    add_verify_form_arg(parser)
     args = parser.parse_args()
-    apply_verify_form(args)
     cuda = args.device == "cuda"
     full = (args.size or ("full" if cuda else "tiny")) == "full"
     # full: the Nemotron-H-like layer (the 1b family); tiny: a quarter of it, so a CPU run stays under a minute

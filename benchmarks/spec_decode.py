@@ -23,7 +23,6 @@ import torch
 from benchmarks.families import add_model_args, checkpoint
 from benchmarks.record import Record, add_json_arg
 from benchmarks.timing import median, time_decode_phase
-from benchmarks.verify_form import add_verify_form_arg, apply_verify_form
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -133,9 +132,7 @@ def main() -> None:
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                     help="LLM(async_scheduling=...) for both engines (default: the LLM's, on for CUDA)")
     add_json_arg(ap)
-    add_verify_form_arg(ap)
     args = ap.parse_args()
-    apply_verify_form(args)
     from hybridcache import LLM, SamplingParams, SpeculativeConfig
     from hybridcache.workload import make_prompts
 

@@ -25,7 +25,6 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.families import add_model_args, checkpoint
 from benchmarks.record import Record, add_json_arg
-from benchmarks.verify_form import add_verify_form_arg, apply_verify_form
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -196,13 +195,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompt-len", type=int, default=128)
     add_json_arg(ap)
-    add_verify_form_arg(ap)
     ap.add_argument("--by-module", action="store_true", help="eager steps: kernels and time per layer kind")
     ap.add_argument("--host-profile", action="store_true",
                     help="also: the host functions that take the most self time per step (cProfile, each mode)")
     ap.add_argument("--modes", nargs="+", choices=[m[0] for m in MODES], default=[m[0] for m in MODES])
     args = ap.parse_args()
-    apply_verify_form(args)
     from hybridcache import LLM, SpeculativeConfig
 
     path = checkpoint(args)

@@ -2,8 +2,7 @@
 
 For each batch size, times plain decode (T = 1), the per-token-states baseline (T = 4, every state written),
 and the GDN and KDA verify kernels (T = 4; GDN's history half full; KDA with 3 accepted drafts pending, and
-with none, as at zero acceptance), each in the sequential and the parallel form, at each (block_v,
-num_warps), and prints the best tiling per kernel and batch next to the default's time. Shapes: GDN 16
+with none, as at zero acceptance), at each (block_v, num_warps), and prints the best tiling per kernel and batch next to the default's time. Shapes: GDN 16
 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
     PYTHONPATH=. python benchmarks/tune_delta_rule.py
@@ -45,16 +44,10 @@ def cases(batch: int) -> dict:
                 b=torch.zeros(S, T - 1, H, device=DEV), n=torch.full((S,), T - 1, dtype=torch.int32, device=DEV))
     none_pending = torch.zeros_like(pend["n"])
 
-    def gdn(parallel: bool):
-        return lambda bv, w: gdn_verify_triton(q, k, v, g, beta, ssm, hist["u"], hist["k"], hist["G"], hist["b"], pnat,
-                                               buf, slots, use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
-                                               parallel=parallel)
-
-    def kda(parallel: bool, pending: torch.Tensor):
+    def kda(pending: torch.Tensor):
         return lambda bv, w: kda_verify_triton(q[:, :, :H], k, v[:, :, :H], gk, beta[:, :, :H], kssm, pend["k"],
                                                pend["g"], pend["v"], pend["b"], pending, slots,
-                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
-                                               parallel=parallel)
+                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w)
 
     return {
         "decode T=1": lambda bv, w: delta_rule_decode_triton(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], ssm,
@@ -63,12 +56,11 @@ def cases(batch: int) -> dict:
         "per-token T=4": lambda bv, w: delta_rule_decode_triton(q, k, v, g, beta, ssm, slots,
                                                                 use_qk_l2norm_in_kernel=True, block_v=bv,
                                                                 intermediate=inter, num_warps=w),
-        "gdn verify T=4": gdn(False),
-        "gdn verify T=4 par": gdn(True),
-        "kda verify T=4": kda(False, pend["n"]),
-        "kda verify T=4 par": kda(True, pend["n"]),
-        "kda verify T=4 n=0": kda(False, none_pending),
-        "kda verify n=0 par": kda(True, none_pending),
+        "gdn verify T=4": lambda bv, w: gdn_verify_triton(q, k, v, g, beta, ssm, hist["u"], hist["k"], hist["G"],
+                                                          hist["b"], pnat, buf, slots, use_qk_l2norm_in_kernel=True,
+                                                          block_v=bv, num_warps=w),
+        "kda verify T=4": kda(pend["n"]),
+        "kda verify T=4 n=0": kda(none_pending),
     }
 
 

@@ -23,16 +23,6 @@ its state in registers; value columns are independent in the recurrence, so bloc
   [0, pend_n), and pend_k, pend_g, pend_beta are shared by all value blocks of a head: no program of this
   launch may write them. A second, small launch (one program per row and head, after the first has read
   everything) writes pend_*[slot, :T−1]; it needs nothing from the first (the keys are normalised again).
-Parallel form (`parallel=True`; the sequential form stays the default until the H200 says otherwise).
-The new tokens' two reductions over K are taken from the tile as it stands before them, h, so they do not
-wait on one another: with γ_t = Π_{s≤t} exp(g_s) and d_{s→t} = Π_{s<m≤t} exp(g_m)·k_s,
-  w_t = hᵀ(γ_t·k_t),  u_t = β_t·(v_t − w_t − Σ_{s<t} (d_{s→t}·k_t)·u_s)
-  o_t = hᵀ(γ_t·q_t) + Σ_{s≤t} (d_{s→t}·q_t)·u_s      (d_{t→t} = k_t)
-(the sequential recurrence unrolled; `parallel_token`). The d rows [T, BK] and u rows [T, BV] are small; the
-tile is read twice a token and written not at all (KDA forms the state after token 0 once: exp(g_0)·h +
-k_0·u_0ᵀ). Products of gates only, never a quotient: no overflow however strong the decay. GDN's parallel
-form also folds its history 16 entries a product on the tensor cores (tf32x3: three tf32 products, about
-1e-6 relative), not one rank-1 update an entry.
 Padding rows (slot < 0) load no state, store nothing and output zeros; every pool load is masked, never
 multiplied by zero, so NaNs in unused slots or past p / pend_n cannot leak.
 GDN's inputs are read through their strides (q, k, v with a unit last stride: column slices of the conv
@@ -51,11 +41,12 @@ import triton.language as tl
 from .triton_support import num_sms
 
 # Tiling measured on the H200 (benchmarks/tune_delta_rule.py, K = V = 128, T = 4): one warp per program, 32
-# value columns, halved (not below 8) while the grid has under 4 programs per SM (batch 1: 8 columns).
+# value columns for KDA and 16 for GDN (GDN at batch 64: 138 us against 149 with 32; KDA: 91 against 104
+# with 16), halved (not below 8) while the grid has under 4 programs per SM (batch 1: 8 columns).
 BLOCK_V = 32
+GDN_BLOCK_V = 16
 NUM_WARPS = 1
 MIN_PROGRAMS_PER_SM = 4
-PARALLEL = False  # the form a call that names none takes (benchmarks switch it: benchmarks/verify_form.py)
 
 
 @triton.jit
@@ -66,26 +57,11 @@ def key_l2norm(x, KDA_FORM: tl.constexpr):
     return x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)
 
 
-@triton.jit
-def parallel_token(h, D, U, t, rows, k_t, q_t, a_t, gk_t, gq_t, v_t, b_t):
-    """One new token t of the parallel form: h [BK, BV] the tile before the new tokens; D [TP, BK] rows
-    s < t hold d_{s→t−1}, U [TP, BV] rows s < t hold u_s (zero past); a_t the token's decay (a scalar, or
-    [1, BK] per key), gk_t = γ_t·k_t and gq_t = γ_t·q_t [BK]. Returns u_t, o_t [BV] and D, U with row t."""
-    w = tl.sum(h * gk_t[:, None], 0)
-    ob = tl.sum(h * gq_t[:, None], 0)
-    D = D * a_t  # rows s < t: d_{s→t}
-    u = b_t * (v_t - w - tl.sum(tl.sum(D * k_t[None, :], 1)[:, None] * U, 0))
-    mine = (rows == t)[:, None]
-    U = tl.where(mine, u[None, :], U)
-    D = tl.where(mine, k_t[None, :], D)
-    o = ob + tl.sum(tl.sum(D * q_t[None, :], 1)[:, None] * U, 0)
-    return u, o, D, U
-
-
-def verify_tile_sizes(K: int, V: int, block_v: int | None, rows: int, device: torch.device) -> tuple[int, int]:
-    """BK covers K (the norms and hᵀk need the whole key); BV = block_v, or BLOCK_V halved down to 8 while
+def verify_tile_sizes(K: int, V: int, block_v: int | None, rows: int, device: torch.device,
+                      widest: int = BLOCK_V) -> tuple[int, int]:
+    """BK covers K (the norms and hᵀk need the whole key); BV = block_v, or `widest` halved down to 8 while
     `rows` (batch x value heads) x ⌈V / BV⌉ programs give under MIN_PROGRAMS_PER_SM per SM."""
-    bv = min(block_v or BLOCK_V, max(8, triton.next_power_of_2(V)))
+    bv = min(block_v or widest, max(8, triton.next_power_of_2(V)))
     if block_v is None and device.type == "cuda":
         sms = num_sms(device)
         while bv > 8 and rows * triton.cdiv(V, bv) < MIN_PROGRAMS_PER_SM * sms:

@@ -46,8 +46,7 @@ def gate_on(gate: RawGate, device: str) -> RawGate:
 
 @pytest.mark.parametrize("T,hist,K,V,dtype", [(1, 8, 16, 8, torch.float32), (4, 20, 32, 40, torch.float32),
                                               (2, 5, 16, 8, torch.bfloat16), (4, 8, 16, 8, torch.bfloat16)])
-@pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "parallel"])
-def test_gdn_verify_raw_gate_matches_precomputed(T, hist, K, V, dtype, parallel):
+def test_gdn_verify_raw_gate_matches_precomputed(T, hist, K, V, dtype):
     """`gate=RawGate(...)` against g, beta = gate.values() passed in, on rows that fold and rows that append:
     outputs, ssm and every history role (the G and β entries included) as the kernel with the precomputed
     gate and the naive reference write them, within the tolerances above; nothing else written."""
@@ -61,10 +60,8 @@ def test_gdn_verify_raw_gate_matches_precomputed(T, hist, K, V, dtype, parallel)
     kw = dict(use_qk_l2norm_in_kernel=True)
     o_ref = gdn_run(naive_gdn_verify, [q, k, v, g, beta], ref, slots, **kw)
     dev = [t.to(DEVICE) for t in (q, k, v)]
-    o_pre = gdn_run(gdn_verify_triton, [*dev, g.to(DEVICE), beta.to(DEVICE)], pre, slots.to(DEVICE),
-                    parallel=parallel, **kw)
-    o_raw = gdn_run(gdn_verify_triton, [*dev, None, None], raw, slots.to(DEVICE), gate=gate_on(gate, DEVICE),
-                    parallel=parallel, **kw)
+    o_pre = gdn_run(gdn_verify_triton, [*dev, g.to(DEVICE), beta.to(DEVICE)], pre, slots.to(DEVICE), **kw)
+    o_raw = gdn_run(gdn_verify_triton, [*dev, None, None], raw, slots.to(DEVICE), gate=gate_on(gate, DEVICE), **kw)
     check_outputs(o_raw, o_ref, o_pre, dtype_tol(dtype))
     written = gdn_written(before, T, hist)
     assert written["ssm"].any() and not written["ssm"].all()  # both folding and appending rows
@@ -141,8 +138,7 @@ def kda_gate_on(gate: KDARawGate, device: str) -> KDARawGate:
 
 @pytest.mark.parametrize("T,P,K,V,dtype", [(1, 3, 16, 8, torch.float32), (4, 4, 32, 40, torch.float32),
                                            (2, 3, 16, 8, torch.bfloat16), (4, 3, 16, 8, torch.bfloat16)])
-@pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "parallel"])
-def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype, parallel):
+def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype):
     """`gate=KDARawGate(...)` against g, beta = gate.values() passed in, rows with pend_n 0, 1, P - 1 and P:
     outputs, ssm and every pending role (pend_g and pend_beta, which the second launch computes from the raw
     gate, included) as the kernels with the precomputed gate and the naive reference write them, within the
@@ -158,10 +154,8 @@ def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype, parallel):
     kw = dict(use_qk_l2norm_in_kernel=True)
     o_ref = kda_run(naive_kda_verify, [q, k, v, g, beta], ref, slots, **kw)
     dev = [t.to(DEVICE) for t in (q, k, v)]
-    o_pre = kda_run(kda_verify_triton, [*dev, g.to(DEVICE), beta.to(DEVICE)], pre, slots.to(DEVICE),
-                    parallel=parallel, **kw)
-    o_raw = kda_run(kda_verify_triton, [*dev, None, None], raw, slots.to(DEVICE), gate=kda_gate_on(gate, DEVICE),
-                    parallel=parallel, **kw)
+    o_pre = kda_run(kda_verify_triton, [*dev, g.to(DEVICE), beta.to(DEVICE)], pre, slots.to(DEVICE), **kw)
+    o_raw = kda_run(kda_verify_triton, [*dev, None, None], raw, slots.to(DEVICE), gate=kda_gate_on(gate, DEVICE), **kw)
     check_outputs(o_raw, o_ref, o_pre, dtype_tol(dtype))
     written = kda_written(before, T)
     role_tol = lambda r: dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32)  # noqa: E731

@@ -6,7 +6,6 @@ Pools are strided views (a layer of a pool with padded rows) filled with NaN whe
 slots of no row, the other history buffer, history entries at or past p, pending drafts at or past pend_n.
 Each step checks the outputs of live rows (padding rows: zeros), every role where the step writes, and every
 other element bit for bit (NaN included).
-Each kernel runs in both forms (sequential and parallel, `delta_rule_verify_triton`).
 Tolerances: fp32 2e-4 (as tests/ops/delta_rule_cases; recurrent vs closed form, fp32 throughout);
 bf16 inputs 2e-2 on outputs and on bf16 roles (one bf16 rounding of a value computed in fp32), 2e-4 on the
 fp32 roles (ssm, G, g, beta: fp32 arithmetic on the same bf16-rounded inputs).
@@ -135,9 +134,8 @@ GDN_CASES = [  # T, HIST, K, V, dtype, l2norm in kernel
 ]
 
 
-@pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "parallel"])
 @pytest.mark.parametrize("T,hist,K,V,dtype,norm", GDN_CASES)
-def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, parallel):
+def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm):
     before = gdn_pools(T, hist, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=T, norm_in_kernel=norm)
@@ -145,7 +143,7 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, parallel
     slots = torch.tensor(SLOTS)
     o_ref = gdn_run(naive_gdn_verify, x, ref, slots, **kw)
     o_torch = gdn_run(gdn_verify, x, torch_p, slots, **kw)
-    o = gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in x], fast, slots.to(DEVICE), parallel=parallel, **kw)
+    o = gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in x], fast, slots.to(DEVICE), **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     written = gdn_written(before, T, hist)
@@ -208,9 +206,8 @@ KDA_CASES = [  # T, P, K, V, dtype, l2norm in kernel
 ]
 
 
-@pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "parallel"])
 @pytest.mark.parametrize("T,P,K,V,dtype,norm", KDA_CASES)
-def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, parallel):
+def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
     before = kda_pools(P, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)
@@ -218,7 +215,7 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, parallel):
     slots = torch.tensor(SLOTS)
     o_ref = kda_run(naive_kda_verify, x, ref, slots, **kw)
     o_torch = kda_run(kda_verify, x, torch_p, slots, **kw)
-    o = kda_run(kda_verify_triton, [t.to(DEVICE) for t in x], fast, slots.to(DEVICE), parallel=parallel, **kw)
+    o = kda_run(kda_verify_triton, [t.to(DEVICE) for t in x], fast, slots.to(DEVICE), **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     role_tol = lambda r: dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32)  # noqa: E731

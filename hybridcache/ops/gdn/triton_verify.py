@@ -9,8 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import gdn_raw_gate, unit_last
-from .. import delta_rule_verify_triton
-from ..delta_rule_verify_triton import NUM_WARPS, key_l2norm, parallel_token, verify_tile_sizes
+from ..delta_rule_verify_triton import GDN_BLOCK_V, NUM_WARPS, key_l2norm, verify_tile_sizes
 
 if TYPE_CHECKING:
     from .decode import RawGate
@@ -30,12 +29,9 @@ def _gdn_verify_kernel(
     s_pnat, s_buf,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HIST: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
-    PARALLEL: tl.constexpr, TP: tl.constexpr, BH: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
-    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV].
-    PARALLEL: the new tokens in the parallel form (TP = T rounded up to a power of two), and the history
-    folded BH entries a product."""
+    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]."""
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
     slot = tl.load(slot_ptr + row).to(tl.int64)
@@ -60,22 +56,11 @@ def _gdn_verify_kernel(
     k_row = hk_ptr + s * s_ks + b * s_kb + hk * s_kh
     G_last = tl.load(G_row + (p - 1) * s_Gt, mask=p > 0, other=0.0).to(tl.float32)
     h = h * tl.exp(G_last)
-    if PARALLEL:  # the fold as products [BK, BH] x [BH, BV] on the tensor cores, near fp32 (tf32x3)
-        for j0 in range(0, p, BH):
-            j = j0 + tl.arange(0, BH)
-            j_ok = j < p
-            w = tl.where(j_ok, tl.exp(G_last - tl.load(G_row + j * s_Gt, mask=j_ok, other=0.0).to(tl.float32)), 0.0)
-            u_j = tl.load(u_row + j[:, None] * s_ut + vv[None, :] * s_uv, mask=j_ok[:, None] & v_ok[None, :],
-                          other=0.0).to(tl.float32)
-            k_j = tl.load(k_row + j[None, :] * s_kt + kk[:, None] * s_kk, mask=k_ok[:, None] & j_ok[None, :],
-                          other=0.0).to(tl.float32)
-            h += tl.dot(k_j, u_j * w[:, None], input_precision="tf32x3")
-    else:
-        for j in range(0, p):  # rank-1 updates: p <= HIST is small, and no dot layouts to convert between
-            w = tl.exp(G_last - tl.load(G_row + j * s_Gt).to(tl.float32))
-            u_j = tl.load(u_row + j * s_ut + vv * s_uv, mask=v_ok, other=0.0).to(tl.float32)
-            k_j = tl.load(k_row + j * s_kt + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
-            h += k_j[:, None] * (w * u_j)[None, :]
+    for j in range(0, p):  # rank-1 updates: p <= HIST is small, and no dot layouts to convert between
+        w = tl.exp(G_last - tl.load(G_row + j * s_Gt).to(tl.float32))
+        u_j = tl.load(u_row + j * s_ut + vv * s_uv, mask=v_ok, other=0.0).to(tl.float32)
+        k_j = tl.load(k_row + j * s_kt + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
+        h += k_j[:, None] * (w * u_j)[None, :]
     tl.store(ssm_tile, h, mask=tile & valid & fold)
 
     # the new tokens: [p, p + T) of buffer b, or [0, T) of buffer 1 - b after a fold
@@ -93,11 +78,6 @@ def _gdn_verify_kernel(
     if RAW_GATE:
         neg_A = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
         dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
-    if PARALLEL:
-        rows = tl.arange(0, TP)
-        D = tl.zeros([TP, BK], tl.float32)
-        U = tl.zeros([TP, BV], tl.float32)
-        gamma = 1.0
     for t in tl.static_range(T):
         tok = row * T + t
         q_t = tl.load(q_row + t * s_qt + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -112,14 +92,10 @@ def _gdn_verify_kernel(
         if RAW_GATE:
             g_t, b_t = gdn_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
         a_t = tl.exp(g_t)
-        if PARALLEL:  # h stays the state before the new tokens
-            gamma = gamma * a_t
-            u_t, o_t, D, U = parallel_token(h, D, U, t, rows, k_t, q_t, a_t, gamma * k_t, gamma * q_t, v_t, b_t)
-        else:
-            h = h * a_t
-            u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
-            h += k_t[:, None] * u_t[None, :]
-            o_t = tl.sum(h * q_t[:, None], 0)
+        h = h * a_t
+        u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
+        h += k_t[:, None] * u_t[None, :]
+        o_t = tl.sum(h * q_t[:, None], 0)
         o_t = tl.where(valid, o_t, 0.0)
         tl.store(o_ptr + (tok * HV + hv) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
         G += g_t
@@ -154,11 +130,9 @@ def gdn_verify_triton(
     num_warps: int = NUM_WARPS,
     *,
     gate: RawGate | None = None,
-    parallel: bool | None = None,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
-    which does not change the result; `parallel`: the new tokens in the parallel form,
-    `delta_rule_verify_triton`, the same result in fp32 rounded otherwise).
+    which does not change the result).
 
     q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; ssm [S, HV, K, V] fp32;
     replay_u [S, 2, HIST, HV, V]; replay_k [S, 2, HIST, H, K]; replay_G, replay_beta [S, 2, HV, HIST];
@@ -184,10 +158,7 @@ def gdn_verify_triton(
     if B == 0 or T == 0:
         return o
     q, k, v = unit_last(q), unit_last(k), unit_last(v)
-    parallel = delta_rule_verify_triton.PARALLEL if parallel is None else parallel
-    BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device)
-    if parallel:
-        BV = max(BV, 16)  # a product's dims are at least 16
+    BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, GDN_BLOCK_V)
     _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](
         q, k, v, g, beta, A_log, dt_bias, o,
         ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx, slots.contiguous(),
@@ -196,6 +167,6 @@ def gdn_verify_triton(
         *ssm.stride(), *replay_u.stride(), *replay_k.stride(), *replay_G.stride(), *replay_beta.stride(),
         pnat.stride(0), buf_idx.stride(0),
         T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel,
-        RAW_GATE=gate is not None, PARALLEL=parallel, TP=triton.next_power_of_2(T), BH=16, num_warps=num_warps,
+        RAW_GATE=gate is not None, num_warps=num_warps,
     )
     return o

@@ -9,8 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
-from .. import delta_rule_verify_triton
-from ..delta_rule_verify_triton import NUM_WARPS, key_l2norm, parallel_token, verify_tile_sizes
+from ..delta_rule_verify_triton import NUM_WARPS, key_l2norm, verify_tile_sizes
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
@@ -30,11 +29,9 @@ def _kda_verify_kernel(
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
-    PARALLEL: tl.constexpr, TP: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
-    RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K].
-    PARALLEL: the new tokens in the parallel form (TP = T rounded up to a power of two)."""
+    RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]."""
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     valid = slot >= 0
@@ -64,11 +61,6 @@ def _kda_verify_kernel(
     if RAW_GATE:
         neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
         dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
-    if PARALLEL:
-        rows = tl.arange(0, TP)
-        D = tl.zeros([TP, BK], tl.float32)
-        U = tl.zeros([TP, BV], tl.float32)
-        gamma = tl.full([BK], 1.0, tl.float32)
     for t in tl.static_range(T):
         tok = row * T + t
         q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -83,19 +75,12 @@ def _kda_verify_kernel(
         if RAW_GATE:
             g_t, b_t = kda_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
         a_t = tl.exp(g_t)
-        if PARALLEL:  # h stays the state before the new tokens
-            gamma = gamma * a_t
-            u_t, o_t, D, U = parallel_token(h, D, U, t, rows, k_t, q_t, a_t[None, :], gamma * k_t, gamma * q_t,
-                                            v_t, b_t)
-            if t == 0:
-                tl.store(ssm_tile, h * a_t[:, None] + k_t[:, None] * u_t[None, :], mask=tile & valid)
-        else:
-            h = h * a_t[:, None]
-            u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
-            h += k_t[:, None] * u_t[None, :]
-            o_t = tl.sum(h * q_t[:, None], 0)
-            if t == 0:
-                tl.store(ssm_tile, h, mask=tile & valid)
+        h = h * a_t[:, None]
+        u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
+        h += k_t[:, None] * u_t[None, :]
+        o_t = tl.sum(h * q_t[:, None], 0)
+        if t == 0:
+            tl.store(ssm_tile, h, mask=tile & valid)
         o_t = tl.where(valid, o_t, 0.0)
         tl.store(o_ptr + (tok * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
 
@@ -162,11 +147,8 @@ def kda_verify_triton(
     num_warps: int = NUM_WARPS,
     *,
     gate: KDARawGate | None = None,
-    parallel: bool | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
-    `parallel`: the new tokens in the parallel form (`delta_rule_verify_triton`), the same result in fp32
-    rounded otherwise.
 
     q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; ssm [S, H, K, V] fp32; pend_k, pend_g [S, P, H, K];
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
@@ -192,7 +174,6 @@ def kda_verify_triton(
     slots = slots.contiguous()
     inputs = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride()[:3], *beta.stride()[:3])
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
-    parallel = delta_rule_verify_triton.PARALLEL if parallel is None else parallel
     _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](
         q, k, v, g, beta, A_log, dt_bias, o,
         ssm, pend_k, pend_g, pend_v, pend_beta, pend_n, slots,
@@ -200,7 +181,7 @@ def kda_verify_triton(
         *inputs,
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
         T=T, H=H, K=K, V=V, P=P, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None,
-        PARALLEL=parallel, TP=triton.next_power_of_2(T), num_warps=num_warps,
+        num_warps=num_warps,
     )
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](

@@ -21,14 +21,6 @@ stores its x block; the P-block 0 program of a head stores that head's dt and cu
 program of a group's first head alone stores the group's B (one writer: the other heads of the group
 hold the same values, and skipping their stores costs nothing). Programs of a row read buffer b at
 [0, p) and write [p, p + T) of b or [0, T) of 1 - b, never what another reads, so they need no order.
-
-Parallel form (`parallel=True`; the sequential one stays the default until the H200 says otherwise): the
-tile is not advanced through the new tokens. With γ_t = Π_{s≤t} exp(dA_s) and the decays
-a_{s→t} = Π_{s<m≤t} exp(dA_m),
-    y_t = γ_t·(h_eff C_t) + Σ_{s≤t} a_{s→t}·(B_s·C_t)·dt_s x_s (+ D x_t)
-one reduction of the tile a token, none waiting on another; the decayed B rows [T, N] and dt·x rows [T, P]
-are small. Its fold's products run on the tensor cores (tf32x3: three tf32 products, about 1e-6
-relative) rather than in IEEE fp32.
 """
 
 from __future__ import annotations
@@ -42,7 +34,6 @@ from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_dims, check_s
 
 MAX_TILE = 4096  # fp32 state elements a program holds: 32 registers a thread at 4 warps
 BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
-PARALLEL = False  # the form a call that names none takes (benchmarks switch it: benchmarks/verify_form.py)
 
 
 @triton.jit
@@ -72,7 +63,7 @@ def _verify_kernel(
     sy_b, sy_t, sy_h,
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PARALLEL: tl.constexpr, TP: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     row, head, pblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     group = head // REPS
@@ -107,10 +98,7 @@ def _verify_kernel(
         w = tl.where(j_ok, tl.exp(c_last - c) * d, 0.0)
         xs = tl.load(rx_row + j[None, :] * rx_t + pp[:, None] * rx_p, mask=p_ok[:, None] & j_ok[None, :], other=0.0)
         bs = tl.load(rb_row + j[:, None] * rb_t + nn[None, :] * rb_n, mask=j_ok[:, None] & n_ok[None, :], other=0.0)
-        if PARALLEL:  # near fp32 on the tensor cores (three tf32 products)
-            acc += tl.dot(xs.to(tl.float32) * w[None, :], bs.to(tl.float32), input_precision="tf32x3")
-        else:
-            acc += tl.dot(xs.to(tl.float32) * w[None, :], bs.to(tl.float32), input_precision="ieee")
+        acc += tl.dot(xs.to(tl.float32) * w[None, :], bs.to(tl.float32), input_precision="ieee")
     h = h * tl.exp(c_last) + acc
     tl.store(ssm_tile, h, mask=tile_ok & fold)
 
@@ -125,11 +113,6 @@ def _verify_kernel(
     wb_row = rb_ptr + sc * rb_s + target * rb_b + group * rb_g
     wd_row = rdt_ptr + sc * rd_s + target * rd_b + head * rd_h
     wc_row = rcum_ptr + sc * rc_s + target * rc_b + head * rc_h
-    if PARALLEL:
-        rows = tl.arange(0, TP)
-        Bs = tl.zeros([TP, BLOCK_N], tl.float32)  # row s <= t: a_{s→t}·B_s
-        Xs = tl.zeros([TP, BLOCK_P], tl.float32)  # row s: dt_s·x_s
-        gamma = 1.0
     for t in tl.static_range(STEPS):
         x_in = tl.load(x_ptr + row * sx_b + t * sx_t + head * sx_h + pp * sx_p, mask=p_ok, other=0.0)
         b_in = tl.load(B_ptr + row * sB_b + t * sB_t + group * sB_g + nn * sB_n, mask=n_ok, other=0.0)
@@ -142,16 +125,8 @@ def _verify_kernel(
         cum += dA
         xf = x_in.to(tl.float32)
         cf = c_in.to(tl.float32)
-        if PARALLEL:  # h stays h_eff
-            decay = tl.exp(dA)
-            gamma = gamma * decay
-            mine = (rows == t)[:, None]
-            Bs = tl.where(mine, b_in.to(tl.float32)[None, :], Bs * decay)
-            Xs = tl.where(mine, (dtp * xf)[None, :], Xs)
-            y = gamma * tl.sum(h * cf[None, :], 1) + tl.sum(tl.sum(Bs * cf[None, :], 1)[:, None] * Xs, 0)
-        else:
-            h = h * tl.exp(dA) + (dtp * xf)[:, None] * b_in.to(tl.float32)[None, :]
-            y = tl.sum(h * cf[None, :], 1)
+        h = h * tl.exp(dA) + (dtp * xf)[:, None] * b_in.to(tl.float32)[None, :]
+        y = tl.sum(h * cf[None, :], 1)
         if HAS_D:
             y += tl.load(D_ptr + head).to(tl.float32) * xf
         tl.store(y_ptr + row * sy_b + t * sy_t + head * sy_h + pp, y.to(y_ptr.dtype.element_ty), mask=p_ok)
@@ -180,7 +155,6 @@ def mamba2_verify_triton(
     dt_bias: Tensor | None = None,
     dt_limit: DtLimit = NO_LIMIT,
     block_p: int | None = None,
-    parallel: bool | None = None,
 ) -> Tensor:
     """Replay verify in one launch; same arguments, writes and result as `replay.mamba2_verify`.
 
@@ -188,8 +162,7 @@ def mamba2_verify_triton(
     [S, 2, HIST, H, P]; replay_B [S, 2, HIST, G, N]; replay_dt, replay_dA_cumsum [S, 2, H, HIST];
     pnat, buf_idx [S] (read only); slots [B]. Any strides (pool views are read and written in place).
     Returns y: [B, T, H, P] in x's dtype. `block_p` (head channels per program, a power of two >= 16)
-    defaults to a choice from the shapes and does not change the result; `parallel`: the new tokens in the
-    parallel form (above), the same result in fp32 rounded otherwise.
+    defaults to a choice from the shapes and does not change the result.
     """
     batch, steps = x.shape[:2]
     hist = replay_x.shape[2]
@@ -217,7 +190,6 @@ def mamba2_verify_triton(
         *y.stride()[:3],
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps,
         BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_H=BLOCK_H,
-        HAS_D=D is not None, HAS_BIAS=dt_bias is not None, PARALLEL=PARALLEL if parallel is None else parallel,
-        TP=triton.next_power_of_2(steps),
+        HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
     )
     return y
