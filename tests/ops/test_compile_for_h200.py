@@ -36,9 +36,10 @@ from hybridcache.ops.gdn import triton_verify as gdn_verify
 from hybridcache.ops.kda import triton_verify as kda_verify
 from hybridcache.ops.mamba2 import triton_verify as mamba2_verify
 
-def compile_(fn, sig, consts):
+def compile_(fn, sig, consts, num_warps=4):
     sig = {**sig, **{n: "constexpr" for n in consts}}
-    asm = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32)).asm
+    asm = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": num_warps}).asm
     return "cubin" in asm and bool(asm["ptx"])
 
 results = {}
@@ -86,16 +87,17 @@ bf16 = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "o_ptr"), "*bf16")
 results["gdn_verify"] = compile_(gdn_verify._gdn_verify_kernel, runtime_sig(gdn_verify._gdn_verify_kernel, {
     **bf16, "u_ptr": "*bf16", "hk_ptr": "*bf16", "pnat_ptr": "*i32", "buf_ptr": "*i32", "slot_ptr": "*i64",
     "scale": "fp32"}), {"T": 4, "H": 16, "HV": 32, "K": 128, "V": 128, "HIST": 16, "BK": 128, "BV": 16,
-                        "L2NORM": True, "RAW_GATE": True})
+                        "L2NORM": True, "RAW_GATE": True, "TP": 4, "BH": 16}, num_warps=1)
 results["kda_verify"] = compile_(kda_verify._kda_verify_kernel, runtime_sig(kda_verify._kda_verify_kernel, {
     **bf16, "pk_ptr": "*bf16", "pv_ptr": "*bf16", "n_ptr": "*i32", "slot_ptr": "*i64", "scale": "fp32"}),
-    {"T": 4, "H": 16, "K": 128, "V": 128, "P": 3, "BK": 128, "BV": 32, "L2NORM": True, "RAW_GATE": True})
+    {"T": 4, "H": 16, "K": 128, "V": 128, "P": 3, "BK": 128, "BV": 32, "L2NORM": True, "RAW_GATE": True,
+     "TP": 4, "PP": 4}, num_warps=1)
 m2 = mamba2_verify._verify_kernel
 results["mamba2_verify"] = compile_(m2, runtime_sig(m2, {
     **dict.fromkeys(("x_ptr", "dt_ptr", "B_ptr", "C_ptr", "y_ptr", "rx_ptr", "rb_ptr"), "*bf16"),
     "pnat_ptr": "*i32", "buf_ptr": "*i32", "slot_ptr": "*i64", "dt_lo": "fp32", "dt_hi": "fp32", "hist": "i32"}),
     {"STEPS": 4, "HEAD_DIM": 64, "DSTATE": 128, "REPS": 8, "BLOCK_P": 32, "BLOCK_N": 128, "BLOCK_H": 16,
-     "HAS_D": True, "HAS_BIAS": True})
+     "HAS_D": True, "HAS_BIAS": True, "TP": 4})
 results["relu2"] = compile_(activation_triton._relu2_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32"},
                            {"BLOCK": 2048})
 print(json.dumps(results))

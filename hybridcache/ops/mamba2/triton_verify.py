@@ -31,6 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_dims, check_steps
+from hybridcache.ops.token_rows_triton import token_row, token_value
 
 MAX_TILE = 4096  # fp32 state elements a program holds: 32 registers a thread at 4 warps
 BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
@@ -63,7 +64,7 @@ def _verify_kernel(
     sy_b, sy_t, sy_h,
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, TP: tl.constexpr,
 ):
     row, head, pblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     group = head // REPS
@@ -80,6 +81,16 @@ def _verify_kernel(
     nn = tl.arange(0, BLOCK_N)
     n_ok = nn < DSTATE
     tile_ok = p_ok[:, None] & n_ok[None, :]
+    # every new token's inputs first, in one round trip (`token_rows_triton`)
+    tt = tl.arange(0, TP)
+    t_ok = tt < STEPS
+    xs_new = tl.load(x_ptr + row * sx_b + tt[:, None] * sx_t + head * sx_h + pp[None, :] * sx_p,
+                     mask=t_ok[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
+    bs_new = tl.load(B_ptr + row * sB_b + tt[:, None] * sB_t + group * sB_g + nn[None, :] * sB_n,
+                     mask=t_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    cs_new = tl.load(C_ptr + row * sC_b + tt[:, None] * sC_t + group * sC_g + nn[None, :] * sC_n,
+                     mask=t_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    raws = tl.load(dt_ptr + row * sd_b + tt * sd_t + head * sd_h, mask=t_ok, other=0.0).to(tl.float32)
     ssm_tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
     h = tl.load(ssm_tile, mask=tile_ok & valid, other=0.0)
 
@@ -114,25 +125,23 @@ def _verify_kernel(
     wd_row = rdt_ptr + sc * rd_s + target * rd_b + head * rd_h
     wc_row = rcum_ptr + sc * rc_s + target * rc_b + head * rc_h
     for t in tl.static_range(STEPS):
-        x_in = tl.load(x_ptr + row * sx_b + t * sx_t + head * sx_h + pp * sx_p, mask=p_ok, other=0.0)
-        b_in = tl.load(B_ptr + row * sB_b + t * sB_t + group * sB_g + nn * sB_n, mask=n_ok, other=0.0)
-        c_in = tl.load(C_ptr + row * sC_b + t * sC_t + group * sC_g + nn * sC_n, mask=n_ok, other=0.0)
-        raw = tl.load(dt_ptr + row * sd_b + t * sd_t + head * sd_h).to(tl.float32)
+        xf = token_row(xs_new, tt, t)
+        bf = token_row(bs_new, tt, t)
+        cf = token_row(cs_new, tt, t)
+        raw = token_value(raws, tt, t)
         if HAS_BIAS:
             raw += tl.load(bias_ptr + head).to(tl.float32)
         dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)
         dA = dtp * a
         cum += dA
-        xf = x_in.to(tl.float32)
-        cf = c_in.to(tl.float32)
-        h = h * tl.exp(dA) + (dtp * xf)[:, None] * b_in.to(tl.float32)[None, :]
+        h = h * tl.exp(dA) + (dtp * xf)[:, None] * bf[None, :]
         y = tl.sum(h * cf[None, :], 1)
         if HAS_D:
             y += tl.load(D_ptr + head).to(tl.float32) * xf
         tl.store(y_ptr + row * sy_b + t * sy_t + head * sy_h + pp, y.to(y_ptr.dtype.element_ty), mask=p_ok)
         pos = start + t
-        tl.store(wx_row + pos * rx_t + pp * rx_p, x_in.to(rx_ptr.dtype.element_ty), mask=p_ok & valid)
-        tl.store(wb_row + pos * rb_t + nn * rb_n, b_in.to(rb_ptr.dtype.element_ty), mask=n_ok & group_writer)
+        tl.store(wx_row + pos * rx_t + pp * rx_p, xf.to(rx_ptr.dtype.element_ty), mask=p_ok & valid)
+        tl.store(wb_row + pos * rb_t + nn * rb_n, bf.to(rb_ptr.dtype.element_ty), mask=n_ok & group_writer)
         tl.store(wd_row + pos * rd_t, dtp.to(rdt_ptr.dtype.element_ty), mask=head_writer)
         tl.store(wc_row + pos * rc_t, cum.to(rcum_ptr.dtype.element_ty), mask=head_writer)
 
@@ -190,6 +199,6 @@ def mamba2_verify_triton(
         *y.stride()[:3],
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps,
         BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_H=BLOCK_H,
-        HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
+        HAS_D=D is not None, HAS_BIAS=dt_bias is not None, TP=triton.next_power_of_2(steps),
     )
     return y
