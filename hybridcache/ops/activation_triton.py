@@ -1,8 +1,12 @@
-"""relu(x)² in one launch (torch spends two: relu, then square), for nemotron_h's MLP.
+"""Elementwise MLP glue in one launch each, equal to torch's ops on the same inputs:
 
-The square is computed in fp32 from the input's value and rounded once to its dtype (`_round`, to
-nearest even on the GPU and in the interpreter alike), which is what torch's square of a relu'd bf16
-tensor gives: relu is exact, and torch squares in fp32 and rounds once. Contiguous input; no host sync.
+- relu(x)² (torch spends two: relu, then square), nemotron_h's MLP;
+- silu(gate) * up on the halves of one fused gate/up GEMM output (torch: silu, then the product);
+- base + sigmoid(g) * x, g one logit a row (torch: sigmoid, product, sum), qwen3_next's shared expert.
+
+Each intermediate is rounded to the tensors' dtype where torch rounds it (`_round`, to nearest even on the
+GPU and in the interpreter alike), with torch's fp32 silu and sigmoid, so the results match torch's ops for
+the same inputs. No host sync.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .rms_norm_triton import _round
+from .rms_norm_triton import _round, _sigmoid, _silu
 
 BLOCK = 2048
 
@@ -30,4 +34,51 @@ def relu2_triton(x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n:
         _relu2_kernel[(triton.cdiv(n, BLOCK),)](x, y, n, BLOCK=BLOCK)
+    return y
+
+
+@triton.jit
+def _silu_mul_kernel(h_ptr, y_ptr, inner, stride_h, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = at < inner
+    DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    gate = tl.load(h_ptr + row * stride_h + at, mask=inside, other=0.0).to(tl.float32)
+    up = tl.load(h_ptr + row * stride_h + inner + at, mask=inside, other=0.0).to(tl.float32)
+    out = _round(_round(_silu(gate), DTYPE) * up, DTYPE)
+    tl.store(y_ptr + row * inner + at, out.to(DTYPE), mask=inside)
+
+
+def silu_mul_triton(h: torch.Tensor, inner: int) -> torch.Tensor:
+    """`F.silu(h[:, :inner]) * h[:, inner:2 * inner]` for h [N, >= 2 * inner] with a unit last stride (a fused
+    gate/up GEMM's output; columns past 2 * inner are not read); returns [N, inner] in h's dtype."""
+    assert h.dim() == 2 and h.stride(1) == 1 and h.shape[1] >= 2 * inner, "h [N, >= 2 * inner], unit last stride"
+    y = torch.empty(h.shape[0], inner, dtype=h.dtype, device=h.device)
+    if y.numel():
+        _silu_mul_kernel[(h.shape[0], triton.cdiv(inner, BLOCK))](h, y, inner, h.stride(0), BLOCK=BLOCK)
+    return y
+
+
+@triton.jit
+def _sigmoid_gated_add_kernel(base_ptr, x_ptr, g_ptr, y_ptr, width, stride_g, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = at < width
+    DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    gate = _round(_sigmoid(tl.load(g_ptr + row * stride_g).to(tl.float32)), DTYPE)
+    x = tl.load(x_ptr + row * width + at, mask=inside, other=0.0).to(tl.float32)
+    base = tl.load(base_ptr + row * width + at, mask=inside, other=0.0).to(tl.float32)
+    out = _round(base + _round(gate * x, DTYPE), DTYPE)
+    tl.store(y_ptr + row * width + at, out.to(DTYPE), mask=inside)
+
+
+def sigmoid_gated_add_triton(base: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """`base + torch.sigmoid(g) * x` for base, x [N, D] contiguous of one dtype and g [N, 1] of it (any row
+    stride); returns a new [N, D]."""
+    assert base.shape == x.shape and base.is_contiguous() and x.is_contiguous() and base.dtype == x.dtype == g.dtype
+    assert g.shape == (x.shape[0], 1), "g: one logit a row"
+    y = torch.empty_like(x)
+    if y.numel():
+        _sigmoid_gated_add_kernel[(x.shape[0], triton.cdiv(x.shape[1], BLOCK))](base, x, g, y, x.shape[1],
+                                                                                g.stride(0), BLOCK=BLOCK)
     return y

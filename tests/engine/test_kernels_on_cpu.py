@@ -26,8 +26,10 @@ PROMPTS = [[3 + (7 * i + j) % 11 for j in range(5 + 3 * i)] for i in range(3)]
 COMMON = {"_update_kernel", "_prefill_kernel", "_rms_norm_kernel"}  # conv1d update and prefill, the norms
 # (the delta rules' prefill reads and writes its slots' states in one launch each: `_read_kernel`, `_write_kernel`)
 FAMILY = {"nemotron_h": {"_decode_kernel", "_attend_kernel", "_relu2_kernel"},
-          "qwen3_next": {"_delta_rule_decode_kernel", "_attend_kernel", "_read_kernel", "_write_kernel"},
-          "kimi_linear": {"_delta_rule_decode_kernel", "_read_kernel", "_write_kernel"}}
+          "qwen3_next": {"_delta_rule_decode_kernel", "_attend_kernel", "_read_kernel", "_write_kernel",
+                         "_silu_mul_kernel", "_sigmoid_gated_add_kernel"},  # the shared expert's glue
+          "kimi_linear": {"_delta_rule_decode_kernel", "_read_kernel", "_write_kernel",
+                          "_silu_mul_kernel"}}  # layer 0's dense gated MLP
 # ops/moe: the router's selection and the experts (nemotron_h's 'E' layer: non-gated relu2 Experts behind a TopKRouter)
 MOE = {"nemotron_h": {"_group_topk_kernel", "_up_kernel", "_down_kernel"},
        "qwen3_next": {"_softmax_topk_kernel", "_up_kernel", "_down_kernel"},

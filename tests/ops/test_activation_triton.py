@@ -1,6 +1,8 @@
-"""relu(x)² in one Triton launch (`ops/activation_triton.py`) against torch's two ops, bit for bit: fp32,
-bf16 and fp16, negatives, zeros, values whose square rounds, sizes off the block, and the MLP's
-dispatch to it. Runs on CUDA, or on CPU tensors in Triton's interpreter."""
+"""The MLP glue kernels (`ops/activation_triton.py`) against torch's ops: relu(x)² bit for bit (fp32, bf16,
+fp16, negatives, zeros, values whose square rounds, sizes off the block) and the MLP's dispatch to it;
+silu(gate) * up on a fused GEMM's halves and base + sigmoid(g) * x (bit for bit in bf16 and fp16, within
+fp32 rounding in fp32: the kernels' exp is not torch's), and the gated MLP's and the shared-expert MoE's
+dispatch to them. Runs on CUDA, or on CPU tensors in Triton's interpreter."""
 from __future__ import annotations
 
 import pytest
@@ -13,7 +15,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs triton and CUDA, or CPU tensors under TRITON_INTERPRET=1", allow_module_level=True)
 
-from hybridcache.ops.activation_triton import BLOCK, relu2_triton  # noqa: E402
+from hybridcache.ops.activation_triton import BLOCK, relu2_triton, sigmoid_gated_add_triton, silu_mul_triton  # noqa: E402
 
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -43,3 +45,54 @@ def test_the_mlp_activation_dispatches_to_the_kernel(monkeypatch):
         strided = mlp.ACTIVATIONS["relu2"](x.t())  # not contiguous: torch's ops
     assert calls == [(4, 6)]
     assert torch.equal(got, torch.square(F.relu(x))) and torch.equal(strided, torch.square(F.relu(x.t())))
+
+
+def assert_matches(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if want.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    else:
+        assert torch.equal(got.view(BITS[want.dtype]), want.view(BITS[want.dtype]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,inner,extra", [(3, 7, 0), (2, BLOCK + 5, 1), (0, 4, 0)])
+def test_silu_mul_on_a_fused_gemm_output_equals_torch(dtype, rows, inner, extra):
+    h = (torch.randn(rows, 2 * inner + extra, generator=torch.Generator().manual_seed(inner)) * 4).to(dtype)
+    want = F.silu(h[:, :inner]) * h[:, inner : 2 * inner]
+    assert_matches(silu_mul_triton(h.to(DEVICE), inner).cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,width", [(3, 7), (2, BLOCK + 5), (0, 4)])
+def test_sigmoid_gated_add_equals_torch(dtype, rows, width):
+    gen = torch.Generator().manual_seed(width)
+    base, x = (torch.randn(rows, width, generator=gen).to(dtype) for _ in range(2))
+    g = (torch.randn(rows, 3, generator=gen) * 4).to(dtype)[:, 1:2]  # a column of a wider output
+    want = base + torch.sigmoid(g) * x
+    assert_matches(sigmoid_gated_add_triton(base.to(DEVICE), x.to(DEVICE), g.to(DEVICE)).cpu(), want)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="routes CPU tensors through the kernels (the interpreter)")
+def test_the_gated_mlp_and_the_shared_expert_moe_dispatch_to_the_kernels(monkeypatch):
+    import hybridcache.ops.activation_triton as act
+    from hybridcache.models.layers.gated_mlp import GatedMLP
+    from hybridcache.models.layers.shared_moe import SharedExpertMoE
+
+    calls = []
+    for name in ("silu_mul_triton", "sigmoid_gated_add_triton"):
+        real = getattr(act, name)
+        monkeypatch.setattr(act, name, lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a))[1])
+    gen = torch.Generator().manual_seed(0)
+    moe = SharedExpertMoE(16, 4, 2, 8, 12, "silu", True, "cpu", torch.bfloat16)
+    for p in moe.parameters():
+        p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    x = torch.randn(3, 16, generator=gen).to(torch.bfloat16)
+    want = moe(x)  # the torch paths
+    with kernels_on_cpu():
+        got = moe(x)
+    assert calls == ["silu_mul_triton", "sigmoid_gated_add_triton"]
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)  # the routed experts' kernels sum in fp32
+    mlp = moe.shared_expert
+    assert isinstance(mlp, GatedMLP) and mlp.gate_weight.data_ptr() == mlp.gate_up_weight.data_ptr()
+    assert moe.checkpoint_tensors()["shared_expert_gate.weight"].shape == (1, 16)

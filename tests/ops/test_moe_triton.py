@@ -167,7 +167,7 @@ def test_a_shared_expert_runs_in_the_experts_kernels(monkeypatch, launches, dtyp
     out = module(x, index, weight, shared=shared)
     assert launches == [entry]
     assert_experts_close(out, ref, dtype)
-    weights = SharedExpert(shared.up_proj.weight, shared.down_proj.weight, shared.gate_proj.weight)
+    weights = SharedExpert(shared.up_weight, shared.down_proj.weight, shared.gate_weight)
     loop = naive.fused_experts_naive(x, index, weight, module.up, module.down, module.gate, "silu", dtype,
                                      shared=weights)
     assert_experts_close(out, loop, dtype, max_ulps=2)  # the loop rounds the routed sum, then adds the shared

@@ -160,7 +160,7 @@ class GatedExperts(nn.Module):
         one more pair a token (its output added last, as `+ shared(x)` in x's dtype rounds); otherwise it
         runs on its own and is added."""
         if shared is not None:
-            weights = SharedExpert(shared.up_proj.weight, shared.down_proj.weight, shared.gate_proj.weight)
+            weights = SharedExpert(shared.up_weight, shared.down_proj.weight, shared.gate_weight)
             if fused(x, index, shared=True) and weights.fits(self.up, self.down, self.gate) \
                     and shared.act is self.act:
                 from ...ops.moe.fused import fused_experts

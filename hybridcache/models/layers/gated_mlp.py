@@ -1,27 +1,62 @@
-"""Gated (SwiGLU-style) MLP `down(act(gate(x)) * up(x))`."""
+"""Gated (SwiGLU-style) MLP `down(act(gate(x)) * up(x))`, gate and up as one GEMM."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share
-from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
+from ...parallel.linear import RowParallelLinear
+from .attention import fused_rows
 from .mlp import ACTIVATIONS
+from .params import param
 
 
 class GatedMLP(nn.Module):
-    """gate_proj, up_proj `[I, D]`, down_proj `[D, I]`, no bias. Under tensor parallelism gate/up are
-    column-parallel and down row-parallel over I: the output is this rank's partial sum."""
+    """gate_proj, up_proj `[I, D]`, down_proj `[D, I]`, no bias. gate_proj and up_proj are the first rows of
+    one `gate_up_weight` `[2I + extra_rows, D]` (checkpoint names stay views of it, `attention.fused_rows`);
+    `extra_rows` more rows are another module's projection of the same x, computed in the same GEMM
+    (`forward_extra`; that module names them). Under tensor parallelism gate/up are column-parallel and down
+    row-parallel over I: the output is this rank's partial sum."""
 
     def __init__(self, hidden: int, inner: int, act: str, device: torch.device | str, dtype: torch.dtype,
-                 tp: TPGroup = SINGLE) -> None:
+                 tp: TPGroup = SINGLE, extra_rows: int = 0) -> None:
         super().__init__()
-        part = [head_share(tp, inner, "the gated MLP's intermediate size")]
-        self.gate_proj = ColumnParallelLinear(hidden, inner, part, False, device, dtype)
-        self.up_proj = ColumnParallelLinear(hidden, inner, part, False, device, dtype)
-        self.down_proj = RowParallelLinear(inner, part, hidden, False, tp, device, dtype)
-        self.act = ACTIVATIONS[act]
+        part = head_share(tp, inner, "the gated MLP's intermediate size")
+        self.rows = [("gate_proj", inner, part), ("up_proj", inner, part)]
+        self.inner = part[1]  # this rank's
+        self.gate_up_weight = param(2 * self.inner + extra_rows, hidden, device=device, dtype=dtype)
+        self.down_proj = RowParallelLinear(inner, [part], hidden, False, tp, device, dtype)
+        self.act_name, self.act = act, ACTIVATIONS[act]
+
+    @property
+    def gate_weight(self) -> torch.Tensor:
+        return self.gate_up_weight[: self.inner]
+
+    @property
+    def up_weight(self) -> torch.Tensor:
+        return self.gate_up_weight[self.inner : 2 * self.inner]
+
+    @property
+    def extra_weight(self) -> torch.Tensor:
+        return self.gate_up_weight[2 * self.inner :]
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        return fused_rows(self.rows, self.gate_up_weight[: 2 * self.inner], None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.forward_extra(x)[0]
+
+    def forward_extra(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [N, D] -> (the MLP's output [N, D], the extra rows' projection of x [N, extra_rows], a view)."""
+        h = F.linear(x, self.gate_up_weight)
+        I = self.inner
+        if self.act_name == "silu" and runs_triton(h):
+            from ...ops.activation_triton import silu_mul_triton
+
+            inner = silu_mul_triton(h, I)
+        else:
+            inner = self.act(h[:, :I]) * h[:, I : 2 * I]
+        return self.down_proj(inner), h[:, 2 * I :]

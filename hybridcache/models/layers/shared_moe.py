@@ -4,16 +4,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup
 from .experts import GatedExperts
 from .gated_mlp import GatedMLP
-from .mlp import Linear
 from .routers import SoftmaxTopKRouter
 
 
 class SharedExpertMoE(nn.Module):
     """gate (router), experts, shared_expert (gated MLP), shared_expert_gate `[1, D]`:
-    `experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)`. Tensor parallel: routers and the
+    `experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)`, the shared gate one more row of the
+    shared expert's gate/up GEMM and the sum one launch on CUDA. Tensor parallel: routers and the
     shared gate replicated, experts expert-internal, the shared expert over its intermediate size; the
     output is this rank's partial sum (the gate scales each partial alike)."""
 
@@ -22,11 +23,19 @@ class SharedExpertMoE(nn.Module):
         super().__init__()
         self.gate = SoftmaxTopKRouter(hidden, num_experts, top_k, norm_topk_prob, device, dtype)
         self.experts = GatedExperts(num_experts, hidden, inner, act, device, dtype, tp=tp)
-        self.shared_expert = GatedMLP(hidden, shared_inner, act, device, dtype, tp)
-        self.shared_expert_gate = Linear(hidden, 1, False, device, dtype)
+        self.shared_expert = GatedMLP(hidden, shared_inner, act, device, dtype, tp, extra_rows=1)
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """shared_expert_gate `[1, D]`: the last row of the shared expert's gate/up GEMM (replicated)."""
+        return {"shared_expert_gate.weight": self.shared_expert.extra_weight}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
         index, weight = self.gate(x)
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return self.experts(x, index, weight) + shared
+        shared, logit = self.shared_expert.forward_extra(x)
+        routed = self.experts(x, index, weight)
+        if runs_triton(x):
+            from ...ops.activation_triton import sigmoid_gated_add_triton
+
+            return sigmoid_gated_add_triton(routed, shared, logit)
+        return routed + torch.sigmoid(logit) * shared
