@@ -12,8 +12,7 @@ which is the closed (WY) form of `gdn/block.py`: there u_t = β_t·(v_t − (exp
 Work split. One program takes one (batch row, value head, value block) and holds the [BK, BV] fp32 tile of
 its state in registers; value columns are independent in the recurrence, so blocks never talk.
 - GDN: tile = exp(G_last)·ssm[slot] + Σ_{j<p} k_j·(exp(G_last − G_j)·u_j)ᵀ, read from buffer b of the
-  history 16 entries at a time, each chunk one product [BK, 16] x [16, BV] on the tensor cores (tf32x3:
-  three tf32 products, about 1e-6 relative; entries at or past p masked, never read);
+  history one entry at a time (rank-1 updates over j < p, so nothing at or past p is read);
   stored back to ssm only when the row folds (p + T > HIST). Then the T new tokens; each writes its u slice;
   the V-block-0 program writes G (running from G_last, or from 0 after a fold) and β of its value head, and
   the V-block-0 program of the first value head of a key group writes the normalised key.
@@ -24,7 +23,6 @@ its state in registers; value columns are independent in the recurrence, so bloc
   [0, pend_n), and pend_k, pend_g, pend_beta are shared by all value blocks of a head: no program of this
   launch may write them. A second, small launch (one program per row and head, after the first has read
   everything) writes pend_*[slot, :T−1]; it needs nothing from the first (the keys are normalised again).
-Every new token's inputs are loaded first, all T in one round trip (`token_rows_triton`).
 Padding rows (slot < 0) load no state, store nothing and output zeros; every pool load is masked, never
 multiplied by zero, so NaNs in unused slots or past p / pend_n cannot leak.
 GDN's inputs are read through their strides (q, k, v with a unit last stride: column slices of the conv
@@ -60,12 +58,12 @@ def key_l2norm(x, KDA_FORM: tl.constexpr):
 
 
 def verify_tile_sizes(K: int, V: int, block_v: int | None, rows: int, device: torch.device,
-                      widest: int = BLOCK_V, narrowest: int = 8) -> tuple[int, int]:
-    """BK covers K (the norms and hᵀk need the whole key); BV = block_v, or `widest` halved down to
-    `narrowest` while `rows` (batch x value heads) x ⌈V / BV⌉ programs give under MIN_PROGRAMS_PER_SM per SM."""
-    bv = max(narrowest, min(block_v or widest, max(8, triton.next_power_of_2(V))))
+                      widest: int = BLOCK_V) -> tuple[int, int]:
+    """BK covers K (the norms and hᵀk need the whole key); BV = block_v, or `widest` halved down to 8 while
+    `rows` (batch x value heads) x ⌈V / BV⌉ programs give under MIN_PROGRAMS_PER_SM per SM."""
+    bv = min(block_v or widest, max(8, triton.next_power_of_2(V)))
     if block_v is None and device.type == "cuda":
         sms = num_sms(device)
-        while bv > narrowest and rows * triton.cdiv(V, bv) < MIN_PROGRAMS_PER_SM * sms:
+        while bv > 8 and rows * triton.cdiv(V, bv) < MIN_PROGRAMS_PER_SM * sms:
             bv //= 2
     return max(16, triton.next_power_of_2(K)), bv

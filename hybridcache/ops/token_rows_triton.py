@@ -1,7 +1,11 @@
 """A verify kernel's new tokens, loaded all at once: rows [TP, W] (TP = T rounded up to a power of two)
 read in one round trip at the start, then taken out one token at a time. Loaded token by token instead,
 each token's loads would wait behind the stores of the token before (the compiler cannot move a load
-above a store it cannot prove elsewhere), one memory round trip a token."""
+above a store it cannot prove elsewhere), one memory round trip a token.
+
+Mamba2's verify (`mamba2/triton_verify.py`) loads so. The delta-rule verify kernels do not: with one warp
+and a [128, BV] fp32 tile their registers are full, and the rows made ptxas spill (sm_90, T = 4: GDN at
+BV 16 none -> 100 bytes a thread, KDA at BV 16 none -> 224); Mamba2's 24 bytes stayed 24."""
 from __future__ import annotations
 
 import triton
@@ -10,12 +14,13 @@ import triton.language as tl
 
 @triton.jit
 def token_row(rows, tt, t):
-    """Row t of rows [TP, W] fp32 (tt = arange(TP)): a sum of it and -0.0s, so every value comes out as it
-    is, -0.0 and NaN included."""
+    """Row t of rows [TP, W] (tt = arange(TP)), in their dtype: a sum of it and -0.0s, so every value comes
+    out as it is, -0.0 and NaN included. Rows stay in the inputs' dtype until taken out: half the registers
+    of fp32 for 16-bit inputs."""
     return tl.sum(tl.where(tt[:, None] == t, rows, -0.0), 0)
 
 
 @triton.jit
 def token_value(values, tt, t):
-    """Element t of values [TP] fp32, exactly (as `token_row`)."""
+    """Element t of values [TP], exactly (as `token_row`)."""
     return tl.sum(tl.where(tt == t, values, -0.0), 0)

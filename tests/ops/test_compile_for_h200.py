@@ -87,11 +87,11 @@ bf16 = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "o_ptr"), "*bf16")
 results["gdn_verify"] = compile_(gdn_verify._gdn_verify_kernel, runtime_sig(gdn_verify._gdn_verify_kernel, {
     **bf16, "u_ptr": "*bf16", "hk_ptr": "*bf16", "pnat_ptr": "*i32", "buf_ptr": "*i32", "slot_ptr": "*i64",
     "scale": "fp32"}), {"T": 4, "H": 16, "HV": 32, "K": 128, "V": 128, "HIST": 16, "BK": 128, "BV": 16,
-                        "L2NORM": True, "RAW_GATE": True, "TP": 4, "BH": 16}, num_warps=1)
+                        "L2NORM": True, "RAW_GATE": True}, num_warps=1)
 results["kda_verify"] = compile_(kda_verify._kda_verify_kernel, runtime_sig(kda_verify._kda_verify_kernel, {
     **bf16, "pk_ptr": "*bf16", "pv_ptr": "*bf16", "n_ptr": "*i32", "slot_ptr": "*i64", "scale": "fp32"}),
-    {"T": 4, "H": 16, "K": 128, "V": 128, "P": 3, "BK": 128, "BV": 32, "L2NORM": True, "RAW_GATE": True,
-     "TP": 4, "PP": 4}, num_warps=1)
+    {"T": 4, "H": 16, "K": 128, "V": 128, "P": 3, "BK": 128, "BV": 32, "L2NORM": True, "RAW_GATE": True},
+    num_warps=1)
 m2 = mamba2_verify._verify_kernel
 results["mamba2_verify"] = compile_(m2, runtime_sig(m2, {
     **dict.fromkeys(("x_ptr", "dt_ptr", "B_ptr", "C_ptr", "y_ptr", "rx_ptr", "rb_ptr"), "*bf16"),

@@ -85,12 +85,12 @@ def _verify_kernel(
     tt = tl.arange(0, TP)
     t_ok = tt < STEPS
     xs_new = tl.load(x_ptr + row * sx_b + tt[:, None] * sx_t + head * sx_h + pp[None, :] * sx_p,
-                     mask=t_ok[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
+                     mask=t_ok[:, None] & p_ok[None, :], other=0.0)
     bs_new = tl.load(B_ptr + row * sB_b + tt[:, None] * sB_t + group * sB_g + nn[None, :] * sB_n,
-                     mask=t_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+                     mask=t_ok[:, None] & n_ok[None, :], other=0.0)
     cs_new = tl.load(C_ptr + row * sC_b + tt[:, None] * sC_t + group * sC_g + nn[None, :] * sC_n,
-                     mask=t_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-    raws = tl.load(dt_ptr + row * sd_b + tt * sd_t + head * sd_h, mask=t_ok, other=0.0).to(tl.float32)
+                     mask=t_ok[:, None] & n_ok[None, :], other=0.0)
+    raws = tl.load(dt_ptr + row * sd_b + tt * sd_t + head * sd_h, mask=t_ok, other=0.0)
     ssm_tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
     h = tl.load(ssm_tile, mask=tile_ok & valid, other=0.0)
 
@@ -125,10 +125,10 @@ def _verify_kernel(
     wd_row = rdt_ptr + sc * rd_s + target * rd_b + head * rd_h
     wc_row = rcum_ptr + sc * rc_s + target * rc_b + head * rc_h
     for t in tl.static_range(STEPS):
-        xf = token_row(xs_new, tt, t)
-        bf = token_row(bs_new, tt, t)
-        cf = token_row(cs_new, tt, t)
-        raw = token_value(raws, tt, t)
+        xf = token_row(xs_new, tt, t).to(tl.float32)
+        bf = token_row(bs_new, tt, t).to(tl.float32)
+        cf = token_row(cs_new, tt, t).to(tl.float32)
+        raw = token_value(raws, tt, t).to(tl.float32)
         if HAS_BIAS:
             raw += tl.load(bias_ptr + head).to(tl.float32)
         dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)
