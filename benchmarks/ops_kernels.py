@@ -184,9 +184,11 @@ def mamba2_prefill_case(lengths: list[int], mamba) -> dict:
     ssm = torch.randn(2 * len(lengths), H, P, N, device=DEV) * 0.1
     row = dict(ours_ms=timed(lambda: mamba2_prefill(x, dt, A, B, C, ssm, slots, has_initial, cu, D=D,
                                                     dt_bias=dt_bias, chunk_size=chunk), DEV, 3) * 1e3)
+    print(f"  ours {row['ours_ms']:.2f} ms", flush=True)  # each peer as it is timed: a run cut short says where
     h0 = ssm[slots]
     row["torch_ms"] = timed(lambda: mamba2_chunk_scan_varlen(
         x, dt, A, B, C, cu, h0, D=D, dt_bias=dt_bias, chunk_size=chunk), DEV, 1) * 1e3
+    print(f"  our torch path {row['torch_ms']:.2f} ms", flush=True)
     if mamba is not None:
         varlen = len(lengths) > 1
         seq_idx = torch.repeat_interleave(torch.arange(len(lengths), device=DEV, dtype=torch.int32),
