@@ -1,7 +1,8 @@
 # See README.md here: one device call, from the repository root. Where a bs1 (and bs64) decode step's GPU time
 # goes, for the three 1B-class families: step_profile's graph step, the speculative engine's one-token step
-# (spec-idle) and an eager step charged by layer kind (--by-module), with the kernels taking the most time;
-# into $OUT. About 150 s.
+# (spec-idle), a k=3 verify step and an eager step charged by layer kind (--by-module), with the kernels taking
+# the most time;
+# into $OUT. About 200 s.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     $(ls .whl/*.whl | grep -v mamba_ssm) >/dev/null 2>&1
@@ -14,7 +15,7 @@ done
 wait; echo "checkpoints built after ${SECONDS}s"
 for f in $FAMILIES; do
   timeout ${PROFILE_CAP:-100} python3 benchmarks/step_profile.py --family $f --size 1b --device cuda --dtype bfloat16 \
-      --batch ${BATCHES:-1 64} --steps 20 --modes graph spec-idle eager --by-module --json $OUT/step_profile-$f-bs1.json \
+      --batch ${BATCHES:-1 64} --steps 20 --modes graph spec-idle verify eager --by-module --json $OUT/step_profile-$f-bs1.json \
       2>&1 | grep -v "Warn\|warn\|Loading\|shards" | tee $OUT/step_profile-$f-bs1.txt | tail -${TAIL:-120}
 done
 echo "total ${SECONDS}s"
