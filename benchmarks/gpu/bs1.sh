@@ -1,8 +1,7 @@
 # See README.md here: one device call, from the repository root. Where a bs1 (and bs64) decode step's GPU time
 # goes, for the three 1B-class families: step_profile's graph step, the speculative engine's one-token step
 # (spec-idle), a k=3 verify step and an eager step charged by layer kind (--by-module), with the kernels taking
-# the most time;
-# into $OUT. About 200 s.
+# the most time; into $OUT. About 200 s.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     $(ls .whl/*.whl | grep -v mamba_ssm) >/dev/null 2>&1
