@@ -96,3 +96,4 @@ def test_the_gated_mlp_and_the_shared_expert_moe_dispatch_to_the_kernels(monkeyp
     mlp = moe.shared_expert
     assert isinstance(mlp, GatedMLP) and mlp.gate_weight.data_ptr() == mlp.gate_up_weight.data_ptr()
     assert moe.checkpoint_tensors()["shared_expert_gate.weight"].shape == (1, 16)
+    assert mlp.gate_up_weight.shape[0] % 8 == 0 and not mlp.gate_up_weight[2 * 12 + 1 :].any()  # aligned, zero pad

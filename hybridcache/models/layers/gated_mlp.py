@@ -12,13 +12,17 @@ from .attention import fused_rows
 from .mlp import ACTIVATIONS
 from .params import param
 
+ALIGN_ROWS = 8  # 16 bytes of a 16-bit output row
+
 
 class GatedMLP(nn.Module):
     """gate_proj, up_proj `[I, D]`, down_proj `[D, I]`, no bias. gate_proj and up_proj are the first rows of
-    one `gate_up_weight` `[2I + extra_rows, D]` (checkpoint names stay views of it, `attention.fused_rows`);
-    `extra_rows` more rows are another module's projection of the same x, computed in the same GEMM
-    (`forward_extra`; that module names them). Under tensor parallelism gate/up are column-parallel and down
-    row-parallel over I: the output is this rank's partial sum."""
+    one `gate_up_weight` (checkpoint names stay views of it, `attention.fused_rows`); `extra_rows` more rows
+    are another module's projection of the same x, computed in the same GEMM (`forward_extra`; that module
+    names them), then zero rows up to a multiple of ALIGN_ROWS (a GEMM output row of 2I + 1 columns would
+    leave every row of it off 16-byte alignment, which the fast GEMM kernels need). Under tensor
+    parallelism gate/up are column-parallel and down row-parallel over I: the output is this rank's partial
+    sum."""
 
     def __init__(self, hidden: int, inner: int, act: str, device: torch.device | str, dtype: torch.dtype,
                  tp: TPGroup = SINGLE, extra_rows: int = 0) -> None:
@@ -26,7 +30,11 @@ class GatedMLP(nn.Module):
         part = head_share(tp, inner, "the gated MLP's intermediate size")
         self.rows = [("gate_proj", inner, part), ("up_proj", inner, part)]
         self.inner = part[1]  # this rank's
-        self.gate_up_weight = param(2 * self.inner + extra_rows, hidden, device=device, dtype=dtype)
+        self.extra_rows = extra_rows
+        padded = -(-extra_rows // ALIGN_ROWS) * ALIGN_ROWS
+        self.gate_up_weight = param(2 * self.inner + padded, hidden, device=device, dtype=dtype)
+        with torch.no_grad():
+            self.gate_up_weight[2 * self.inner + extra_rows :].zero_()  # never loaded
         self.down_proj = RowParallelLinear(inner, [part], hidden, False, tp, device, dtype)
         self.act_name, self.act = act, ACTIVATIONS[act]
 
@@ -40,7 +48,7 @@ class GatedMLP(nn.Module):
 
     @property
     def extra_weight(self) -> torch.Tensor:
-        return self.gate_up_weight[2 * self.inner :]
+        return self.gate_up_weight[2 * self.inner : 2 * self.inner + self.extra_rows]
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         return fused_rows(self.rows, self.gate_up_weight[: 2 * self.inner], None)
@@ -59,4 +67,4 @@ class GatedMLP(nn.Module):
             inner = silu_mul_triton(h, I)
         else:
             inner = self.act(h[:, :I]) * h[:, I : 2 * I]
-        return self.down_proj(inner), h[:, 2 * I :]
+        return self.down_proj(inner), h[:, 2 * I : 2 * I + self.extra_rows]
