@@ -96,4 +96,6 @@ def test_the_gated_mlp_and_the_shared_expert_moe_dispatch_to_the_kernels(monkeyp
     mlp = moe.shared_expert
     assert isinstance(mlp, GatedMLP) and mlp.gate_weight.data_ptr() == mlp.gate_up_weight.data_ptr()
     assert moe.checkpoint_tensors()["shared_expert_gate.weight"].shape == (1, 16)
-    assert mlp.gate_up_weight.shape[0] % 8 == 0 and not mlp.gate_up_weight[2 * 12 + 1 :].any()  # aligned, zero pad
+    fresh = GatedMLP(16, 12, "silu", "cpu", torch.bfloat16, extra_rows=1)  # the GEMM's rows padded to 8, zeros
+    assert fresh.gate_up_weight.shape == (32, 16) and not fresh.gate_up_weight[25:].any()
+    assert fresh.extra_weight.shape == (1, 16) and fresh.forward_extra(x)[1].shape == (3, 1)
