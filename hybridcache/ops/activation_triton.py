@@ -2,7 +2,9 @@
 
 - relu(x)² (torch spends two: relu, then square), nemotron_h's MLP;
 - silu(gate) * up on the halves of one fused gate/up GEMM output (torch: silu, then the product);
-- base + sigmoid(g) * x, g one logit a row (torch: sigmoid, product, sum), qwen3_next's shared expert.
+- base + sigmoid(g) * x, g one logit a row (torch: sigmoid, product, sum), qwen3_next's shared expert;
+- x * sigmoid(gate), gate [N, H, D] read through its strides (torch: sigmoid, product), qwen3_next's gated
+  attention output.
 
 Each intermediate is rounded to the tensors' dtype where torch rounds it (`_round`, to nearest even on the
 GPU and in the interpreter alike), with torch's fp32 silu and sigmoid, so the results match torch's ops for
@@ -81,4 +83,28 @@ def sigmoid_gated_add_triton(base: torch.Tensor, x: torch.Tensor, g: torch.Tenso
     if y.numel():
         _sigmoid_gated_add_kernel[(x.shape[0], triton.cdiv(x.shape[1], BLOCK))](base, x, g, y, x.shape[1],
                                                                                 g.stride(0), BLOCK=BLOCK)
+    return y
+
+
+@triton.jit
+def _sigmoid_mul_kernel(x_ptr, g_ptr, y_ptr, width, D, stride_gn, stride_gh, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = at < width
+    DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    gate = tl.load(g_ptr + row * stride_gn + (at // D) * stride_gh + at % D, mask=inside, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * width + at, mask=inside, other=0.0).to(tl.float32)
+    out = _round(x * _round(_sigmoid(gate), DTYPE), DTYPE)
+    tl.store(y_ptr + row * width + at, out.to(DTYPE), mask=inside)
+
+
+def sigmoid_mul_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """`x * torch.sigmoid(gate).view(N, -1)` for x [N, H*D] contiguous and gate [N, H, D] of x's dtype with a
+    unit last stride (a column slice of a GEMM's output); returns a new [N, H*D]."""
+    N, H, D = gate.shape
+    assert x.shape == (N, H * D) and x.is_contiguous() and gate.stride(2) == 1 and gate.dtype == x.dtype
+    y = torch.empty_like(x)
+    if y.numel():
+        _sigmoid_mul_kernel[(N, triton.cdiv(H * D, BLOCK))](x, gate, y, H * D, D, gate.stride(0), gate.stride(1),
+                                                           BLOCK=BLOCK)
     return y

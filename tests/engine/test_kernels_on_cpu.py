@@ -27,7 +27,8 @@ COMMON = {"_update_kernel", "_prefill_kernel", "_rms_norm_kernel"}  # conv1d upd
 # (the delta rules' prefill reads and writes its slots' states in one launch each: `_read_kernel`, `_write_kernel`)
 FAMILY = {"nemotron_h": {"_decode_kernel", "_attend_kernel", "_relu2_kernel"},
           "qwen3_next": {"_delta_rule_decode_kernel", "_attend_kernel", "_read_kernel", "_write_kernel",
-                         "_silu_mul_kernel", "_sigmoid_gated_add_kernel"},  # the shared expert's glue
+                         "_silu_mul_kernel", "_sigmoid_gated_add_kernel",  # the shared expert's glue
+                         "_sigmoid_mul_kernel"},  # the attention output's gate
           "kimi_linear": {"_delta_rule_decode_kernel", "_read_kernel", "_write_kernel",
                           "_silu_mul_kernel"}}  # layer 0's dense gated MLP
 # ops/moe: the router's selection and the experts (nemotron_h's 'E' layer: non-gated relu2 Experts behind a TopKRouter)

@@ -1,6 +1,6 @@
 """The MLP glue kernels (`ops/activation_triton.py`) against torch's ops: relu(x)² bit for bit (fp32, bf16,
 fp16, negatives, zeros, values whose square rounds, sizes off the block) and the MLP's dispatch to it;
-silu(gate) * up on a fused GEMM's halves and base + sigmoid(g) * x (bit for bit in bf16 and fp16, within
+silu(gate) * up on a fused GEMM's halves, base + sigmoid(g) * x and x * sigmoid(gate) (bit for bit in bf16 and fp16, within
 fp32 rounding in fp32: the kernels' exp is not torch's), and the gated MLP's and the shared-expert MoE's
 dispatch to them. Runs on CUDA, or on CPU tensors in Triton's interpreter."""
 from __future__ import annotations
@@ -15,7 +15,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs triton and CUDA, or CPU tensors under TRITON_INTERPRET=1", allow_module_level=True)
 
-from hybridcache.ops.activation_triton import BLOCK, relu2_triton, sigmoid_gated_add_triton, silu_mul_triton  # noqa: E402
+from hybridcache.ops.activation_triton import (  # noqa: E402
+    BLOCK, relu2_triton, sigmoid_gated_add_triton, sigmoid_mul_triton, silu_mul_triton)
 
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -71,6 +72,15 @@ def test_sigmoid_gated_add_equals_torch(dtype, rows, width):
     g = (torch.randn(rows, 3, generator=gen) * 4).to(dtype)[:, 1:2]  # a column of a wider output
     want = base + torch.sigmoid(g) * x
     assert_matches(sigmoid_gated_add_triton(base.to(DEVICE), x.to(DEVICE), g.to(DEVICE)).cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,heads,dim", [(3, 2, 8), (2, 3, BLOCK // 2 + 3), (0, 2, 4)])
+def test_sigmoid_mul_on_a_strided_gate_equals_torch(dtype, rows, heads, dim):
+    qg = (torch.randn(rows, heads, 2 * dim, generator=torch.Generator().manual_seed(dim)) * 4).to(dtype)
+    x, gate = qg[..., :dim].reshape(rows, heads * dim).contiguous(), qg[..., dim:]  # the gate: a strided half
+    want = x * torch.sigmoid(gate).reshape(rows, heads * dim)
+    assert_matches(sigmoid_mul_triton(x.to(DEVICE), gate.to(DEVICE)).cpu(), want)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="routes CPU tensors through the kernels (the interpreter)")

@@ -102,6 +102,9 @@ results["relu2"] = compile_(activation_triton._relu2_kernel, {"x_ptr": "*bf16", 
                            {"BLOCK": 2048})
 results["silu_mul"] = compile_(activation_triton._silu_mul_kernel, {"h_ptr": "*bf16", "y_ptr": "*bf16", "inner": "i32",
                                                                     "stride_h": "i64"}, {"BLOCK": 2048})
+results["sigmoid_mul"] = compile_(activation_triton._sigmoid_mul_kernel, {
+    "x_ptr": "*bf16", "g_ptr": "*bf16", "y_ptr": "*bf16", "width": "i32", "D": "i32", "stride_gn": "i64",
+    "stride_gh": "i64"}, {"BLOCK": 2048})
 results["sigmoid_gated_add"] = compile_(activation_triton._sigmoid_gated_add_kernel, {
     "base_ptr": "*bf16", "x_ptr": "*bf16", "g_ptr": "*bf16", "y_ptr": "*bf16", "width": "i32", "stride_g": "i64"},
     {"BLOCK": 2048})
@@ -109,7 +112,7 @@ print(json.dumps(results))
 '''
 CASES = ["rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
          "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "conv_shift",
-         "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "ngram", "ngram-append",
+         "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram", "ngram-append",
          "gdn_verify", "kda_verify", "mamba2_verify"]
 
 

@@ -61,4 +61,9 @@ class GatedPagedAttention(nn.Module):
         kv = batch.pages[KV_ROLE][self.index]
         o = paged_attention(q, k, v, kv, batch.page_table, batch.cached_lens, batch.cu_seqlens, scale=dh ** -0.5,
                             host=batch.host_rows)
-        return self.o_proj(o.reshape(n, -1) * torch.sigmoid(gate).view(n, -1))  # the gate's slice needs no copy
+        o = o.reshape(n, -1)
+        if runs_triton(x) and o.is_contiguous():  # the gate and the product in one launch
+            from ...ops.activation_triton import sigmoid_mul_triton
+
+            return self.o_proj(sigmoid_mul_triton(o, gate))
+        return self.o_proj(o * torch.sigmoid(gate).view(n, -1))  # the gate's slice needs no copy
