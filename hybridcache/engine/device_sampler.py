@@ -131,14 +131,8 @@ def greedy_verify_choice(logits: torch.Tensor, ids: torch.Tensor,
     never accepted). Returns choice [R, 2 + T] int64 (the count, the proposed drafts, then `sample_greedy`'s
     tokens: one block to copy back) and the counts again as [R] int32 (what the state modules and the
     chained lengths take)."""
-    R, T, _ = logits.shape
-    best = logits.argmax(-1)  # [R, T]
-    if T > 1:
-        steps = torch.arange(T - 1, device=logits.device)
-        passed = (best[:, :-1] == ids[:, 1:]) & (steps < proposed[:, None])
-        counts = passed.cumprod(-1).sum(-1) + 1  # leading accepted drafts, then the new token
-    else:
-        counts = torch.ones_like(proposed)
+    steps = torch.arange(ids.shape[1] - 1, device=ids.device)
+    best, counts = sample_greedy(logits, torch.where(steps < proposed[:, None], ids[:, 1:], -1))
     return packed_choice(best, counts, proposed)
 
 

@@ -91,12 +91,10 @@ def _gdn_verify_kernel(
         b_t = tl.load(b_in + t * s_bit).to(tl.float32)
         if RAW_GATE:
             g_t, b_t = gdn_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
-        a_t = tl.exp(g_t)
-        h = h * a_t
+        h = h * tl.exp(g_t)
         u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
         h += k_t[:, None] * u_t[None, :]
-        o_t = tl.sum(h * q_t[:, None], 0)
-        o_t = tl.where(valid, o_t, 0.0)
+        o_t = tl.where(valid, tl.sum(h * q_t[:, None], 0), 0.0)
         tl.store(o_ptr + (tok * HV + hv) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
         G += g_t
         pos = pos0 + t

@@ -74,15 +74,13 @@ def _kda_verify_kernel(
         b_t = tl.load(beta_ptr + row * s_bib + t * s_bit + hd * s_bih).to(tl.float32)
         if RAW_GATE:
             g_t, b_t = kda_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
-        a_t = tl.exp(g_t)
-        h = h * a_t[:, None]
+        h = h * tl.exp(g_t)[:, None]
         u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
         h += k_t[:, None] * u_t[None, :]
-        o_t = tl.sum(h * q_t[:, None], 0)
+        o_t = tl.where(valid, tl.sum(h * q_t[:, None], 0), 0.0)
+        tl.store(o_ptr + (tok * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
         if t == 0:
             tl.store(ssm_tile, h, mask=tile & valid)
-        o_t = tl.where(valid, o_t, 0.0)
-        tl.store(o_ptr + (tok * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
 
 
 @triton.jit
