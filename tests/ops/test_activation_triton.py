@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridcache.ops.triton_support import kernels_on_cpu, triton_testable
+from tests.ops.dispatch import record_calls
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if not triton_testable(torch.empty(0, device=DEVICE)):
@@ -89,10 +90,7 @@ def test_the_gated_mlp_and_the_shared_expert_moe_dispatch_to_the_kernels(monkeyp
     from hybridcache.models.layers.gated_mlp import GatedMLP
     from hybridcache.models.layers.shared_moe import SharedExpertMoE
 
-    calls = []
-    for name in ("silu_mul_triton", "sigmoid_gated_add_triton"):
-        real = getattr(act, name)
-        monkeypatch.setattr(act, name, lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a))[1])
+    calls = record_calls(monkeypatch, act, "silu_mul_triton", "sigmoid_gated_add_triton")
     gen = torch.Generator().manual_seed(0)
     moe = SharedExpertMoE(16, 4, 2, 8, 12, "silu", True, "cpu", torch.bfloat16)
     for p in moe.parameters():

@@ -9,6 +9,7 @@ import torch
 
 from hybridcache.ops import slot_io
 from hybridcache.ops.triton_support import kernels_on_cpu, triton_testable
+from tests.ops.dispatch import record_calls
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if not triton_testable(torch.empty(0, device=DEVICE)):
@@ -76,10 +77,7 @@ def test_the_kernels_take_contiguous_pools_by_slot_only():
 def test_slot_io_dispatches_to_the_kernels_where_they_fit(monkeypatch):
     import hybridcache.ops.slot_rows_triton as rows
 
-    calls = []
-    for name in ("read_rows_triton", "write_rows_triton"):
-        real = getattr(rows, name)
-        monkeypatch.setattr(rows, name, lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a))[1])
+    calls = record_calls(monkeypatch, rows, "read_rows_triton", "write_rows_triton")
     src = pool(torch.float32, (3, 4), seed=2)
     values = torch.randn(5, 3, 4)
     with kernels_on_cpu():
