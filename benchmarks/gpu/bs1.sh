@@ -3,15 +3,8 @@
 # (spec-idle), a k=3 verify step and an eager step charged by layer kind (--by-module), with the kernels taking
 # the most time; into $OUT. About 200 s.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $(ls .whl/*.whl | grep -v mamba_ssm) >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:. HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-./bench-out}; mkdir -p "$OUT"
-FAMILIES=${FAMILIES:-"nemotron_h qwen3_next kimi_linear"}
-for f in $FAMILIES; do
-  python3 -c "from pathlib import Path; from benchmarks.families import build; build(Path('/tmp/hybridcache-bench-$f-1b'), '$f', '1b')" &
-done
-wait; echo "checkpoints built after ${SECONDS}s"
+source benchmarks/gpu/common.sh
+build_checkpoints
 for f in $FAMILIES; do
   timeout ${PROFILE_CAP:-100} python3 benchmarks/step_profile.py --family $f --size 1b --device cuda --dtype bfloat16 \
       --batch ${BATCHES:-1 64} --steps 20 --modes graph spec-idle verify eager --by-module --json $OUT/step_profile-$f-bs1.json \

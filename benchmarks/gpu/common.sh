@@ -1,0 +1,17 @@
+# Sourced by the scripts here (from the repository root): the wheels the GPU image lacks into /tmp/site
+# (mamba_ssm only with WITH_MAMBA_SSM=1: where it is importable, transformers imports its CUDA extension,
+# which the wheel lacks), the environment, $OUT, $FAMILIES, and build_checkpoints: the 1B-class random
+# checkpoints of $FAMILIES side by side (CPU work a first benchmark would otherwise spend its cap on).
+wheels=$(ls .whl/*.whl | if [ "${WITH_MAMBA_SSM:-0}" = 1 ]; then cat; else grep -v mamba_ssm; fi)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels \
+    >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:. HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-./bench-out}; mkdir -p "$OUT"
+FAMILIES=${FAMILIES:-"nemotron_h qwen3_next kimi_linear"}
+
+build_checkpoints() {
+  for f in $FAMILIES; do
+    python3 -c "from pathlib import Path; from benchmarks.families import build; build(Path('/tmp/hybridcache-bench-$f-1b'), '$f', '1b')" &
+  done
+  wait; echo "checkpoints built after ${SECONDS}s"
+}
