@@ -78,10 +78,7 @@ results["ngram"] = compile_(ngram_triton._ngram_kernel, ngram_sig, {"N": 3, "MIN
 append_sig = {"hist_ptr": "*i64", "len_ptr": "*i64", "tok_ptr": "*i64", "count_ptr": "*i32", "last_ptr": "*i64",
               "W": "i32", "stride_r": "i64", "stride_t": "i64"}
 results["ngram-append"] = compile_(ngram_triton._append_kernel, append_sig, {"T": 4, "BLOCK_T": 4})
-def runtime_sig(fn, types):
-    """Every runtime argument of `fn`: `types` by name, else a pointer to fp32 (`*_ptr`) or an i64 stride."""
-    consts = {fn.arg_names[i] for i in fn.constexprs}
-    return {n: types.get(n, "*fp32" if n.endswith("_ptr") else "i64") for n in fn.arg_names if n not in consts}
+from benchmarks.kernel_registers import runtime_signature as runtime_sig
 
 bf16 = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "o_ptr"), "*bf16")
 results["gdn_verify"] = compile_(gdn_verify._gdn_verify_kernel, runtime_sig(gdn_verify._gdn_verify_kernel, {
