@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia import compiler as nvidia  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from hybridcache.ops.delta_rule_verify_triton import BLOCK_V, GDN_BLOCK_V, verify_warps  # noqa: E402
 from hybridcache.ops.gdn import triton_verify as gdn_verify  # noqa: E402
 from hybridcache.ops.kda import triton_verify as kda_verify  # noqa: E402
 from hybridcache.ops.mamba2 import triton_verify as mamba2_verify  # noqa: E402
@@ -49,19 +50,27 @@ def ptxas_report(fn, types: dict[str, str], consts: dict, num_warps: int) -> tup
 
 
 def cases() -> list[tuple[str, object, dict, dict, int]]:
-    """(label, kernel, argument types, constexprs, warps) at the engine's shapes (1B-class, T = 4)."""
+    """(label, kernel, argument types, constexprs, warps) at the engine's shapes (1B-class): the delta-rule
+    verify kernels at T = 4 over three tilings and at T = 1 (a one-token step) at the default warps."""
+    gdn_types = {**BF16_IO, "u_ptr": "*bf16", "hk_ptr": "*bf16", "pnat_ptr": "*i32", "buf_ptr": "*i32",
+                 "slot_ptr": "*i64", "scale": "fp32"}
+    kda_types = {**BF16_IO, "pk_ptr": "*bf16", "pv_ptr": "*bf16", "n_ptr": "*i32", "slot_ptr": "*i64", "scale": "fp32"}
+
+    def gdn(T: int, bv: int) -> dict:
+        return {"T": T, "H": 16, "HV": 32, "K": 128, "V": 128, "HIST": 16, "BK": 128, "BV": bv, "L2NORM": True,
+                "RAW_GATE": True}
+
+    def kda(T: int, bv: int) -> dict:
+        return {"T": T, "H": 16, "K": 128, "V": 128, "P": 3, "BK": 128, "BV": bv, "L2NORM": True, "RAW_GATE": True}
+
     out = []
     for bv, warps in ((16, 1), (32, 1), (32, 2)):
-        out.append((f"gdn verify BV={bv} warps={warps}", gdn_verify._gdn_verify_kernel,
-                    {**BF16_IO, "u_ptr": "*bf16", "hk_ptr": "*bf16", "pnat_ptr": "*i32", "buf_ptr": "*i32",
-                     "slot_ptr": "*i64", "scale": "fp32"},
-                    {"T": 4, "H": 16, "HV": 32, "K": 128, "V": 128, "HIST": 16, "BK": 128, "BV": bv, "L2NORM": True,
-                     "RAW_GATE": True}, warps))
-        out.append((f"kda verify BV={bv} warps={warps}", kda_verify._kda_verify_kernel,
-                    {**BF16_IO, "pk_ptr": "*bf16", "pv_ptr": "*bf16", "n_ptr": "*i32", "slot_ptr": "*i64",
-                     "scale": "fp32"},
-                    {"T": 4, "H": 16, "K": 128, "V": 128, "P": 3, "BK": 128, "BV": bv, "L2NORM": True,
-                     "RAW_GATE": True}, warps))
+        out.append((f"gdn verify T=4 BV={bv} warps={warps}", gdn_verify._gdn_verify_kernel, gdn_types, gdn(4, bv), warps))
+        out.append((f"kda verify T=4 BV={bv} warps={warps}", kda_verify._kda_verify_kernel, kda_types, kda(4, bv), warps))
+    w1 = verify_warps(1)
+    out.append((f"gdn verify T=1 BV={GDN_BLOCK_V} warps={w1}", gdn_verify._gdn_verify_kernel, gdn_types,
+                gdn(1, GDN_BLOCK_V), w1))
+    out.append((f"kda verify T=1 BV={BLOCK_V} warps={w1}", kda_verify._kda_verify_kernel, kda_types, kda(1, BLOCK_V), w1))
     out.append(("mamba2 verify BLOCK_P=32 warps=4", mamba2_verify._verify_kernel,
                 {**dict.fromkeys(("x_ptr", "dt_ptr", "B_ptr", "C_ptr", "y_ptr", "rx_ptr", "rb_ptr"), "*bf16"),
                  "pnat_ptr": "*i32", "buf_ptr": "*i32", "slot_ptr": "*i64", "dt_lo": "fp32", "dt_hi": "fp32",

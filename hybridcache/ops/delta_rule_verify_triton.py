@@ -43,10 +43,18 @@ from .triton_support import num_sms
 # Tiling measured on the H200 (benchmarks/tune_delta_rule.py, K = V = 128, T = 4): one warp per program, 32
 # value columns for KDA and 16 for GDN (GDN at batch 64: 138 us against 149 with 32; KDA: 91 against 104
 # with 16), halved (not below 8) while the grid has under 4 programs per SM (batch 1: 8 columns).
+# A one-token verify (the speculative engine's step while its rows back off) is the decode kernel's work, and
+# takes its two warps: at one warp KDA's 128 x 32 tile spills about 1 KB a thread (benchmarks/kernel_registers.py).
 BLOCK_V = 32
 GDN_BLOCK_V = 16
 NUM_WARPS = 1
+ONE_TOKEN_WARPS = 2
 MIN_PROGRAMS_PER_SM = 4
+
+
+def verify_warps(tokens: int) -> int:
+    """Warps a verify program of `tokens` new tokens a row runs with by default."""
+    return NUM_WARPS if tokens > 1 else ONE_TOKEN_WARPS
 
 
 @triton.jit

@@ -9,7 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import gdn_raw_gate, unit_last
-from ..delta_rule_verify_triton import GDN_BLOCK_V, NUM_WARPS, key_l2norm, verify_tile_sizes
+from ..delta_rule_verify_triton import GDN_BLOCK_V, key_l2norm, verify_tile_sizes, verify_warps
 
 if TYPE_CHECKING:
     from .decode import RawGate
@@ -125,7 +125,7 @@ def gdn_verify_triton(
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     block_v: int | None = None,
-    num_warps: int = NUM_WARPS,
+    num_warps: int | None = None,
     *,
     gate: RawGate | None = None,
 ) -> Tensor:
@@ -165,6 +165,6 @@ def gdn_verify_triton(
         *ssm.stride(), *replay_u.stride(), *replay_k.stride(), *replay_G.stride(), *replay_beta.stride(),
         pnat.stride(0), buf_idx.stride(0),
         T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel,
-        RAW_GATE=gate is not None, num_warps=num_warps,
+        RAW_GATE=gate is not None, num_warps=num_warps or verify_warps(T),
     )
     return o

@@ -9,7 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
-from ..delta_rule_verify_triton import NUM_WARPS, key_l2norm, verify_tile_sizes
+from ..delta_rule_verify_triton import key_l2norm, verify_tile_sizes, verify_warps
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
@@ -142,7 +142,7 @@ def kda_verify_triton(
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     block_v: int | None = None,
-    num_warps: int = NUM_WARPS,
+    num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
 ) -> Tensor:
@@ -179,7 +179,7 @@ def kda_verify_triton(
         *inputs,
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
         T=T, H=H, K=K, V=V, P=P, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None,
-        num_warps=num_warps,
+        num_warps=num_warps or verify_warps(T),
     )
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
