@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..cache.entries import pages_for
 from ..ops.triton_support import runs_triton
 from .device_sampler import RowParams, greedy_verify_choice, packed_choice, sample
 from .interrupts import deferred_interrupts
@@ -130,7 +131,10 @@ class AsyncVerify:
             return True
         loop = self.loop
         planner, T = loop.manager.planner, 1 + loop.drafter.k
-        return sum(planner.pages_needed(r.req_id, T) for r in loop.scheduler.running) <= planner.page_pool.num_free
+        running, free = loop.scheduler.running, planner.page_pool.num_free
+        if not planner.has_pages or free >= len(running) * pages_for(T, planner.page_size):
+            return True  # T more tokens take a row at most ⌈T / page size⌉ new pages
+        return sum(planner.pages_needed(r.req_id, T) for r in running) <= free
 
     def launch(self, step: "ScheduledStep") -> None:
         """Draft on the device, plan, launch and commit a verify step unsettled, then read the step before.
