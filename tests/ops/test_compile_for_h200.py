@@ -32,9 +32,6 @@ from hybridcache.ops import rms_norm_triton
 from hybridcache.ops.attention import triton_mla, triton_paged
 from hybridcache.ops.conv1d import triton_shift
 from hybridcache.ops import activation_triton, ngram_triton, slot_rows_triton
-from hybridcache.ops.gdn import triton_verify as gdn_verify
-from hybridcache.ops.kda import triton_verify as kda_verify
-from hybridcache.ops.mamba2 import triton_verify as mamba2_verify
 
 def compile_(fn, sig, consts, num_warps=4):
     sig = {**sig, **{n: "constexpr" for n in consts}}
@@ -78,23 +75,18 @@ results["ngram"] = compile_(ngram_triton._ngram_kernel, ngram_sig, {"N": 3, "MIN
 append_sig = {"hist_ptr": "*i64", "len_ptr": "*i64", "tok_ptr": "*i64", "count_ptr": "*i32", "last_ptr": "*i64",
               "W": "i32", "stride_r": "i64", "stride_t": "i64"}
 results["ngram-append"] = compile_(ngram_triton._append_kernel, append_sig, {"T": 4, "BLOCK_T": 4})
-from benchmarks.kernel_registers import runtime_signature as runtime_sig
+from benchmarks import kernel_registers as verify_calls
+from benchmarks.sm90_compile import captured_launches, compile_launch
 
-bf16 = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "o_ptr"), "*bf16")
-results["gdn_verify"] = compile_(gdn_verify._gdn_verify_kernel, runtime_sig(gdn_verify._gdn_verify_kernel, {
-    **bf16, "u_ptr": "*bf16", "hk_ptr": "*bf16", "pnat_ptr": "*i32", "buf_ptr": "*i32", "slot_ptr": "*i64",
-    "scale": "fp32"}), {"T": 4, "H": 16, "HV": 32, "K": 128, "V": 128, "HIST": 16, "BK": 128, "BV": 16,
-                        "L2NORM": True, "RAW_GATE": True}, num_warps=1)
-results["kda_verify"] = compile_(kda_verify._kda_verify_kernel, runtime_sig(kda_verify._kda_verify_kernel, {
-    **bf16, "pk_ptr": "*bf16", "pv_ptr": "*bf16", "n_ptr": "*i32", "slot_ptr": "*i64", "scale": "fp32"}),
-    {"T": 4, "H": 16, "K": 128, "V": 128, "P": 3, "BK": 128, "BV": 32, "L2NORM": True, "RAW_GATE": True},
-    num_warps=1)
-m2 = mamba2_verify._verify_kernel
-results["mamba2_verify"] = compile_(m2, runtime_sig(m2, {
-    **dict.fromkeys(("x_ptr", "dt_ptr", "B_ptr", "C_ptr", "y_ptr", "rx_ptr", "rb_ptr"), "*bf16"),
-    "pnat_ptr": "*i32", "buf_ptr": "*i32", "slot_ptr": "*i64", "dt_lo": "fp32", "dt_hi": "fp32", "hist": "i32"}),
-    {"STEPS": 4, "HEAD_DIM": 64, "DSTATE": 128, "REPS": 8, "BLOCK_P": 32, "BLOCK_N": 128, "BLOCK_H": 16,
-     "HAS_D": True, "HAS_BIAS": True, "TP": 4})
+def compiles_launches(call):
+    """Every launch of an op's wrapper, captured and compiled as the JIT would (the real specialisation)."""
+    with captured_launches() as launches:
+        call()
+    asms = [compile_launch(launch).asm for launch in launches]
+    return bool(asms) and all("cubin" in asm and bool(asm["ptx"]) for asm in asms)
+
+for op in ("gdn", "kda", "mamba2"):  # a k = 3 verify and a one-token step, each at its default tiling
+    results[f"{op}_verify"] = all(compiles_launches(lambda T=T: getattr(verify_calls, op)(T)) for T in (4, 1))
 results["relu2"] = compile_(activation_triton._relu2_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32"},
                            {"BLOCK": 2048})
 results["silu_mul"] = compile_(activation_triton._silu_mul_kernel, {"h_ptr": "*bf16", "y_ptr": "*bf16", "inner": "i32",
