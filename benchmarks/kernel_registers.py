@@ -1,7 +1,8 @@
-"""Registers and spills of the recurrent verify kernels as the engine launches them, compiled for the H200
-(sm_90) on this machine: each op's wrapper runs on CPU tensors at the 1B-class shapes (batch 64, raw gates,
-bf16 inputs and histories, fp32 states) with its launch captured, which is then compiled as the JIT would
-(`benchmarks/sm90_compile.py`) and read with Triton's bundled ptxas. No GPU, no timing: whether a change
+"""Registers and spills of the recurrent verify kernels and the MoE routers as the engine launches them,
+compiled for the H200 (sm_90) on this machine: each op's wrapper runs on CPU tensors at the 1B-class shapes
+(verify: batch 64, raw gates, bf16 inputs and histories, fp32 states; routers: hidden 2048, 8 experts, the
+logits computed in the kernel, one token, as CUDA runs a program a token) with its launch captured, which is
+then compiled as the JIT would (`benchmarks/sm90_compile.py`) and read with Triton's bundled ptxas. No GPU, no timing: whether a change
 made a kernel's full registers spill to local memory, which the interpreter cannot say.
 
     PYTHONPATH=. python benchmarks/kernel_registers.py
@@ -21,6 +22,7 @@ from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
 from hybridcache.ops.kda.gate import KDARawGate  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton  # noqa: E402
+from hybridcache.ops.moe.routers_triton import group_topk_triton, softmax_topk_triton  # noqa: E402
 
 BATCH, HIST, DRAFTS = 64, 16, 3
 BF16 = torch.bfloat16
@@ -59,6 +61,15 @@ def mamba2(T: int) -> None:
                          torch.zeros(S, dtype=torch.int32), torch.arange(B), D=torch.zeros(H), dt_bias=torch.zeros(H))
 
 
+def router(family: str, tokens: int) -> None:
+    """kimi_linear's grouped sigmoid top-2 (fp32 weight) or qwen3_next's softmax top-2 (bf16), 8 experts of 2048."""
+    x = _bf(tokens, 2048)
+    if family == "kimi_linear":
+        group_topk_triton(x, torch.zeros(8), 2, 1, 1, True, 2.446, weight=torch.zeros(8, 2048))
+    else:
+        softmax_topk_triton(x, 2, True, weight=_bf(8, 2048))
+
+
 def cases() -> list[tuple[str, Callable[[], None]]]:
     """(label, a call of the op) at T = 4 (a k = 3 verify) over tilings, and T = 1 (a one-token step); a
     tiling not named is the wrapper's default."""
@@ -69,24 +80,26 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             out.append((f"{op.__name__} T=4", lambda op=op, bv=bv, warps=warps: op(4, bv, warps)))
         out.append((f"{op.__name__} T=1 default", lambda op=op: op(1)))
     out += [("mamba2 T=4 default", lambda: mamba2(4)), ("mamba2 T=1 default", lambda: mamba2(1))]
+    for family in ("kimi_linear", "qwen3_next"):  # one token: as CUDA launches every batch (a program a token)
+        out.append((f"router {family}", lambda f=family: router(f, 1)))
     return out
 
 
 def tiling(launch) -> str:
     """The launch's tile constants and warps, as 'BV=32 warps=1'."""
     kw = launch.kwargs
-    tile = " ".join(f"{n}={kw[n]}" for n in ("BV", "BLOCK_P") if n in kw)
+    tile = " ".join(f"{n}={kw[n]}" for n in ("BV", "BLOCK_P", "BLOCK_D") if n in kw)
     return f"{tile} warps={kw.get('num_warps', 4)}"
 
 
 def main() -> None:
-    print(f"{'kernel (batch 64)':44} {'registers':>9} {'spill stores':>13} {'spill loads':>12}  (bytes a thread, sm_90)")
+    print(f"{'kernel':48} {'registers':>9} {'spill stores':>13} {'spill loads':>12}  (bytes a thread, sm_90)")
     for label, call in cases():
         with captured_launches() as launches:
             call()
         for launch in launches[:1]:  # the verify kernel (KDA's second launch writes the pending drafts)
             regs, stores, loads = ptxas_report(compile_launch(launch))
-            print(f"{label + ' ' + tiling(launch):44} {regs:>9} {stores:>13} {loads:>12}")
+            print(f"{label + ' ' + tiling(launch):48} {regs:>9} {stores:>13} {loads:>12}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ instead of launched; `compile_launch` then compiles one as Triton's JIT would on
 specialises the arguments (an integer equal to 1 becomes a constant, integers and pointers divisible by 16
 carry that fact), which decides the layouts, the vector widths and so the registers. A compile from a
 hand-written signature (every stride an unknown i64) gives other layouts than the launch does.
-`ptxas_report` reads the registers and spills of the result from Triton's bundled ptxas.
+`ptxas_report` reads the registers and spills of the result from Triton's bundled ptxas. A wrapper that
+chooses by its tensors' device (a tiling from the SM count, one token a program on CUDA) makes its CPU
+choice here: pass the tiling, or take shapes where both choices agree.
 
 Needs triton's NVIDIA backend (not a GPU); run without TRITON_INTERPRET (interpreted functions do not compile).
 """

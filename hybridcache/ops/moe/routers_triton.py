@@ -33,7 +33,11 @@ from . import ROUTER_MAX_EXPERTS
 _MAX, _MIN, _SUM = tl.standard._elementwise_max, tl.standard._elementwise_min, tl.standard._sum_combine
 
 FUSED_MAX_MACS = 2 ** 22  # N·E·D up to which the kernels compute the logits (E 8 x D 2048: 256 tokens)
-LOGIT_TILE = 4096  # experts x hidden columns of W a program holds per step
+LOGIT_TILE = 4096  # experts x hidden columns of W a program of several tokens (the interpreter's) holds per step
+# on CUDA, where a program takes one token: as much of W per step as 8 warps hold without spilling (E 8 x D
+# 2048 in one step: 112 registers a thread compiled for sm_90), so its loads are in flight together instead of
+# one round trip per LOGIT_TILE
+ONE_TOKEN_TILE = 16384
 
 
 @triton.jit
@@ -172,8 +176,9 @@ def _prepare(rows_in: Tensor, e: int, block: int, k: int, dtype: torch.dtype, we
     else:
         D = rows_in.shape[1]
         assert weight.shape == (e, D) and weight.is_contiguous(), f"router weight {tuple(weight.shape)}; x {N} x {D}"
-        block_d = max(16, min(triton.next_power_of_2(D), LOGIT_TILE // block))
-        launch = (rows_in, weight, D, rows, block_d, (triton.cdiv(N, rows),), 4)
+        tile = ONE_TOKEN_TILE if rows == 1 else LOGIT_TILE
+        block_d = max(16, min(triton.next_power_of_2(D), tile // block))
+        launch = (rows_in, weight, D, rows, block_d, (triton.cdiv(N, rows),), 8 if block * block_d > LOGIT_TILE else 4)
     return outputs, launch
 
 
