@@ -3,9 +3,12 @@ read in one round trip at the start, then taken out one token at a time. Loaded 
 each token's loads would wait behind the stores of the token before (the compiler cannot move a load
 above a store it cannot prove elsewhere), one memory round trip a token.
 
-Mamba2's verify (`mamba2/triton_verify.py`) loads so. The delta-rule verify kernels do not: with one warp
-and a [128, BV] fp32 tile their registers are full, and the rows made ptxas spill (sm_90, T = 4: GDN at
-BV 16 none -> 100 bytes a thread, KDA at BV 16 none -> 224); Mamba2's 24 bytes stayed 24."""
+Mamba2's verify (`mamba2/triton_verify.py`) loads so; the delta-rule verify kernels load token by token.
+They loaded so too for a while (at fbc7116, with GDN's history folded on the tensor cores), reverted on a
+spill count from a compile that left every stride unknown; compiled with the launch's own specialisation
+(`benchmarks/kernel_registers.py`, sm_90, T = 4, batch 64, one warp) that version did not spill at BV 16
+(GDN 254 registers, KDA 227) and KDA's BV 32 spilled 456 bytes a thread against 272 now. Neither form has
+been timed on the H200 against the other."""
 from __future__ import annotations
 
 import triton
