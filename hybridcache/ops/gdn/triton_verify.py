@@ -28,10 +28,12 @@ def _gdn_verify_kernel(
     s_bs, s_bb, s_bh, s_bt,
     s_pnat, s_buf,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HIST: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, FOLD_DOT: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
-    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]."""
+    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV].
+    FOLD_DOT: the history enters the tile 16 entries a product on the tensor cores (tf32x3, about fp32's
+    precision; BV >= 16) instead of one rank-1 update an entry."""
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
     slot = tl.load(slot_ptr + row).to(tl.int64)
@@ -56,11 +58,22 @@ def _gdn_verify_kernel(
     k_row = hk_ptr + s * s_ks + b * s_kb + hk * s_kh
     G_last = tl.load(G_row + (p - 1) * s_Gt, mask=p > 0, other=0.0).to(tl.float32)
     h = h * tl.exp(G_last)
-    for j in range(0, p):  # rank-1 updates: p <= HIST is small, and no dot layouts to convert between
-        w = tl.exp(G_last - tl.load(G_row + j * s_Gt).to(tl.float32))
-        u_j = tl.load(u_row + j * s_ut + vv * s_uv, mask=v_ok, other=0.0).to(tl.float32)
-        k_j = tl.load(k_row + j * s_kt + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
-        h += k_j[:, None] * (w * u_j)[None, :]
+    if FOLD_DOT:
+        for j0 in range(0, p, 16):  # entries past p load as 0 (masked, never multiplied by a 0 weight)
+            j = j0 + tl.arange(0, 16)
+            j_ok = j < p
+            w = tl.where(j_ok, tl.exp(G_last - tl.load(G_row + j * s_Gt, mask=j_ok, other=0.0).to(tl.float32)), 0.0)
+            u_j = tl.load(u_row + j[:, None] * s_ut + vv[None, :] * s_uv, mask=j_ok[:, None] & v_ok[None, :],
+                          other=0.0).to(tl.float32)
+            k_j = tl.load(k_row + j[None, :] * s_kt + kk[:, None] * s_kk, mask=k_ok[:, None] & j_ok[None, :],
+                          other=0.0).to(tl.float32)
+            h += tl.dot(k_j, u_j * w[:, None], input_precision="tf32x3")
+    else:
+        for j in range(0, p):  # rank-1 updates: p <= HIST is small, and no dot layouts to convert between
+            w = tl.exp(G_last - tl.load(G_row + j * s_Gt).to(tl.float32))
+            u_j = tl.load(u_row + j * s_ut + vv * s_uv, mask=v_ok, other=0.0).to(tl.float32)
+            k_j = tl.load(k_row + j * s_kt + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
+            h += k_j[:, None] * (w * u_j)[None, :]
     tl.store(ssm_tile, h, mask=tile & valid & fold)
 
     # the new tokens: [p, p + T) of buffer b, or [0, T) of buffer 1 - b after a fold
@@ -128,6 +141,7 @@ def gdn_verify_triton(
     num_warps: int | None = None,
     *,
     gate: RawGate | None = None,
+    fold_on_tensor_cores: bool = False,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result).
@@ -156,7 +170,8 @@ def gdn_verify_triton(
     if B == 0 or T == 0:
         return o
     q, k, v = unit_last(q), unit_last(k), unit_last(v)
-    BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, GDN_BLOCK_V)
+    BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, GDN_BLOCK_V,
+                               narrowest=16 if fold_on_tensor_cores else 8)  # a product's dims are >= 16
     _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](
         q, k, v, g, beta, A_log, dt_bias, o,
         ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx, slots.contiguous(),
@@ -165,6 +180,6 @@ def gdn_verify_triton(
         *ssm.stride(), *replay_u.stride(), *replay_k.stride(), *replay_G.stride(), *replay_beta.stride(),
         pnat.stride(0), buf_idx.stride(0),
         T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel,
-        RAW_GATE=gate is not None, num_warps=num_warps or verify_warps(T),
+        RAW_GATE=gate is not None, FOLD_DOT=fold_on_tensor_cores, num_warps=num_warps or verify_warps(T),
     )
     return o
