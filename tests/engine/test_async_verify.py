@@ -174,7 +174,28 @@ def test_an_abort_discards_the_verify_in_flight(checkpoint):
     assert llm.manager.planner.unsettled == []
 
 
-def test_pressure_arrivals_and_rebalances_equal_the_unconstrained_run(checkpoint):
+def checked_fits(monkeypatch) -> list[bool]:
+    """Wraps `AsyncVerify.fits` to check every answer with a verify step in flight against the per-row rule
+    (the next step's pages, T = k + 1 tokens a row, all free); returns, per such call, whether the bound
+    alone decided it (free pages >= rows x pages a row can take)."""
+    fits, bound_decided = async_verify.AsyncVerify.fits, []
+
+    def checked(verify):
+        got = fits(verify)
+        if verify._in_flight():
+            planner, rows = verify.loop.manager.planner, verify.loop.scheduler.running
+            T = 1 + verify.loop.drafter.k
+            exact = sum(planner.pages_needed(r.req_id, T) for r in rows) <= planner.page_pool.num_free
+            assert got == exact, (got, exact)
+            bound_decided.append(planner.page_pool.num_free >= len(rows) * -(-T // planner.page_size))
+        return got
+
+    monkeypatch.setattr(async_verify.AsyncVerify, "fits", checked)
+    return bound_decided
+
+
+def test_pressure_arrivals_and_rebalances_equal_the_unconstrained_run(checkpoint, monkeypatch):
+    bound_decided = checked_fits(monkeypatch)
     prompts = repetitive(4, 10)
     params = greedy(10, max_tokens=16, ignore_eos=True)
     free = LLM(checkpoint, max_num_seqs=16, max_model_len=128, page_size=4)
@@ -191,6 +212,7 @@ def test_pressure_arrivals_and_rebalances_equal_the_unconstrained_run(checkpoint
     assert rebalances > 0 and s.num_suspensions + s.num_reprefills > 0, s
     assert llm.manager.planner.unsettled == []
     assert_idle_and_empty(llm)
+    assert True in bound_decided and False in bound_decided  # both ways of answering fits() were checked
 
 
 @pytest.mark.parametrize("nth", [5, 9])
