@@ -60,24 +60,25 @@ def _kda_verify_kernel(
     B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
     if RAW_GATE:
         neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
-        dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
     for t in tl.static_range(T):
         tok = row * T + t
-        q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
-        k_t = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
-        if L2NORM:
-            q_t = key_l2norm(q_t, True)
-            k_t = key_l2norm(k_t, True)
-        q_t = q_t * scale
+        # the token's vectors loaded where first used: each costs registers beside the full tile
         g_t = tl.load(g_ptr + row * s_gib + t * s_git + hd * s_gih + kk, mask=k_ok, other=0.0).to(tl.float32)
-        v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0).to(tl.float32)
         b_t = tl.load(beta_ptr + row * s_bib + t * s_bit + hd * s_bih).to(tl.float32)
-        if RAW_GATE:
+        if RAW_GATE:  # dt_bias read again each token (from L1) rather than held beside the tile
+            dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
             g_t, b_t = kda_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
         h = h * tl.exp(g_t)[:, None]
+        k_t = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if L2NORM:
+            k_t = key_l2norm(k_t, True)
+        v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0).to(tl.float32)
         u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
         h += k_t[:, None] * u_t[None, :]
-        o_t = tl.where(valid, tl.sum(h * q_t[:, None], 0), 0.0)
+        q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if L2NORM:
+            q_t = key_l2norm(q_t, True)
+        o_t = tl.where(valid, tl.sum(h * (q_t * scale)[:, None], 0), 0.0)
         tl.store(o_ptr + (tok * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
         if t == 0:
             tl.store(ssm_tile, h, mask=tile & valid)
