@@ -2,8 +2,9 @@
 compiled for the H200 (sm_90) on this machine: each op's wrapper runs on CPU tensors at the 1B-class shapes
 (verify: batch 64, raw gates, bf16 inputs and histories, fp32 states; routers: hidden 2048, 8 experts, the
 logits computed in the kernel, one token, as CUDA runs a program a token) with its launch captured, which is
-then compiled as the JIT would (`benchmarks/sm90_compile.py`) and read with Triton's bundled ptxas. No GPU, no timing: whether a change
-made a kernel's full registers spill to local memory, which the interpreter cannot say.
+then compiled as the JIT would (`benchmarks/sm90_compile.py`) and read with Triton's bundled ptxas. No GPU,
+no timing: whether a change made a kernel's full registers spill to local memory, which the interpreter
+cannot say.
 
     PYTHONPATH=. python benchmarks/kernel_registers.py
 """

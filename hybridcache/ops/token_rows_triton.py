@@ -7,8 +7,8 @@ Mamba2's verify (`mamba2/triton_verify.py`) loads so; the delta-rule verify kern
 They loaded so too for a while (at fbc7116, with GDN's history folded on the tensor cores), reverted on a
 spill count from a compile that left every stride unknown; compiled with the launch's own specialisation
 (`benchmarks/kernel_registers.py`, sm_90, T = 4, batch 64, one warp) that version did not spill at BV 16
-(GDN 254 registers, KDA 227) and KDA's BV 32 spilled 456 bytes a thread against 272 now. Neither form has
-been timed on the H200 against the other."""
+(GDN 254 registers, KDA 227); at KDA's BV 32 it spilled more (456 bytes a thread) than the token-by-token
+form. Neither form has been timed on the H200 against the other."""
 from __future__ import annotations
 
 import triton

@@ -152,6 +152,9 @@ def gdn_verify_triton(
     so may q, k, v (copied only without a unit last stride), g and beta (any strides).
     `gate` (g and beta None): a, b [B, T, HV] (any strides), A_log, dt_bias [HV]; g and beta are computed
     in the kernel, the same values as `gate.values()`.
+    `fold_on_tensor_cores`: the history enters the state tile 16 entries a tf32x3 product instead of one
+    rank-1 update an entry (an experiment beside the default, to be timed on the H200: tune_delta_rule.py;
+    within fp32 rounding of it, not bit for bit).
     Returns o [B, T, HV, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
