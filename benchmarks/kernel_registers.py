@@ -33,15 +33,15 @@ def _bf(*shape: int) -> torch.Tensor:
     return torch.zeros(*shape, dtype=BF16)
 
 
-def gdn(T: int, block_v: int | None = None, warps: int | None = None, dot: bool = False) -> None:
-    """qwen3_next 1b: 16 key / 32 value heads of 128 (`dot`: the history folded on the tensor cores)."""
+def gdn(T: int, block_v: int | None = None, warps: int | None = None, dot: bool = False, preload: bool = False) -> None:
+    """qwen3_next 1b: 16 key / 32 value heads of 128 (`dot`, `preload`: gdn_verify_triton's experiments)."""
     B, S, H, HV, K = BATCH, BATCH, 16, 32, 128
     gate = RawGate(_bf(B, T, HV), _bf(B, T, HV), torch.zeros(HV), torch.zeros(HV))
     gdn_verify_triton(_bf(B, T, H, K), _bf(B, T, H, K), _bf(B, T, HV, K), None, None, torch.zeros(S, HV, K, K),
                       _bf(S, 2, HIST, HV, K), _bf(S, 2, HIST, H, K), torch.zeros(S, 2, HV, HIST),
                       torch.zeros(S, 2, HV, HIST), torch.zeros(S, dtype=torch.int32), torch.zeros(S, dtype=torch.int32),
                       torch.arange(B), use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate,
-                      fold_on_tensor_cores=dot)
+                      fold_on_tensor_cores=dot, preload=preload)
 
 
 def kda(T: int, block_v: int | None = None, warps: int | None = None) -> None:
@@ -83,6 +83,8 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
         out.append((f"{op.__name__} T=1 default", lambda op=op: op(1)))
         if op is gdn:
             out.append(("gdn T=4 dot-fold", lambda: gdn(4, dot=True)))
+            out.append(("gdn T=4 preload", lambda: gdn(4, preload=True)))
+            out.append(("gdn T=4 preload dot-fold", lambda: gdn(4, dot=True, preload=True)))
     out += [("mamba2 T=4 default", lambda: mamba2(4)), ("mamba2 T=1 default", lambda: mamba2(1))]
     for family in ("kimi_linear", "qwen3_next"):  # one token: as CUDA launches every batch (a program a token)
         out.append((f"router {family}", lambda f=family: router(f, 1)))

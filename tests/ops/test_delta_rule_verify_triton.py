@@ -134,9 +134,10 @@ GDN_CASES = [  # T, HIST, K, V, dtype, l2norm in kernel
 ]
 
 
-@pytest.mark.parametrize("fold_dot", [False, True], ids=["rank1-fold", "dot-fold"])
+@pytest.mark.parametrize("fold_dot,preload", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["default", "dot-fold", "preload", "preload-dot-fold"])
 @pytest.mark.parametrize("T,hist,K,V,dtype,norm", GDN_CASES)
-def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, fold_dot):
+def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, fold_dot, preload):
     before = gdn_pools(T, hist, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=T, norm_in_kernel=norm)
@@ -145,7 +146,7 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, fold_dot
     o_ref = gdn_run(naive_gdn_verify, x, ref, slots, **kw)
     o_torch = gdn_run(gdn_verify, x, torch_p, slots, **kw)
     o = gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in x], fast, slots.to(DEVICE), **kw,
-                fold_on_tensor_cores=fold_dot)
+                fold_on_tensor_cores=fold_dot, preload=preload)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     written = gdn_written(before, T, hist)

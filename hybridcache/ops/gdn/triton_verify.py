@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..delta_rule_triton import gdn_raw_gate, unit_last
 from ..delta_rule_verify_triton import GDN_BLOCK_V, key_l2norm, verify_tile_sizes, verify_warps
+from ..token_rows_triton import token_row, token_value
 
 if TYPE_CHECKING:
     from .decode import RawGate
@@ -29,11 +30,13 @@ def _gdn_verify_kernel(
     s_pnat, s_buf,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HIST: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, FOLD_DOT: tl.constexpr,
+    PRELOAD: tl.constexpr, TP: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV].
     FOLD_DOT: the history enters the tile 16 entries a product on the tensor cores (tf32x3, about fp32's
-    precision; BV >= 16) instead of one rank-1 update an entry."""
+    precision; BV >= 16) instead of one rank-1 update an entry. PRELOAD: the new tokens' inputs are read in
+    one round trip before anything is stored (`token_rows_triton`; TP = T rounded up to a power of two)."""
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
     slot = tl.load(slot_ptr + row).to(tl.int64)
@@ -49,6 +52,17 @@ def _gdn_verify_kernel(
     vv = vb * BV + tl.arange(0, BV)
     v_ok = vv < V
     tile = k_ok[:, None] & v_ok[None, :]
+    if PRELOAD:
+        tt = tl.arange(0, TP)
+        t_ok = tt < T
+        qs_new = tl.load(q_ptr + row * s_qb + hk * s_qh + tt[:, None] * s_qt + kk[None, :],
+                         mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+        ks_new = tl.load(k_ptr + row * s_kib + hk * s_kih + tt[:, None] * s_kit + kk[None, :],
+                         mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+        vs_new = tl.load(v_ptr + row * s_vb + hv * s_vh + tt[:, None] * s_vt + vv[None, :],
+                         mask=t_ok[:, None] & v_ok[None, :], other=0.0)
+        gs_new = tl.load(g_ptr + row * s_gb + hv * s_gh + tt * s_gt, mask=t_ok, other=0.0)
+        bs_new = tl.load(beta_ptr + row * s_bib + hv * s_bih + tt * s_bit, mask=t_ok, other=0.0)
     ssm_tile = ssm_ptr + s * s_ss + hv * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
     h = tl.load(ssm_tile, mask=tile & valid, other=0.0).to(tl.float32)
 
@@ -93,15 +107,24 @@ def _gdn_verify_kernel(
         dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     for t in tl.static_range(T):
         tok = row * T + t
-        q_t = tl.load(q_row + t * s_qt + kk, mask=k_ok, other=0.0).to(tl.float32)
-        k_t = tl.load(k_in + t * s_kit + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if PRELOAD:
+            q_t = token_row(qs_new, tt, t).to(tl.float32)
+            k_t = token_row(ks_new, tt, t).to(tl.float32)
+        else:
+            q_t = tl.load(q_row + t * s_qt + kk, mask=k_ok, other=0.0).to(tl.float32)
+            k_t = tl.load(k_in + t * s_kit + kk, mask=k_ok, other=0.0).to(tl.float32)
         if L2NORM:
             q_t = key_l2norm(q_t, False)
             k_t = key_l2norm(k_t, False)
         q_t = q_t * scale
-        v_t = tl.load(v_row + t * s_vt + vv, mask=v_ok, other=0.0).to(tl.float32)
-        g_t = tl.load(g_in + t * s_gt).to(tl.float32)
-        b_t = tl.load(b_in + t * s_bit).to(tl.float32)
+        if PRELOAD:
+            v_t = token_row(vs_new, tt, t).to(tl.float32)
+            g_t = token_value(gs_new, tt, t).to(tl.float32)
+            b_t = token_value(bs_new, tt, t).to(tl.float32)
+        else:
+            v_t = tl.load(v_row + t * s_vt + vv, mask=v_ok, other=0.0).to(tl.float32)
+            g_t = tl.load(g_in + t * s_gt).to(tl.float32)
+            b_t = tl.load(b_in + t * s_bit).to(tl.float32)
         if RAW_GATE:
             g_t, b_t = gdn_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
         h = h * tl.exp(g_t)
@@ -142,6 +165,7 @@ def gdn_verify_triton(
     *,
     gate: RawGate | None = None,
     fold_on_tensor_cores: bool = False,
+    preload: bool = False,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result).
@@ -154,7 +178,9 @@ def gdn_verify_triton(
     in the kernel, the same values as `gate.values()`.
     `fold_on_tensor_cores`: the history enters the state tile 16 entries a tf32x3 product instead of one
     rank-1 update an entry (an experiment beside the default, to be timed on the H200: tune_delta_rule.py;
-    within fp32 rounding of it, not bit for bit).
+    within fp32 rounding of it, not bit for bit). `preload`: every new token's inputs read in one round trip
+    before the first store, instead of each token's behind the stores of the one before (an experiment too;
+    the same values bit for bit).
     Returns o [B, T, HV, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -183,6 +209,7 @@ def gdn_verify_triton(
         *ssm.stride(), *replay_u.stride(), *replay_k.stride(), *replay_G.stride(), *replay_beta.stride(),
         pnat.stride(0), buf_idx.stride(0),
         T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel,
-        RAW_GATE=gate is not None, FOLD_DOT=fold_on_tensor_cores, num_warps=num_warps or verify_warps(T),
+        RAW_GATE=gate is not None, FOLD_DOT=fold_on_tensor_cores, PRELOAD=preload, TP=triton.next_power_of_2(T),
+        num_warps=num_warps or verify_warps(T),
     )
     return o
