@@ -1,6 +1,7 @@
 # See README.md here: one device call, from the repository root. The recurrent verify kernels: their GPU
 # tests, the tiling sweep (tune_delta_rule), ops_gdn and ops_mamba2 (replay vs per-token states) into $OUT,
-# then the Mamba2 8 x 1,024 prefill row (ours vs mamba_ssm) the last prefill run did not reach; about 450 s (the sweep takes batch 64 first).
+# then the Mamba2 8 x 1,024 prefill row (ours vs mamba_ssm) the last prefill run did not reach; about 450 s
+# (the sweep takes batch 64 first).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:. HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
