@@ -44,7 +44,7 @@ from .triton_support import num_sms
 # value columns for KDA and 16 for GDN (GDN at batch 64: 138 us against 149 with 32; KDA: 91 against 104
 # with 16), halved (not below 8) while the grid has under 4 programs per SM (batch 1: 8 columns).
 # A one-token verify (the speculative engine's step while its rows back off) is the decode kernel's work, and
-# takes its two warps: at one warp KDA's 128 x 32 tile spills 96 B a thread, at two none (batch 64, raw gate:
+# takes its two warps: at one warp KDA's 128 x 32 tile spills about 100 B a thread, at two none (batch 64, raw gate:
 # benchmarks/kernel_registers.py). Not yet timed on the H200 (tune_delta_rule.py's T = 1 rows).
 BLOCK_V = 32
 GDN_BLOCK_V = 16
