@@ -44,14 +44,14 @@ def gdn(T: int, block_v: int | None = None, warps: int | None = None, dot: bool 
                       fold_on_tensor_cores=dot, preload=preload)
 
 
-def kda(T: int, block_v: int | None = None, warps: int | None = None) -> None:
-    """kimi_linear 1b: 16 heads of 128."""
+def kda(T: int, block_v: int | None = None, warps: int | None = None, preload: bool = False) -> None:
+    """kimi_linear 1b: 16 heads of 128 (`preload`: kda_verify_triton's experiment)."""
     B, S, H, K = BATCH, BATCH, 16, 128
     gate = KDARawGate(_bf(B, T, H, K), _bf(B, T, H), torch.zeros(H), torch.zeros(H * K))
     kda_verify_triton(_bf(B, T, H, K), _bf(B, T, H, K), _bf(B, T, H, K), None, None, torch.zeros(S, H, K, K),
                       _bf(S, DRAFTS, H, K), torch.zeros(S, DRAFTS, H, K), _bf(S, DRAFTS, H, K),
                       torch.zeros(S, DRAFTS, H), torch.zeros(S, dtype=torch.int32), torch.arange(B),
-                      use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate)
+                      use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate, preload=preload)
 
 
 def mamba2(T: int) -> None:
@@ -85,6 +85,9 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             out.append(("gdn T=4 dot-fold", lambda: gdn(4, dot=True)))
             out.append(("gdn T=4 preload", lambda: gdn(4, preload=True)))
             out.append(("gdn T=4 preload dot-fold", lambda: gdn(4, dot=True, preload=True)))
+        else:
+            for bv in (16, 32):
+                out.append(("kda T=4 preload", lambda bv=bv: kda(4, bv, 1, preload=True)))
     out += [("mamba2 T=4 default", lambda: mamba2(4)), ("mamba2 T=1 default", lambda: mamba2(1))]
     for family in ("kimi_linear", "qwen3_next"):  # one token: as CUDA launches every batch (a program a token)
         out.append((f"router {family}", lambda f=family: router(f, 1)))

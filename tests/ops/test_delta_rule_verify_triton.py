@@ -147,6 +147,11 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, fold_dot
     o_torch = gdn_run(gdn_verify, x, torch_p, slots, **kw)
     o = gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in x], fast, slots.to(DEVICE), **kw,
                 fold_on_tensor_cores=fold_dot, preload=preload)
+    if preload:  # preloading changes no value: the same as without it, bit for bit
+        other = copies(before, DEVICE)
+        assert torch.equal(o, gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in x], other, slots.to(DEVICE), **kw,
+                                      fold_on_tensor_cores=fold_dot))
+        assert all(torch.equal(fast[r].nan_to_num(), other[r].nan_to_num()) for r in GDN_ROLES)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     written = gdn_written(before, T, hist)
@@ -209,8 +214,9 @@ KDA_CASES = [  # T, P, K, V, dtype, l2norm in kernel
 ]
 
 
+@pytest.mark.parametrize("preload", [False, True], ids=["default", "preload"])
 @pytest.mark.parametrize("T,P,K,V,dtype,norm", KDA_CASES)
-def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
+def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, preload):
     before = kda_pools(P, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)
@@ -218,7 +224,11 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
     slots = torch.tensor(SLOTS)
     o_ref = kda_run(naive_kda_verify, x, ref, slots, **kw)
     o_torch = kda_run(kda_verify, x, torch_p, slots, **kw)
-    o = kda_run(kda_verify_triton, [t.to(DEVICE) for t in x], fast, slots.to(DEVICE), **kw)
+    o = kda_run(kda_verify_triton, [t.to(DEVICE) for t in x], fast, slots.to(DEVICE), **kw, preload=preload)
+    if preload:  # the same values as the default form, bit for bit
+        default = copies(before, DEVICE)
+        assert torch.equal(o, kda_run(kda_verify_triton, [t.to(DEVICE) for t in x], default, slots.to(DEVICE), **kw))
+        assert all(torch.equal(fast[r].nan_to_num(), default[r].nan_to_num()) for r in KDA_ROLES)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     role_tol = lambda r: dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32)  # noqa: E731
