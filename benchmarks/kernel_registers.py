@@ -1,10 +1,10 @@
-"""Registers and spills of the recurrent verify kernels and the MoE routers as the engine launches them,
-compiled for the H200 (sm_90) on this machine: each op's wrapper runs on CPU tensors at the 1B-class shapes
-(verify: batch 64, raw gates, bf16 inputs and histories, fp32 states; routers: hidden 2048, 8 experts, the
-logits computed in the kernel, one token, as CUDA runs a program a token) with its launch captured, which is
-then compiled as the JIT would (`benchmarks/sm90_compile.py`) and read with Triton's bundled ptxas. No GPU,
-no timing: whether a change made a kernel's full registers spill to local memory, which the interpreter
-cannot say.
+"""Registers and spills of the recurrent verify and decode kernels, the conv update and the MoE routers as the
+engine launches them, compiled for the H200 (sm_90) on this machine: each op's wrapper runs on CPU tensors at
+the 1B-class shapes (verify and decode: batch 64, raw gates, bf16 inputs and histories, fp32 states; routers:
+hidden 2048, 8 experts, the logits computed in the kernel, one token, as CUDA runs a program a token) with its
+launch captured, which is then compiled as the JIT would (`benchmarks/sm90_compile.py`) and read with
+Triton's bundled ptxas. No GPU, no timing: whether a change made a kernel's full registers spill to local
+memory, which the interpreter cannot say.
 
     PYTHONPATH=. python benchmarks/kernel_registers.py
 """
@@ -18,10 +18,13 @@ os.environ.pop("TRITON_INTERPRET", None)  # interpreted functions do not compile
 import torch  # noqa: E402
 
 from benchmarks.sm90_compile import captured_launches, compile_launch, ptxas_report  # noqa: E402
+from hybridcache.ops.conv1d.triton_conv import causal_conv1d_update_triton  # noqa: E402
+from hybridcache.ops.delta_rule_triton import delta_rule_decode_triton  # noqa: E402
 from hybridcache.ops.gdn.decode import RawGate  # noqa: E402
 from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
 from hybridcache.ops.kda.gate import KDARawGate  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
+from hybridcache.ops.mamba2.triton_decode import mamba2_decode_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton  # noqa: E402
 from hybridcache.ops.moe.routers_triton import group_topk_triton, softmax_topk_triton  # noqa: E402
 
@@ -63,6 +66,28 @@ def mamba2(T: int) -> None:
                          torch.zeros(S, dtype=torch.int32), torch.arange(B), D=torch.zeros(H), dt_bias=torch.zeros(H))
 
 
+def decode(op: str) -> None:
+    """Plain decode at batch 64: GDN or KDA as their verify above (32 value columns, the CUDA default there:
+    the CPU's choice is not halved by SM count), Mamba2 as nemotron_h 1b."""
+    B = BATCH
+    if op == "mamba2":
+        mamba2_decode_triton(_bf(B, 64, 64), _bf(B, 64), torch.zeros(64), _bf(B, 8, 128), _bf(B, 8, 128),
+                             torch.zeros(B, 64, 64, 128), torch.arange(B), D=torch.zeros(64), dt_bias=torch.zeros(64))
+        return
+    HV = 32 if op == "gdn" else 16
+    gate = (RawGate(_bf(B, 1, HV), _bf(B, 1, HV), torch.zeros(HV), torch.zeros(HV)) if op == "gdn" else
+            KDARawGate(_bf(B, 1, 16, 128), _bf(B, 1, 16), torch.zeros(16), torch.zeros(16 * 128)))
+    delta_rule_decode_triton(_bf(B, 1, 16, 128), _bf(B, 1, 16, 128), _bf(B, 1, HV, 128), None, None,
+                             torch.zeros(B, HV, 128, 128), torch.arange(B), use_qk_l2norm_in_kernel=True, block_v=32,
+                             gate=gate)
+
+
+def conv_update(T: int) -> None:
+    """kimi_linear 1b's conv window update (q, k, v: 6,144 channels, kernel 4, k = 3 drafts of room), silu."""
+    causal_conv1d_update_triton(_bf(BATCH, T, 6144), _bf(6144, 4), None, _bf(BATCH, 6144, 6), torch.arange(BATCH),
+                                "silu")
+
+
 def router(family: str, tokens: int) -> None:
     """kimi_linear's grouped sigmoid top-2 (fp32 weight) or qwen3_next's softmax top-2 (bf16), 8 experts of 2048."""
     x = _bf(tokens, 2048)
@@ -89,6 +114,9 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             for bv in (16, 32):
                 out.append(("kda T=4 preload", lambda bv=bv: kda(4, bv, 1, preload=True)))
     out += [("mamba2 T=4 default", lambda: mamba2(4)), ("mamba2 T=1 default", lambda: mamba2(1))]
+    for op in ("gdn", "kda", "mamba2"):
+        out.append((f"{op} decode default", lambda op=op: decode(op)))
+    out += [("conv update T=1 default", lambda: conv_update(1)), ("conv update T=4 default", lambda: conv_update(4))]
     for family in ("kimi_linear", "qwen3_next"):  # one token: as CUDA launches every batch (a program a token)
         out.append((f"router {family}", lambda f=family: router(f, 1)))
     return out
@@ -97,7 +125,7 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
 def tiling(launch) -> str:
     """The launch's tile constants and warps, as 'BV=32 warps=1'."""
     kw = launch.kwargs
-    tile = " ".join(f"{n}={kw[n]}" for n in ("BV", "BLOCK_P", "BLOCK_D") if n in kw)
+    tile = " ".join(f"{n}={kw[n]}" for n in ("BV", "BLOCK_P", "BLOCK_C", "BLOCK_D") if n in kw)
     return f"{tile} warps={kw.get('num_warps', 4)}"
 
 
