@@ -1,9 +1,9 @@
 """Kernels changed without a GPU at hand compile for the H200 (sm_90) here: Triton's compiler and its bundled
 ptxas run on the CPU, down to a cubin. What the interpreter cannot say (a construct the GPU compiler
 refuses) shows up in CI rather than on the device; so does a change that makes the engine's default tilings
-of the recurrent, conv and router kernels spill registers (compiled as launched). The compiles run in a child process
-without TRITON_INTERPRET (under it `@triton.jit` gives interpreted functions, which do not compile). Skipped
-where triton or its NVIDIA backend is missing."""
+of the recurrent, conv and router kernels spill registers (compiled as launched). The compiles run in a child
+process without TRITON_INTERPRET (under it `@triton.jit` gives interpreted functions, which do not compile).
+Skipped where triton or its NVIDIA backend is missing."""
 from __future__ import annotations
 
 import json
@@ -76,8 +76,8 @@ results["ngram"] = compile_(ngram_triton._ngram_kernel, ngram_sig, {"N": 3, "MIN
 append_sig = {"hist_ptr": "*i64", "len_ptr": "*i64", "tok_ptr": "*i64", "count_ptr": "*i32", "last_ptr": "*i64",
               "W": "i32", "stride_r": "i64", "stride_t": "i64"}
 results["ngram-append"] = compile_(ngram_triton._append_kernel, append_sig, {"T": 4, "BLOCK_T": 4})
-from benchmarks import kernel_registers as verify_calls
-from benchmarks.sm90_compile import captured_launches, compile_launch
+from benchmarks import kernel_registers as engine_calls
+from benchmarks.sm90_compile import captured_launches, compile_launch, ptxas_report
 
 def compiles_launches(call):
     """Every launch of an op's wrapper, captured and compiled as the JIT would (the real specialisation)."""
@@ -87,15 +87,14 @@ def compiles_launches(call):
     return bool(asms) and all("cubin" in asm and bool(asm["ptx"]) for asm in asms)
 
 for op in ("gdn", "kda", "mamba2"):  # a k = 3 verify and a one-token step, each at its default tiling
-    results[f"{op}_verify"] = all(compiles_launches(lambda T=T: getattr(verify_calls, op)(T)) for T in (4, 1))
-results["gdn_verify-experiments"] = all(compiles_launches(lambda d=d, p=p: verify_calls.gdn(4, dot=d, preload=p))
+    results[f"{op}_verify"] = all(compiles_launches(lambda T=T: getattr(engine_calls, op)(T)) for T in (4, 1))
+results["gdn_verify-experiments"] = all(compiles_launches(lambda d=d, p=p: engine_calls.gdn(4, dot=d, preload=p))
                                        for d, p in ((True, False), (False, True), (True, True)))
-results["kda_verify-preload"] = compiles_launches(lambda: verify_calls.kda(4, preload=True))
+results["kda_verify-preload"] = compiles_launches(lambda: engine_calls.kda(4, preload=True))
 for family in ("kimi_linear", "qwen3_next"):  # one token a program, as on CUDA
-    results[f"router-{family}"] = compiles_launches(lambda: verify_calls.router(family, 1))
-from benchmarks.sm90_compile import ptxas_report
+    results[f"router-{family}"] = compiles_launches(lambda: engine_calls.router(family, 1))
 spills = {}
-for label, call in verify_calls.cases():  # the tilings the engine launches: spill-store bytes a thread
+for label, call in engine_calls.cases():  # the tilings the engine launches: spill-store bytes a thread
     if "default" in label or label.startswith("router"):
         with captured_launches() as launches:
             call()
