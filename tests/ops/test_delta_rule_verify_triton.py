@@ -50,6 +50,17 @@ def copies(p: dict, device: str = "cpu") -> dict:
     return {r: strided(*t.shape, dtype=t.dtype, fill=0, device=device).copy_(t) for r, t in p.items()}
 
 
+def check_same_as_default(run, fn, x: list, before: dict, slots: torch.Tensor, roles, out: torch.Tensor,
+                          pools: dict, **kw) -> None:
+    """`out` and `pools`, written by `fn` with `preload=True` from `before`, are what the default form writes
+    from `before` bit for bit (NaN where NaN): preloading changes when inputs are read, never a value."""
+    default = copies(before, DEVICE)
+    exact = dict(rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(out, run(fn, x, default, slots, **kw), **exact)
+    for r in roles:
+        torch.testing.assert_close(pools[r], default[r], **exact, msg=lambda m, r=r: f"{r}: {m}")
+
+
 def check_roles(got: dict, want: dict, before: dict, written: dict, tol) -> None:
     """Where `written` is true: close to the reference; elsewhere bit for bit as before (NaN == NaN)."""
     for r, m in written.items():
@@ -145,13 +156,11 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, fold_dot
     slots = torch.tensor(SLOTS)
     o_ref = gdn_run(naive_gdn_verify, x, ref, slots, **kw)
     o_torch = gdn_run(gdn_verify, x, torch_p, slots, **kw)
-    o = gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in x], fast, slots.to(DEVICE), **kw,
-                fold_on_tensor_cores=fold_dot, preload=preload)
-    if preload:  # preloading changes no value: the same as without it, bit for bit
-        other = copies(before, DEVICE)
-        assert torch.equal(o, gdn_run(gdn_verify_triton, [t.to(DEVICE) for t in x], other, slots.to(DEVICE), **kw,
-                                      fold_on_tensor_cores=fold_dot))
-        assert all(torch.equal(fast[r].nan_to_num(), other[r].nan_to_num()) for r in GDN_ROLES)
+    x_dev = [t.to(DEVICE) for t in x]
+    o = gdn_run(gdn_verify_triton, x_dev, fast, slots.to(DEVICE), **kw, fold_on_tensor_cores=fold_dot, preload=preload)
+    if preload:
+        check_same_as_default(gdn_run, gdn_verify_triton, x_dev, before, slots.to(DEVICE), GDN_ROLES, o, fast, **kw,
+                              fold_on_tensor_cores=fold_dot)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     written = gdn_written(before, T, hist)
@@ -224,11 +233,10 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, preload):
     slots = torch.tensor(SLOTS)
     o_ref = kda_run(naive_kda_verify, x, ref, slots, **kw)
     o_torch = kda_run(kda_verify, x, torch_p, slots, **kw)
-    o = kda_run(kda_verify_triton, [t.to(DEVICE) for t in x], fast, slots.to(DEVICE), **kw, preload=preload)
-    if preload:  # the same values as the default form, bit for bit
-        default = copies(before, DEVICE)
-        assert torch.equal(o, kda_run(kda_verify_triton, [t.to(DEVICE) for t in x], default, slots.to(DEVICE), **kw))
-        assert all(torch.equal(fast[r].nan_to_num(), default[r].nan_to_num()) for r in KDA_ROLES)
+    x_dev = [t.to(DEVICE) for t in x]
+    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), **kw, preload=preload)
+    if preload:
+        check_same_as_default(kda_run, kda_verify_triton, x_dev, before, slots.to(DEVICE), KDA_ROLES, o, fast, **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     role_tol = lambda r: dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32)  # noqa: E731
