@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.families import add_model_args, checkpoint
 from benchmarks.record import Record, add_json_arg
-from benchmarks.step_profile import never_picked, never_picked_on_device, steady
+from benchmarks.step_profile import steady_engine
 from benchmarks.timing import REPEATS, median
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -38,19 +38,8 @@ def stub_model(llm) -> None:
 
 
 def engine(path, args, batch: int, mode: str):
-    from hybridcache import LLM, SpeculativeConfig
-
-    k = MODES[mode]
-    llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=batch,
-              max_model_len=args.prompt_len + 4 * args.steps * (REPEATS + 2) + 64,
-              max_num_batched_tokens=batch * args.prompt_len, async_scheduling=True,
-              speculative=SpeculativeConfig(num_draft_tokens=k, backoff_max_steps=0) if k else None)
-    if k:
-        llm.drafter.propose, llm.drafter.propose_on_device = never_picked, never_picked_on_device
-    steady(llm, batch, args.prompt_len, llm.vocab_size)
-    if mode == "spec-idle":  # the back-off of a row that missed ever since, set directly (as step_profile)
-        for req in llm._loop.requests.values():
-            req.draft_skip = 1 << 30
+    llm = steady_engine(path, args.device, args.dtype, batch, args.prompt_len,
+                        args.prompt_len + 4 * args.steps * (REPEATS + 2) + 64, MODES[mode], mode == "spec-idle")
     stub_model(llm)
     for _ in range(4):
         llm.step()

@@ -59,6 +59,27 @@ def steady(llm, batch: int, prompt_len: int, vocab: int) -> None:
         llm.step()
 
 
+def steady_engine(path, device: str, dtype: str, batch: int, prompt_len: int, max_model_len: int, k: int,
+                  spec_idle: bool = False, eager: bool = False, overlap: bool = True):
+    """An LLM in steady decode of `batch` rows of `prompt_len` tokens; with `k` drafts a row that the model
+    does not pick (`never_picked`, back-off off); `spec_idle`: every row then backs off for good (its
+    DraftBackoff state set directly), the steps with drafts still in flight run, so each step is one token."""
+    from hybridcache import LLM, SpeculativeConfig
+
+    llm = LLM(path, device=device, dtype=dtype, max_num_seqs=batch, max_model_len=max_model_len,
+              max_num_batched_tokens=batch * prompt_len, enforce_eager=eager, async_scheduling=overlap,
+              speculative=SpeculativeConfig(num_draft_tokens=k, backoff_max_steps=0) if k else None)
+    if k:
+        llm.drafter.propose, llm.drafter.propose_on_device = never_picked, never_picked_on_device
+    steady(llm, batch, prompt_len, llm.vocab_size)
+    if spec_idle:
+        for req in llm._loop.requests.values():
+            req.draft_skip = 1 << 30
+        for _ in range(4):  # the steps with drafts in flight, and the one-token graphs' capture
+            llm.step()
+    return llm
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -200,8 +221,6 @@ def main() -> None:
                     help="also: the host functions that take the most self time per step (cProfile, each mode)")
     ap.add_argument("--modes", nargs="+", choices=[m[0] for m in MODES], default=[m[0] for m in MODES])
     args = ap.parse_args()
-    from hybridcache import LLM, SpeculativeConfig
-
     path = checkpoint(args)
     record = Record(args.json, "step_profile", args.device, dict(family=args.family, size=args.size, dtype=args.dtype,
                                                                steps=args.steps, prompt_len=args.prompt_len))
@@ -210,18 +229,8 @@ def main() -> None:
           f"{'replay ms':>9} {'host share':>10}")
     for b in args.batch:
         for mode, eager, overlap, k in (m for m in MODES if m[0] in args.modes):
-            spec = SpeculativeConfig(num_draft_tokens=k, backoff_max_steps=0) if k else None
-            llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=b, max_model_len=args.prompt_len + 1024,
-                      max_num_batched_tokens=b * args.prompt_len, enforce_eager=eager, async_scheduling=overlap,
-                      speculative=spec)
-            if k:
-                llm.drafter.propose, llm.drafter.propose_on_device = never_picked, never_picked_on_device
-            steady(llm, b, args.prompt_len, llm.vocab_size)
-            if mode == "spec-idle":  # the back-off of a row that missed ever since (DraftBackoff), set directly
-                for req in llm._loop.requests.values():
-                    req.draft_skip = 1 << 30
-                for _ in range(4):  # the steps with drafts in flight, and the one-token graphs' capture
-                    llm.step()
+            llm = steady_engine(path, args.device, args.dtype, b, args.prompt_len, args.prompt_len + 1024, k,
+                                mode == "spec-idle", eager, overlap)
             sync(args.device)
             t0, generated = time.perf_counter(), llm.stats.num_generated_tokens
             for _ in range(args.steps):
