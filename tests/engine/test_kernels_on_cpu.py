@@ -20,7 +20,9 @@ from tests.models import test_qwen3_next as qwen
 pytestmark = pytest.mark.skipif(not (HAS_TRITON and interpreting()) or torch.cuda.is_available(),
                                 reason="needs triton in its CPU interpreter (TRITON_INTERPRET=1, no GPU)")
 
-SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny}
+SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_linear": kimi.save_tiny,
+          # a shared expert twice a routed one's width (as the 1B's 4x): it runs inside the experts' kernels
+          "qwen3_next-wide-shared": lambda path: qwen.save_tiny(path, shared_expert_intermediate_size=32)}
 PROMPTS = [[3 + (7 * i + j) % 11 for j in range(5 + 3 * i)] for i in range(3)]
 # kernels every family's steps must have launched (their Python names), beside the family's own
 COMMON = {"_update_kernel", "_prefill_kernel", "_rms_norm_kernel"}  # conv1d update and prefill, the norms
@@ -31,6 +33,7 @@ FAMILY = {"nemotron_h": {"_decode_kernel", "_attend_kernel", "_relu2_kernel"},
                          "_sigmoid_mul_kernel"},  # the attention output's gate
           "kimi_linear": {"_delta_rule_decode_kernel", "_read_kernel", "_write_kernel",
                           "_silu_mul_kernel"}}  # layer 0's dense gated MLP
+SHARED_GLUE = {"_silu_mul_kernel", "_sigmoid_gated_add_kernel"}  # qwen3_next's shared expert run on its own
 # ops/moe: the router's selection and the experts (nemotron_h's 'E' layer: non-gated relu2 Experts behind a TopKRouter)
 MOE = {"nemotron_h": {"_group_topk_kernel", "_up_kernel", "_down_kernel"},
        "qwen3_next": {"_softmax_topk_kernel", "_up_kernel", "_down_kernel"},
@@ -86,7 +89,11 @@ def test_kernels_give_the_torch_paths_tokens(checkpoint, mode, launched):
     torch_paths = run(path, mode, kernels=False)
     assert not launched
     assert run(path, mode, kernels=True) == torch_paths
+    family, folded = family.split("-")[0], family.endswith("wide-shared")
     steps = FAMILY[family] if mode == "plain" else VERIFY[family]
+    if folded:  # the shared expert's own GEMMs and glue never run: it is two more pairs a token
+        steps = steps - SHARED_GLUE
+        assert not launched & SHARED_GLUE, f"launched: {sorted(launched & SHARED_GLUE)}"
     if mode == "async-ngram":  # the drafter's device search and the history append (ops/ngram_triton.py)
         steps = steps | {"_ngram_kernel", "_append_kernel"}
     expected = COMMON | steps | MOE[family] | ATTENTION[family]

@@ -145,45 +145,122 @@ def test_sorted_kernels_match_the_torch_path_and_the_loop(monkeypatch, launches,
     check_forward(monkeypatch, launches, gated, dtype, e, k, n, used, "sorted_experts_triton")
 
 
-# (dtype, E, k, N, path): the shared expert as one more pair a token, on both kernels: N·(k+1) up to
-# MAX_PAIRS one pair a program (5 · 3 = 15), past it sorted (6 · 3 = 18; 40 · 2 = 80 with k = 1)
-SHARED_CASES = [(F32, 4, 2, 5, "fused_experts_triton"), (BF16, 8, 2, 1, "fused_experts_triton"),
-                (F32, 8, 2, 6, "sorted_experts_triton"), (BF16, 8, 2, 40, "sorted_experts_triton"),
-                (BF16, 3, 1, 40, "sorted_experts_triton")]
+# (dtype, E, k, N, M, gate logit, path): a shared expert of M parts (S = M·I) as M more pairs a token, on
+# both kernels: N·(k+M) up to MAX_PAIRS one pair a program (5·3 = 15, 2·4 = 8, 1·6 = 6), past it sorted
+# (6·3 = 18, 40·2 = 80 with k = 1, 40·6 = 240, 7·5 = 35); Kimi's is M = 1 without a logit, Qwen3-Next's
+# 1B M = 4 with one
+SHARED_CASES = [(F32, 4, 2, 5, 1, False, "fused_experts_triton"), (BF16, 8, 2, 1, 1, False, "fused_experts_triton"),
+                (F32, 4, 2, 2, 2, True, "fused_experts_triton"), (BF16, 8, 2, 1, 4, True, "fused_experts_triton"),
+                (F32, 8, 2, 6, 1, False, "sorted_experts_triton"), (BF16, 8, 2, 40, 1, False, "sorted_experts_triton"),
+                (BF16, 3, 1, 40, 1, False, "sorted_experts_triton"), (BF16, 8, 2, 40, 4, True, "sorted_experts_triton"),
+                (F32, 5, 2, 7, 3, True, "sorted_experts_triton"), (BF16, 4, 1, 40, 2, False, "sorted_experts_triton")]
 
 
-@pytest.mark.parametrize("dtype, e, k, n, entry", SHARED_CASES)
-def test_a_shared_expert_runs_in_the_experts_kernels(monkeypatch, launches, dtype, e, k, n, entry):
-    """GatedExperts with a shared GatedMLP of its shape: one fused call that equals the torch path's
-    `experts(x) + shared(x)` and the per-token loop with the shared expert added last."""
+def shared_reference(module, shared: GatedMLP, x, index, weight, logit: bool) -> torch.Tensor:
+    """The torch path's sum (experts.runs_triton off): `routed + shared(x)`, or as SharedExpertMoE adds its
+    gated shared expert without the fused glue, `routed + sigmoid(logit) * shared(x)`, in x's dtype."""
+    routed = module(x, index, weight)
+    if not logit:
+        return routed + shared(x)
+    out, gate = shared.forward_extra(x)
+    return routed + torch.sigmoid(gate) * out
+
+
+@pytest.mark.parametrize("dtype, e, k, n, parts, logit, entry", SHARED_CASES)
+def test_a_shared_expert_runs_in_the_experts_kernels(monkeypatch, launches, dtype, e, k, n, parts, logit, entry):
+    """GatedExperts with a shared GatedMLP of `parts` times a routed expert's width (with a sigmoid gate row
+    where `logit`): one fused call that equals the torch path's sum and the per-token loop with the shared
+    expert added last."""
     module = filled(experts.GatedExperts(e, D, I, "silu", DEVICE, dtype), seed=e)
-    shared = filled(GatedMLP(D, I, "silu", DEVICE, dtype), seed=e + 1)
+    shared = filled(GatedMLP(D, parts * I, "silu", DEVICE, dtype, extra_rows=int(logit)), seed=e + 1)
     x = randn(n, D, seed=1, dtype=dtype)
     index, weight = routing(n, e, k, seed=2, dtype=F32)
     monkeypatch.setattr(experts, "runs_triton", lambda t: False)
-    ref = module(x, index, weight) + shared(x)
-    assert torch.equal(module(x, index, weight, shared=shared), ref)  # the torch path adds it
+    ref = shared_reference(module, shared, x, index, weight, logit)
+    weights = shared.as_shared_expert(gate_logit=logit)
+    assert weights.parts(I) == parts and not module.takes_shared(x, index, weights)
     monkeypatch.setattr(experts, "runs_triton", lambda t: True)
-    out = module(x, index, weight, shared=shared)
+    assert module.takes_shared(x, index, weights)
+    out = module(x, index, weight, shared=weights)
     assert launches == [entry]
     assert_experts_close(out, ref, dtype)
-    weights = SharedExpert(shared.up_weight, shared.down_proj.weight, shared.gate_weight)
     loop = naive.fused_experts_naive(x, index, weight, module.up, module.down, module.gate, "silu", dtype,
                                      shared=weights)
     assert_experts_close(out, loop, dtype, max_ulps=2)  # the loop rounds the routed sum, then adds the shared
 
 
-def test_a_shared_expert_of_another_shape_runs_on_its_own(monkeypatch, launches):
-    """Qwen3-Next's shared expert is wider than its routed ones: the kernels take the routed experts only."""
+def test_the_gate_logit_scales_the_shared_expert():
+    """A mutation guard for the logit: with the gate row zeroed every token's shared term is halved
+    (sigmoid(0) = 1/2), so the output moves from the ungated one by exactly half the shared expert's output."""
+    e, k, n = 4, 2, 3
+    module = filled(experts.GatedExperts(e, D, I, "silu", DEVICE, F32), seed=1)
+    shared = filled(GatedMLP(D, 2 * I, "silu", DEVICE, F32, extra_rows=1), seed=2)
+    x = randn(n, D, seed=3)
+    index, weight = routing(n, e, k, seed=4, dtype=F32)
+    args = (x, index, weight, module.up, module.down, module.gate, "silu", F32)
+    with torch.no_grad():
+        shared.extra_weight.zero_()
+    half = experts_triton.fused_experts_triton(*args, shared=shared.as_shared_expert(gate_logit=True))
+    whole = experts_triton.fused_experts_triton(*args, shared=shared.as_shared_expert())
+    routed = experts_triton.fused_experts_triton(*args)
+    torch.testing.assert_close(whole - half, 0.5 * shared(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(half - routed, 0.5 * shared(x), rtol=1e-5, atol=1e-5)
+
+
+def test_which_shared_experts_the_kernels_take(monkeypatch):
+    """`SharedExpert.fits`: any multiple of I with the routed experts' D, dtype and gating; a width that is
+    not a multiple, another dtype, a non-gated one beside gated experts, a gate row of the wrong width: no.
+    The forward refuses what `takes_shared` refuses, with a ValueError."""
     module = filled(experts.GatedExperts(4, D, I, "silu", DEVICE, F32), seed=3)
-    shared = filled(GatedMLP(D, 2 * I, "silu", DEVICE, F32), seed=4)
+    args = (module.up, module.down, module.gate)
+    wide = GatedMLP(D, 3 * I, "silu", DEVICE, F32, extra_rows=1)
+    assert wide.as_shared_expert().fits(*args) and wide.as_shared_expert(gate_logit=True).fits(*args)
+    assert not GatedMLP(D, I + 8, "silu", DEVICE, F32).as_shared_expert().fits(*args)
+    assert not GatedMLP(D, I, "silu", DEVICE, BF16).as_shared_expert().fits(*args)
+    plain = wide.as_shared_expert()
+    assert not SharedExpert(plain.up, plain.down, None).fits(*args)
+    assert not plain._replace(gate_logit=randn(D + 1, seed=0)).fits(*args)
+    monkeypatch.setattr(experts, "runs_triton", lambda t: True)
     x = randn(3, D, seed=5)
     index, weight = routing(3, 4, 2, seed=6, dtype=F32)
+    odd = GatedMLP(D, I + 8, "silu", DEVICE, F32).as_shared_expert()
+    assert not module.takes_shared(x, index, odd)
+    with pytest.raises(ValueError, match="takes_shared"):
+        module(x, index, weight, shared=odd)
+
+
+def test_a_shared_expert_of_another_shape_runs_on_its_own(monkeypatch, launches):
+    """A shared expert whose width is not a multiple of the routed ones' (the tiny Qwen3-Next's 24 against
+    16): the MoE's kernels take the routed experts only, and the shared expert and its gate run beside."""
+    from hybridcache.models.layers import shared_moe
+
+    moe = filled(shared_moe.SharedExpertMoE(D, 4, 2, I, I + 8, "silu", True, DEVICE, F32), seed=3)
+    x = randn(3, D, seed=5)
+    monkeypatch.setattr(experts, "runs_triton", lambda t: False)
+    monkeypatch.setattr(routers, "runs_triton", lambda t: False)
+    ref = moe(x)
     monkeypatch.setattr(experts, "runs_triton", lambda t: True)
-    out = module(x, index, weight, shared=shared)
+    out = moe(x)
     assert launches == ["fused_experts_triton"]
-    ref = naive.fused_experts_naive(x, index, weight, module.up, module.down, module.gate, "silu", F32) + shared(x)
     assert_experts_close(out, ref, F32)
+
+
+@pytest.mark.parametrize("n, entry", [(1, "fused_experts_triton"), (20, "sorted_experts_triton")])
+def test_qwen_moe_runs_its_wide_gated_shared_expert_in_the_kernels(monkeypatch, launches, n, entry):
+    """SharedExpertMoE with the 1B's ratio (shared expert 4 routed ones wide, a sigmoid gate row): one
+    experts call holds the shared expert, and gives the torch path's result."""
+    from hybridcache.models.layers import shared_moe
+
+    moe = filled(shared_moe.SharedExpertMoE(D, 8, 2, I, 4 * I, "silu", True, DEVICE, BF16), seed=7)
+    x = randn(n, D, seed=8, dtype=BF16)
+    monkeypatch.setattr(experts, "runs_triton", lambda t: False)
+    monkeypatch.setattr(routers, "runs_triton", lambda t: False)
+    monkeypatch.setattr(shared_moe, "runs_triton", lambda t: False)
+    ref = moe(x)
+    monkeypatch.setattr(experts, "runs_triton", lambda t: True)
+    out = moe(x)
+    assert launches == [entry]
+    assert_experts_close(out, ref, BF16)
 
 
 def test_kimi_moe_runs_its_shared_expert_in_the_kernels(monkeypatch, launches):
@@ -201,12 +278,16 @@ def test_kimi_moe_runs_its_shared_expert_in_the_kernels(monkeypatch, launches):
 
 
 def test_sort_kernel_with_a_shared_expert_puts_every_token_last():
-    """shared=True: each token's (k+1)-th pair is expert E's, sorted after the routed ones, E + 1 run ends."""
+    """shared=M: each token's pairs k .. k+M-1 are experts E .. E+M-1's, sorted after the routed ones."""
     index = torch.tensor([[1, 0], [2, 1], [1, 2]], device=DEVICE)
-    order, ends = experts_sorted_triton.sort_pairs_triton(index, 3, shared=True)
+    order, ends = experts_sorted_triton.sort_pairs_triton(index, 3, shared=1)
     # pairs p = n*3 + j: experts 1 0 E | 2 1 E | 1 2 E with E = 3
     assert order.tolist() == [1, 0, 4, 6, 3, 7, 2, 5, 8]
     assert ends.tolist() == [1, 4, 6, 9]
+    order, ends = experts_sorted_triton.sort_pairs_triton(index, 3, shared=2)
+    # pairs p = n*4 + j: experts 1 0 E E+1 | 2 1 E E+1 | 1 2 E E+1
+    assert order.tolist() == [1, 0, 5, 8, 4, 9, 2, 6, 10, 3, 7, 11]
+    assert ends.tolist() == [1, 4, 6, 9, 12]
 
 
 @pytest.mark.parametrize("gated, act", [(True, "silu"), (True, "gelu"), (False, "relu2"), (False, "relu")])

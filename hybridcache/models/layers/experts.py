@@ -7,11 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops.moe import MAX_SORTED_PAIRS, SharedExpert
+from ...ops.moe import MAX_SORTED_PAIRS, SharedExpert, pairs
 from ...ops.moe.sort import sort_by_expert
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
-from .gated_mlp import GatedMLP
 from .mlp import ACTIVATIONS
 from .params import param
 
@@ -78,11 +77,11 @@ def dispatch(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_exp
     return torch.zeros(n, x.shape[1], device=x.device, dtype=dtype).index_add_(0, token, out.to(dtype))
 
 
-def fused(x: torch.Tensor, index: torch.Tensor, shared: bool = False) -> bool:
+def fused(x: torch.Tensor, index: torch.Tensor, inner: int, shared: SharedExpert | None = None) -> bool:
     """Whether the experts run as fused Triton kernels (`ops/moe/fused.py`): where Triton runs, for up to
-    MAX_SORTED_PAIRS token copies (decode, verify; one more a token with a shared expert); the same
+    MAX_SORTED_PAIRS token copies (decode, verify; `pairs` counts a shared expert's parts too); the same
     roundings as `dispatch` (the kernels' docstring)."""
-    return runs_triton(x) and 0 < index.shape[0] * (index.shape[1] + shared) <= MAX_SORTED_PAIRS
+    return runs_triton(x) and 0 < pairs(index, inner, shared) <= MAX_SORTED_PAIRS
 
 
 class Experts(nn.Module):
@@ -115,7 +114,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x: [N, Din]; index, weight: [N, k] -> sum_k weight * expert(x), [N, Din] fp32."""
-        if fused(x, index):
+        if fused(x, index, self.up.shape[1]):
             from ...ops.moe.fused import fused_experts  # triton is imported only where it runs
             return fused_experts(x, index, weight, self.up, self.down, None, self.act_name, torch.float32)
         grouped = self._grouped if grouped_supported(x, *self.up.shape[1:]) else None
@@ -152,22 +151,25 @@ class GatedExperts(nn.Module):
         gate, up = linear_grouped(xs, self.gate, ends), linear_grouped(xs, self.up, ends)
         return linear_grouped(self.act(gate) * up, self.down, ends)
 
-    def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor,
-                shared: GatedMLP | None = None) -> torch.Tensor:
-        """x: [N, D]; index, weight: [N, k] -> sum_k weight * expert(x) (+ shared(x)), [N, D] in x's dtype.
+    def takes_shared(self, x: torch.Tensor, index: torch.Tensor, shared: SharedExpert) -> bool:
+        """Whether `forward(x, index, weight, shared=shared)` can run: the fused kernels take these tokens with
+        the shared expert's parts, and it is laid out as a multiple of one of these (the caller has checked
+        that it computes the same activation)."""
+        return fused(x, index, self.gate.shape[1], shared) and shared.fits(self.up, self.down, self.gate)
 
-        A `shared` expert shaped as one of these (Kimi's single shared expert) runs in the same kernels as
-        one more pair a token (its output added last, as `+ shared(x)` in x's dtype rounds); otherwise it
-        runs on its own and is added."""
+    def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor,
+                shared: SharedExpert | None = None) -> torch.Tensor:
+        """x: [N, D]; index, weight: [N, k] -> sum_k weight * expert(x), [N, D] in x's dtype.
+
+        `shared` (where `takes_shared`): a shared expert run in the same kernels as more pairs a token, its
+        output (times sigmoid of its gate logit, where it has one) added last, rounded as the callers'
+        `routed + shared(x)` and `routed + sigmoid(logit) * shared(x)` in x's dtype."""
         if shared is not None:
-            weights = SharedExpert(shared.up_weight, shared.down_proj.weight, shared.gate_weight)
-            if fused(x, index, shared=True) and weights.fits(self.up, self.down, self.gate) \
-                    and shared.act is self.act:
-                from ...ops.moe.fused import fused_experts
-                return fused_experts(x, index, weight, self.up, self.down, self.gate, self.act_name, x.dtype,
-                                     shared=weights)
-            return self(x, index, weight) + shared(x)
-        if fused(x, index):
+            if not self.takes_shared(x, index, shared):
+                raise ValueError("this shared expert does not run in the experts' kernels here (takes_shared)")
+            from ...ops.moe.fused import fused_experts
+            return fused_experts(x, index, weight, self.up, self.down, self.gate, self.act_name, x.dtype, shared=shared)
+        if fused(x, index, self.gate.shape[1]):
             from ...ops.moe.fused import fused_experts
             return fused_experts(x, index, weight, self.up, self.down, self.gate, self.act_name, x.dtype)
         grouped = self._grouped if grouped_supported(x, *self.gate.shape[1:]) else None

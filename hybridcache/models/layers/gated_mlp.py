@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops.moe import SharedExpert
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share
 from ...parallel.linear import RowParallelLinear
@@ -49,6 +50,12 @@ class GatedMLP(nn.Module):
     @property
     def extra_weight(self) -> torch.Tensor:
         return self.gate_up_weight[2 * self.inner : 2 * self.inner + self.extra_rows]
+
+    def as_shared_expert(self, gate_logit: bool = False) -> SharedExpert:
+        """These weights as a mixture's shared expert for the experts' kernels (views, no copy); `gate_logit`:
+        scaled by sigmoid of the first extra row's projection (Qwen3-Next's shared_expert_gate)."""
+        return SharedExpert(self.up_weight, self.down_proj.weight, self.gate_weight,
+                            self.extra_weight[0] if gate_logit else None)
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         return fused_rows(self.rows, self.gate_up_weight[: 2 * self.inner], None)

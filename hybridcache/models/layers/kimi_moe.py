@@ -29,4 +29,9 @@ class KimiMoE(nn.Module):
         """x: [N, D] -> [N, D] (partial under tensor parallelism: experts expert-internal, shared experts
         over their intermediate size, the router replicated)."""
         index, weight = self.gate(x)
-        return self.experts(x, index, weight, shared=self.shared_experts)
+        if self.shared_experts is None:
+            return self.experts(x, index, weight)
+        shared = self.shared_experts.as_shared_expert()
+        if self.experts.takes_shared(x, index, shared):  # one pair a token more in the experts' kernels
+            return self.experts(x, index, weight, shared=shared)
+        return self.experts(x, index, weight) + self.shared_experts(x)

@@ -16,7 +16,10 @@ class SharedExpertMoE(nn.Module):
     `experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)`, the shared gate one more row of the
     shared expert's gate/up GEMM and the sum one launch on CUDA. Tensor parallel: routers and the
     shared gate replicated, experts expert-internal, the shared expert over its intermediate size; the
-    output is this rank's partial sum (the gate scales each partial alike)."""
+    output is this rank's partial sum (the gate scales each partial alike). Where the experts' fused
+    kernels take the batch (decode, verify), the shared expert and its gate run inside them as S / I more
+    pairs a token (`GatedExperts.takes_shared`): three launches for the layer's experts in place of
+    seven."""
 
     def __init__(self, hidden: int, num_experts: int, top_k: int, inner: int, shared_inner: int, act: str,
                  norm_topk_prob: bool, device: torch.device | str, dtype: torch.dtype, tp: TPGroup = SINGLE) -> None:
@@ -32,6 +35,9 @@ class SharedExpertMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
         index, weight = self.gate(x)
+        fused = self.shared_expert.as_shared_expert(gate_logit=True)
+        if self.experts.takes_shared(x, index, fused):  # S / I more pairs a token in the experts' kernels
+            return self.experts(x, index, weight, shared=fused)
         shared, logit = self.shared_expert.forward_extra(x)
         routed = self.experts(x, index, weight)
         if runs_triton(x):

@@ -6,8 +6,8 @@
 (tl.dot), up to `MAX_SORTED_PAIRS`; `fused.py` picks between the two. Above it the sort-by-expert
 grouped-GEMM path of `models/layers/experts.py` (cuBLAS/CUTLASS at large M) takes over.
 `routers_triton`: the routers' selection from their logits (softmax top-k; sigmoid group-limited top-k).
-`SharedExpert`: an expert every token takes with weight 1 (Kimi's shared expert), run by the same kernels
-as one more pair a token. `naive.py`: the per-token references. The Triton modules are imported only where
+`SharedExpert`: an expert every token takes (Kimi's, with weight 1; Qwen3-Next's, wider than a routed
+one and scaled by a sigmoid gate of its own), run by the same kernels as `parts` more pairs a token. `naive.py`: the per-token references. The Triton modules are imported only where
 they run (CUDA, or the CPU interpreter in tests); this package's root imports no triton.
 """
 from __future__ import annotations
@@ -23,21 +23,41 @@ ACTIVATIONS = ("relu2", "relu", "silu", "gelu")  # what the kernels compute, as 
 
 
 class SharedExpert(NamedTuple):
-    """One expert's weights outside the routed stack: up, gate [I, D] (gate None: non-gated), down [D, I]."""
+    """One expert's weights outside the routed stack: up, gate [S, D] (gate None: non-gated), down [D, S];
+    `gate_logit` [D] (or None): its output is scaled by sigmoid(gate_logit · x) (Qwen3-Next's
+    shared_expert_gate), else by 1. S may be any multiple of the routed experts' I: the kernels take its
+    up/gate rows as S / I pairs of I rows each (`parts`), and its down product over all S at once."""
 
     up: Tensor
     down: Tensor
     gate: Tensor | None
+    gate_logit: Tensor | None = None
+
+    def parts(self, inner: int) -> int:
+        """Pairs a token the shared expert takes beside routed experts of intermediate size `inner`."""
+        return self.up.shape[0] // inner
 
     def fits(self, up: Tensor, down: Tensor, gate: Tensor | None) -> bool:
-        """Whether the kernels can run it as one more expert of the stack up, gate [E, I, D], down [E, D, I]:
-        the same shapes, row strides and dtype as one routed expert, gated alike."""
-        def like(t: Tensor | None, stack: Tensor | None) -> bool:
-            if t is None or stack is None:
-                return t is None and stack is None
-            return (t.shape == stack.shape[1:] and t.stride() == stack.stride()[1:] and t.dtype == stack.dtype
-                    and t.device == stack.device)
-        return like(self.up, up) and like(self.down, down) and like(self.gate, gate)
+        """Whether the kernels can run it beside the stack up, gate [E, I, D], down [E, D, I]: S a multiple of
+        I, the same D, dtype and device, unit last strides, gate laid out as up, gated alike."""
+        (_, inner, d), w = up.shape, self.up
+        if (gate is None) != (self.gate is None) or w.ndim != 2 or w.shape[0] % inner or w.shape[1] != d:
+            return False
+        mats = [w, self.down] + ([self.gate] if self.gate is not None else [])
+        if self.gate is not None and (self.gate.shape != w.shape or self.gate.stride() != w.stride()):
+            return False
+        if self.gate_logit is not None:
+            if self.gate_logit.shape != (d,):
+                return False
+            mats.append(self.gate_logit[None])
+        return (self.down.shape == (d, w.shape[0]) and all(t.stride(-1) == 1 for t in mats)
+                and all(t.dtype == up.dtype and t.device == up.device for t in mats))
 
 
-__all__ = ["ACTIVATIONS", "MAX_PAIRS", "MAX_SORTED_PAIRS", "ROUTER_MAX_EXPERTS", "SharedExpert"]
+def pairs(index: Tensor, inner: int, shared: SharedExpert | None = None) -> int:
+    """The token copies the kernels take for `index` [N, k] over experts of intermediate size `inner`: N·k,
+    plus N·M with a shared expert of M = S / I parts."""
+    return index.shape[0] * (index.shape[1] + (shared.parts(inner) if shared is not None else 0))
+
+
+__all__ = ["ACTIVATIONS", "MAX_PAIRS", "MAX_SORTED_PAIRS", "ROUTER_MAX_EXPERTS", "SharedExpert", "pairs"]

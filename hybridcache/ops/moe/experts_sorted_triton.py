@@ -14,6 +14,11 @@ With x [N, D], index / weight [N, k], P = N·k pairs p = n·k + j, `order` [P] t
   kernel 2    y[p] = rnd_O(rnd_M(rnd_O(rnd_W(down[e] · h[p])) · weight[p]))
   kernel 3    out[n] = the k pairs' y summed in k order, rounding to O after each add
 
+A shared expert of M parts (`experts_triton`'s layout) is experts E .. E + M - 1 of the sort, one pair a
+token each; kernel 1 takes each part as an expert of I rows (part 0's first column tile also the gate
+logit); in kernel 2 the blocks of part 0 take the shared expert's down over all M·I (h's M rows of a
+token are one row of S), scaled by 1 or rnd_W(sigmoid(logit)), and the other parts' blocks return.
+
 the roundings of `experts_triton` (and so of `models/layers/experts.py`'s paths): see its docstring. The
 dot products accumulate in fp32 (fp32 operands as IEEE products, not TF32), in another order than torch's.
 """
@@ -24,10 +29,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..rms_norm_triton import _round
+from ..rms_norm_triton import _round, _sigmoid
 from ..triton_support import num_sms
 from . import SharedExpert
-from .experts_triton import _ACT, _check, activation, shared_pointers
+from .experts_triton import _ACT, _check, activation, shared_args
 
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64  # pairs a program: tl.dot's smallest M on the GPU, and the most `_tiles` takes
 BLOCK_N = 64  # output columns a program (CUDA), or half as many
@@ -54,49 +59,34 @@ def _expert_block(ends_ptr, E, BLOCK_M: tl.constexpr, E_POW2: tl.constexpr):
 
 
 @triton.jit
-def _block(ends_ptr, order_ptr, E, ROWS, stride_wr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
-           BLOCK_N: tl.constexpr):
-    """This program's block and weight tile: (e: E for a surplus program, E counting the shared expert;
-    live [BLOCK_M]; pair [BLOCK_M] int64; cols, col_ok [BLOCK_N] of ROWS output rows; w [1, BLOCK_N]: the
-    offsets of an expert's rows `cols` from its first)."""
+def _block(ends_ptr, order_ptr, E, ROWS, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's block and output tile: (e: E for a surplus program, E counting the shared expert's
+    parts; live [BLOCK_M]; pair [BLOCK_M] int64; cols, col_ok [BLOCK_N] of ROWS output rows)."""
     e, first, stop = _expert_block(ends_ptr, E, BLOCK_M, E_POW2)
     r = first + tl.arange(0, BLOCK_M)
     live = r < stop  # none for a surplus program
     pair = tl.load(order_ptr + r, mask=live, other=0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w = cols.to(tl.int64)[None, :] * stride_wr
-    return e, live, pair, cols, cols < ROWS, w
+    return e, live, pair, cols, cols < ROWS
 
 
 @triton.jit
-def _expert_weights(e, E_ROUTED, stack_ptr, shared_ptr, stride_we, SHARED: tl.constexpr):
-    """The first element of expert e's matrix: in the stack, or the shared expert's (e == E_ROUTED)."""
-    if SHARED:
-        if e == E_ROUTED:
-            base = shared_ptr
-        else:
-            base = stack_ptr + e.to(tl.int64) * stride_we
-    else:
-        base = stack_ptr + e.to(tl.int64) * stride_we
-    return base
-
-
-@triton.jit
-def _sort_pairs_kernel(index_ptr, order_ptr, ends_ptr, P, E, K: tl.constexpr, SHARED: tl.constexpr,
+def _sort_pairs_kernel(index_ptr, order_ptr, ends_ptr, P, E, K: tl.constexpr, M: tl.constexpr,
                        P_POW2: tl.constexpr, E_POW2: tl.constexpr):
-    """One program: the P pairs sorted by (expert, pair) as one key, and each expert's run end. With SHARED
-    the last pair of each token (p % (K + 1) == K) is expert E's, the shared expert after the routed ones."""
+    """One program: the P pairs sorted by (expert, pair) as one key, and each expert's run end. With M shared
+    parts, pair K + s of each token (p % (K + M) == K + s) is expert E + s's, after the routed ones."""
     p = tl.arange(0, P_POW2)
     live = p < P
-    KP: tl.constexpr = K + SHARED
+    KP: tl.constexpr = K + M
     n, j = p // KP, p % KP
-    ids = tl.load(index_ptr + n * K + j, mask=live & (j < K), other=E).to(tl.int32)
-    ids = tl.where(live, ids, E + SHARED)  # padding sorts after every expert
+    ids = tl.load(index_ptr + n * K + j, mask=live & (j < K), other=0).to(tl.int32)
+    ids = tl.where(j < K, ids, E + j - K)
+    ids = tl.where(live, ids, E + M)  # padding sorts after every expert
     order = tl.sort(ids * P_POW2 + p) % P_POW2
     tl.store(order_ptr + p, order, mask=live)
     ends = tl.cumsum(tl.histogram(ids, E_POW2, mask=live), 0)
     e = tl.arange(0, E_POW2)
-    tl.store(ends_ptr + e, ends, mask=e < E + SHARED)
+    tl.store(ends_ptr + e, ends, mask=e < E + M)
 
 
 @triton.jit
@@ -109,28 +99,41 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_ptr, h_ptr, E,
-                      stride_xn, stride_we, stride_wi, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
-                      ACT: tl.constexpr, GATED: tl.constexpr, SHARED: tl.constexpr, PRECISION: tl.constexpr,
-                      UPCAST: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
-    e, live, pair, cols, col_ok, w = _block(ends_ptr, order_ptr, E + SHARED, I, stride_wi, E_POW2, BLOCK_M, BLOCK_N)
-    if e >= E + SHARED:
+def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_ptr, logit_w_ptr,
+                      h_ptr, logit_ptr, E, stride_xn, stride_we, stride_wi, stride_si, K: tl.constexpr,
+                      I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, M: tl.constexpr,
+                      LOGIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, E_POW2: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    e, live, pair, cols, col_ok = _block(ends_ptr, order_ptr, E + M, I, E_POW2, BLOCK_M, BLOCK_N)
+    if e >= E + M:
         return
-    up_ptr = _expert_weights(e, E, up_ptr, shared_up_ptr, stride_we, SHARED)
-    gate_ptr = _expert_weights(e, E, gate_ptr, shared_gate_ptr, stride_we, SHARED)
-    token = pair // (K + SHARED)
+    shared = e >= E  # shared part e - E: the shared expert's rows (e - E)·I + cols
+    if shared:
+        first = (e - E).to(tl.int64) * I * stride_si
+        up_ptr, gate_ptr = shared_up_ptr + first, shared_gate_ptr + first
+    else:
+        first = e.to(tl.int64) * stride_we
+        up_ptr, gate_ptr = up_ptr + first, gate_ptr + first
+    w = cols.to(tl.int64)[None, :] * tl.where(shared, stride_si, stride_wi)
+    token = pair // (K + M)
+    logit_ok = live & (e == E) & (tl.program_id(1) == 0)  # the logit once a token (LOGIT)
     acc_u = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     acc_g = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    acc_l = tl.full([BLOCK_M, BLOCK_K], 0.0, tl.float32)
     for k0 in range(0, D, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < D
         xv = tl.load(x_ptr + token[:, None] * stride_xn + k[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
+        if LOGIT:
+            acc_l += tl.load(logit_w_ptr + k[None, :] + 0 * token[:, None], mask=logit_ok[:, None] & k_ok[None, :],
+                             other=0.0).to(tl.float32) * xv.to(tl.float32)
         w_ok = k_ok[:, None] & col_ok[None, :]
         acc_u = _dot(xv, tl.load(up_ptr + w + k[:, None], mask=w_ok, other=0.0), acc_u, PRECISION, UPCAST)
         if GATED:
             acc_g = _dot(xv, tl.load(gate_ptr + w + k[:, None], mask=w_ok, other=0.0), acc_g, PRECISION, UPCAST)
     W: tl.constexpr = up_ptr.dtype.element_ty
+    if LOGIT:  # in W, as the shared expert's GEMM stores its extra row
+        tl.store(logit_ptr + token, _round(tl.sum(acc_l, 1), W), mask=logit_ok)
     v = _round(acc_g if GATED else acc_u, W)
     v = activation(v, ACT)
     v = _round(v, W)
@@ -140,18 +143,24 @@ def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, shared_gate_
 
 
 @triton.jit
-def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, shared_down_ptr, y_ptr, E, stride_we,
-                        stride_wd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, SHARED: tl.constexpr,
-                        PRECISION: tl.constexpr, UPCAST: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    e, live, pair, cols, col_ok, w = _block(ends_ptr, order_ptr, E + SHARED, D, stride_wd, E_POW2, BLOCK_M, BLOCK_N)
-    if e >= E + SHARED:
+def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_ptr, y_ptr, E,
+                        stride_we, stride_wd, stride_sd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
+                        M: tl.constexpr, LOGIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                        E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    e, live, pair, cols, col_ok = _block(ends_ptr, order_ptr, E + M, D, E_POW2, BLOCK_M, BLOCK_N)
+    if e > E or e >= E + M:  # surplus, or a shared part after the first: part 0's blocks take the whole S
         return
-    down_ptr = _expert_weights(e, E, down_ptr, shared_down_ptr, stride_we, SHARED)
+    shared = e == E  # the shared expert's down over its M·I, from h's M consecutive rows of the token
+    if shared:
+        down_ptr = shared_down_ptr
+    else:
+        down_ptr = down_ptr + e.to(tl.int64) * stride_we
+    inner = tl.where(shared, M * I, I)
+    w = cols.to(tl.int64)[None, :] * tl.where(shared, stride_sd, stride_wd)
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    for k0 in range(0, I, BLOCK_K):
+    for k0 in range(0, inner, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < I
+        k_ok = k < inner
         hv = tl.load(h_ptr + pair[:, None] * I + k[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
         acc = _dot(hv, tl.load(down_ptr + w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0), acc,
                    PRECISION, UPCAST)
@@ -160,38 +169,43 @@ def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, shared
     y = _round(acc, W)
     if O != W:
         y = _round(y, O)
-    # promote(O, weight's dtype) is O or fp32: the product rounds to O once; the shared expert's weight is 1
-    KP: tl.constexpr = K + SHARED
+    # promote(O, weight's dtype) is O or fp32: the product rounds to O once; the shared expert's weight is 1,
+    # or sigmoid(logit) rounded to W (= O with a logit)
+    KP: tl.constexpr = K + M
     routed = pair % KP < K
     weight = tl.load(weight_ptr + pair // KP * K + pair % KP, mask=live & routed, other=1.0).to(tl.float32)
+    if LOGIT:
+        gate = _round(_sigmoid(tl.load(logit_ptr + pair // KP, mask=live & ~routed, other=0.0)), W)
+        weight = tl.where(routed, weight, gate)
     y = _round(y * weight[:, None], O)
     tl.store(y_ptr + pair[:, None] * D + cols[None, :], y.to(O), mask=live[:, None] & col_ok[None, :])
 
 
 @triton.jit
-def _sorted_sum_kernel(y_ptr, out_ptr, D: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr):
+def _sorted_sum_kernel(y_ptr, out_ptr, D: tl.constexpr, KP: tl.constexpr, COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    """out[n] = y's rows n·KP + j for j < COUNT (the routed pairs, then the shared expert's first part)."""
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < D
     O: tl.constexpr = out_ptr.dtype.element_ty
     total = tl.full([BLOCK], 0.0, tl.float32)
-    for j in tl.static_range(K):
-        total = _round(total + tl.load(y_ptr + (n * K + j) * D + cols, mask=ok, other=0.0).to(tl.float32), O)
+    for j in tl.static_range(COUNT):
+        total = _round(total + tl.load(y_ptr + (n * KP + j) * D + cols, mask=ok, other=0.0).to(tl.float32), O)
     tl.store(out_ptr + n * D + cols, total.to(O), mask=ok)
 
 
-def sort_pairs_triton(index: Tensor, num_experts: int, shared: bool = False) -> tuple[Tensor, Tensor]:
+def sort_pairs_triton(index: Tensor, num_experts: int, shared: int = 0) -> tuple[Tensor, Tensor]:
     """`sort.sort_by_expert`'s (order, ends) in one launch, for up to MAX_SORT_PAIRS pairs: index [N, k] ->
-    order [N*k] int32, ends [E] int32. `shared`: each token has a (k+1)-th pair, expert E's (the shared
-    expert): order [N*(k+1)], ends [E+1]."""
-    (N, K), extra = index.shape, int(shared)
-    P = N * (K + extra)
+    order [N*k] int32, ends [E] int32. `shared` (M, a shared expert's parts): each token has M more pairs,
+    pair k + s expert E + s's: order [N*(k+M)], ends [E+M]."""
+    (N, K) = index.shape
+    P = N * (K + shared)
     assert P <= MAX_SORT_PAIRS, f"{P} pairs: the sort kernel holds at most {MAX_SORT_PAIRS}"
     order = torch.empty(P, device=index.device, dtype=torch.int32)
-    ends = torch.empty(num_experts + extra, device=index.device, dtype=torch.int32)
-    _sort_pairs_kernel[(1,)](index.contiguous(), order, ends, P, num_experts, K=K, SHARED=extra,
+    ends = torch.empty(num_experts + shared, device=index.device, dtype=torch.int32)
+    _sort_pairs_kernel[(1,)](index.contiguous(), order, ends, P, num_experts, K=K, M=shared,
                              P_POW2=max(2, triton.next_power_of_2(P)),
-                             E_POW2=max(2, triton.next_power_of_2(num_experts + extra)), num_warps=4)
+                             E_POW2=max(2, triton.next_power_of_2(num_experts + shared)), num_warps=4)
     return order, ends
 
 
@@ -221,14 +235,16 @@ def sorted_experts_triton(x: Tensor, index: Tensor, weight: Tensor, order: Tenso
                           down: Tensor, gate: Tensor | None, act: str, out_dtype: torch.dtype,
                           tiles: tuple[int, int, int] | None = None, shared: SharedExpert | None = None) -> Tensor:
     """`experts_triton.fused_experts_triton`'s result (same arguments and roundings) from the pairs sorted by
-    expert: `order` [N*k], `ends` [E] int32 from `sort.sort_by_expert(index, E)` (with `shared`:
-    `sort_pairs_triton(index, E, shared=True)`'s [N*(k+1)], [E+1]). Three launches.
+    expert: `order` [N*k], `ends` [E] int32 from `sort.sort_by_expert(index, E)` (with `shared` of M parts:
+    `sort_pairs_triton(index, E, shared=M)`'s [N*(k+M)], [E+M]). Three launches.
     `tiles` (tests, benchmarks): (BLOCK_M, BLOCK_N, BLOCK_K) for both GEMM kernels instead of `_tiles`'."""
-    _check(x, index, weight, up, down, gate, act, shared)
+    _check(x, index, weight, up, down, gate, act, out_dtype, shared)
     (N, K), (E, I, D) = index.shape, up.shape
-    extra = int(shared is not None)
-    P = N * (K + extra)
-    assert order.shape == (P,) and ends.shape == (E + extra,), f"order {tuple(order.shape)}, ends {tuple(ends.shape)}"
+    s = shared_args(shared, x, up, down)
+    logit = int(shared is not None and shared.gate_logit is not None)
+    P = N * (K + s.parts)
+    assert order.shape == (P,) and ends.shape == (E + s.parts,), \
+        f"order {tuple(order.shape)}, ends {tuple(ends.shape)}"
     out = torch.empty(N, D, device=x.device, dtype=out_dtype)
     if N == 0:
         return out
@@ -237,20 +253,21 @@ def sorted_experts_triton(x: Tensor, index: Tensor, weight: Tensor, order: Tenso
     weight, order, ends = weight.contiguous(), order.contiguous(), ends.contiguous()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 only names the default for 16-bit operands
     upcast = x.device.type != "cuda"  # the interpreter
-    s_gate, s_up, s_down = shared_pointers(shared, up, down)
-    e_pow2 = triton.next_power_of_2(E + extra)
+    e_pow2 = triton.next_power_of_2(E + s.parts)
     h = torch.empty(P, I, device=x.device, dtype=x.dtype)
-    bm, block_n, block_k = tiles or _tiles(P, E + extra, I, D, x.device)
-    _sorted_up_kernel[(triton.cdiv(P, bm) + E + extra, triton.cdiv(I, block_n))](
-        x, order, ends, up if gate is None else gate, up, s_gate, s_up, h, E, x.stride(0), up.stride(0), up.stride(1),
-        K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, SHARED=extra, PRECISION=precision,
-        UPCAST=upcast, E_POW2=e_pow2, BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    bm, block_n, block_k = tiles or _tiles(P, E + s.parts, I, D, x.device)
+    _sorted_up_kernel[(triton.cdiv(P, bm) + E + s.parts, triton.cdiv(I, block_n))](
+        x, order, ends, up if gate is None else gate, up, s.gate, s.up, s.logit_row, h, s.logits, E, x.stride(0),
+        up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
+        LOGIT=logit, PRECISION=precision, UPCAST=upcast, E_POW2=e_pow2, BLOCK_M=bm, BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=4)
     y = torch.empty(P, D, device=x.device, dtype=out_dtype)
-    bm, block_n, block_k = tiles or _tiles(P, E + extra, D, I, x.device)
-    _sorted_down_kernel[(triton.cdiv(P, bm) + E + extra, triton.cdiv(D, block_n))](
-        h, order, ends, weight, down, s_down, y, E, down.stride(0), down.stride(1),
-        K=K, I=I, D=D, SHARED=extra, PRECISION=precision, UPCAST=upcast, E_POW2=e_pow2, BLOCK_M=bm,
+    bm, block_n, block_k = tiles or _tiles(P, E + s.parts, D, I, x.device)
+    _sorted_down_kernel[(triton.cdiv(P, bm) + E + s.parts, triton.cdiv(D, block_n))](
+        h, order, ends, weight, down, s.down, s.logits, y, E, down.stride(0), down.stride(1), s.stride_down,
+        K=K, I=I, D=D, M=s.parts, LOGIT=logit, PRECISION=precision, UPCAST=upcast, E_POW2=e_pow2, BLOCK_M=bm,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     block = min(1024, triton.next_power_of_2(D))
-    _sorted_sum_kernel[(N, triton.cdiv(D, block))](y, out, D=D, K=K + extra, BLOCK=block, num_warps=4)
+    _sorted_sum_kernel[(N, triton.cdiv(D, block))](y, out, D=D, KP=K + s.parts, COUNT=K + (s.parts > 0),
+                                                  BLOCK=block, num_warps=4)
     return out

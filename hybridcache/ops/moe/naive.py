@@ -23,7 +23,7 @@ def fused_experts_naive(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, do
 
     Each GEMM's output is in x's dtype, the activation runs on it (fp32 inside, one rounding), each expert's
     output is cast to out_dtype, multiplied by its weight in the promoted dtype, cast back and summed; the
-    shared expert's output is cast to out_dtype and added."""
+    shared expert's output (times sigmoid(gate_logit · x), where it has one) is cast to out_dtype and added."""
     out = torch.zeros(x.shape[0], x.shape[1], device=x.device, dtype=out_dtype)
     for n in range(x.shape[0]):
         row = x[n:n + 1]
@@ -32,7 +32,10 @@ def fused_experts_naive(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, do
             y = _expert(row, up[e], down[e], None if gate is None else gate[e], act).to(out_dtype)
             out[n] = out[n] + (y[0] * weight[n, j]).to(out_dtype)
         if shared is not None:
-            out[n] = out[n] + _expert(row, shared.up, shared.down, shared.gate, act)[0].to(out_dtype)
+            y = _expert(row, shared.up, shared.down, shared.gate, act)[0]
+            if shared.gate_logit is not None:  # sigmoid and product in x's dtype (= out_dtype)
+                y = torch.sigmoid(F.linear(row, shared.gate_logit[None]))[0] * y
+            out[n] = out[n] + y.to(out_dtype)
     return out
 
 
