@@ -2,7 +2,8 @@
 paths (`ops/moe`: one program a pair, 2 launches; the pairs sorted by expert, 4 launches, the sort kernel
 also timed alone; 1 launch for the router's selection) vs the grouped-GEMM path (`dispatch` with
 `torch._grouped_mm`: sort, gather, 3 grouped GEMMs, act, mul, index_add) and the torch routers, against
-the roofline of reading the routed experts' weights once. Every path is timed at every batch, past the
+the roofline of reading the routed experts' weights once; and the whole MoE layer with its shared expert
+run inside the experts' kernels against on its own. Every path is timed at every batch, past the
 limits the forwards use (MAX_PAIRS, MAX_SORTED_PAIRS), to place them; `--sweep` also times the sorted
 kernels' pair, column and inner tiles.
 
@@ -29,7 +30,9 @@ from benchmarks.timing import graphed
 from hybridcache.models.layers import experts as experts_layer
 from hybridcache.models.layers import routers as routers_layer
 from hybridcache.models.layers.experts import GatedExperts
+from hybridcache.models.layers.kimi_moe import KimiMoE
 from hybridcache.models.layers.routers import SoftmaxTopKRouter, TopKRouter
+from hybridcache.models.layers.shared_moe import SharedExpertMoE
 from hybridcache.ops.moe import MAX_PAIRS, MAX_SORTED_PAIRS
 from hybridcache.ops.moe.experts_sorted_triton import _tiles, sort_pairs_triton, sorted_experts_triton
 from hybridcache.ops.moe.experts_triton import fused_experts_triton
@@ -114,6 +117,31 @@ def router_case(family: str, n: int, iters: int) -> dict:
     return row
 
 
+def shared_case(family: str, n: int, iters: int) -> dict:
+    """One MoE layer's forward (router, experts, shared expert): the shared expert inside the experts' kernels
+    (`GatedExperts.takes_shared`, the default) against on its own (gate/up GEMM, silu * up, down GEMM, and
+    qwen3_next's gated sum; `takes_shared` answering no)."""
+    s, cfg = shapes(family), FAMILIES[family]["1b"]
+    if family == "qwen3_next":
+        module = SharedExpertMoE(s["D"], s["E"], s["k"], s["I"], cfg["shared_expert_intermediate_size"], "silu",
+                                 True, DEV, ACT)
+    else:
+        module = KimiMoE(s["D"], s["E"], s["k"], s["I"], cfg["n_shared_experts"], "silu", s["n_group"],
+                         s["topk_group"], True, 2.446, DEV, ACT)
+    fill(module)
+    x = torch.randn(n, s["D"], device=DEV).to(ACT)
+    shared = module.shared_expert if family == "qwen3_next" else module.shared_experts
+    row = dict(family=family, batch=n, shared_inner=shared.inner)
+    takes = GatedExperts.takes_shared
+    try:
+        for name, fold in (("folded", True), ("separate", False)):
+            GatedExperts.takes_shared = takes if fold else (lambda *a: False)
+            row[f"{name}_us"] = us(lambda: module(x), iters)
+    finally:
+        GatedExperts.takes_shared = takes
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=50)
@@ -148,6 +176,12 @@ def main() -> None:
                 r = router_case(family, n, args.iters)
                 record.add(kind="router", **r)
                 print(f"{family:12} {n:>3} {r['router']:18} {r['fused_us']:>9.1f} {r['torch_us']:>9.1f}")
+        print(f"{'family':12} {'N':>3} {'shared I':>8} {'folded us':>10} {'separate us':>11}  (the whole MoE layer)")
+        for family in args.families:
+            for n in args.batches:
+                r = shared_case(family, n, args.iters)
+                record.add(kind="shared", **r)
+                print(f"{family:12} {n:>3} {r['shared_inner']:>8} {r['folded_us']:>10.1f} {r['separate_us']:>11.1f}")
     record.close()
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..ops.linear import linear
 from ..parallel import SINGLE, TPGroup
 from ..parallel.pipeline import Stage, whole
 from .batch import ForwardBatch
@@ -198,4 +198,4 @@ class HybridLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [M, D] -> [M, V] float32 (the last stage's)."""
         weight = self.trunk.embedding.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return linear(hidden, weight).float()

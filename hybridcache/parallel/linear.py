@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from ..ops.linear import linear
 
 from .group import TPGroup
 from .shard import shard
@@ -33,7 +34,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, d_in] -> [N, local out]."""
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -49,4 +50,4 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, local in] -> [N, d_out], this rank's partial sum (all of it for one rank)."""
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)

@@ -4,10 +4,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...ops.attention import paged_attention
+from ...ops.linear import linear
 from ...parallel import SINGLE, TPGroup, group_share, head_share, shard
 from ...parallel.linear import RowParallelLinear
 from ..batch import ForwardBatch
@@ -43,7 +43,7 @@ class PagedGQAAttention(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] (all rows, context and generation) -> [N, D]; writes the new tokens' K/V into the pages."""
         n, dh = x.shape[0], self.head_dim
-        q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(
+        q, k, v = linear(x, self.qkv_weight, self.qkv_bias).split(
             [self.num_heads * dh, self.num_kv_heads * dh, self.num_kv_heads * dh], dim=-1)
         kv = batch.pages[KV_ROLE][self.index]
         o = paged_attention(q.view(n, self.num_heads, dh), k.view(n, self.num_kv_heads, dh),

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...ops.attention import paged_attention
+from ...ops.linear import linear
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share
 from ...parallel.linear import RowParallelLinear
@@ -48,7 +48,7 @@ class GatedPagedAttention(nn.Module):
         layer's pages."""
         n, dh = x.shape[0], self.head_dim
         hq, hkv = self.num_heads, self.num_kv_heads
-        qg, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split([hq * 2 * dh, hkv * dh, hkv * dh], dim=-1)
+        qg, k, v = linear(x, self.qkv_weight, self.qkv_bias).split([hq * 2 * dh, hkv * dh, hkv * dh], dim=-1)
         q, gate = qg.view(n, hq, 2 * dh).split(dh, dim=-1)
         k, v = k.view(n, hkv, dh), v.view(n, hkv, dh)
         if runs_triton(x):  # both norms and both rotations in one launch

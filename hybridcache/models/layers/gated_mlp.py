@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...ops.moe import SharedExpert
-from ...ops.triton_support import runs_triton
+from ...ops.linear import linear, silu_mul
 from ...parallel import SINGLE, TPGroup, head_share
 from ...parallel.linear import RowParallelLinear
 from .attention import fused_rows
@@ -66,12 +66,9 @@ class GatedMLP(nn.Module):
 
     def forward_extra(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, D] -> (the MLP's output [N, D], the extra rows' projection of x [N, extra_rows], a view)."""
-        h = F.linear(x, self.gate_up_weight)
         I = self.inner
-        if self.act_name == "silu" and runs_triton(h):
-            from ...ops.activation_triton import silu_mul_triton
-
-            inner = silu_mul_triton(h, I)
-        else:
-            inner = self.act(h[:, :I]) * h[:, I : 2 * I]
+        if self.act_name == "silu" and not self.extra_rows:  # the product in the GEMM's launch where it can
+            return self.down_proj(linear(x, self.gate_up_weight, epilogue="silu_mul", inner=I)), x[:, :0]
+        h = linear(x, self.gate_up_weight)
+        inner = silu_mul(h, I) if self.act_name == "silu" else self.act(h[:, :I]) * h[:, I : 2 * I]
         return self.down_proj(inner), h[:, 2 * I : 2 * I + self.extra_rows]

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.gdn import RawGate, gdn_decode, gdn_gate, gdn_prefill, gdn_verify
+from ...ops.linear import linear
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
 from ...parallel.linear import RowParallelLinear
@@ -109,7 +109,7 @@ class GatedDeltaNetMixer(nn.Module):
             raise RuntimeError(f"GDN layer {self.index}: weights not in the kernel layout; load the model with "
                                "hybridcache.models.loader.load_model (or call finish_load once after filling them)")
         HV = self.HV
-        qkv, z, b, a = F.linear(x, self.in_weight).split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
+        qkv, z, b, a = linear(x, self.in_weight).split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
         return qkv, z.view(x.shape[0], HV, self.V), b, a
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.kda import KDARawGate, kda_decode, kda_gate, kda_prefill, kda_verify
+from ...ops.linear import linear
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
 from ...parallel.linear import RowParallelLinear
@@ -88,8 +88,8 @@ class KDAMixer(nn.Module):
         (the raw beta logits), gate [N, H, K] (g_b_proj's output, for the norm): column slices of two GEMMs'
         outputs (views, unit last stride)."""
         n, H, K, W = x.shape[0], self.num_heads, self.head_dim, self.width
-        qkv, low_rank, b = F.linear(x, self.in_weight).split([3 * W, 2 * K, H], dim=-1)  # low_rank: f_a, g_a
-        g_raw, gate = F.linear(low_rank, self.up_weight).split([W, W], dim=-1)
+        qkv, low_rank, b = linear(x, self.in_weight).split([3 * W, 2 * K, H], dim=-1)  # low_rank: f_a, g_a
+        g_raw, gate = linear(low_rank, self.up_weight).split([W, W], dim=-1)
         return qkv, g_raw.view(n, H, K), b, gate.view(n, H, K)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

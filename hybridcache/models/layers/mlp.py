@@ -7,22 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops.triton_support import runs_triton
+from ...ops.linear import linear, relu2
 from ...parallel import SINGLE, TPGroup, head_share
 from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from .params import param
 
 
-def _relu2(x: torch.Tensor) -> torch.Tensor:
-    if runs_triton(x) and x.is_contiguous():  # one launch, the same values (ops/activation_triton.py)
-        from ...ops.activation_triton import relu2_triton
-
-        return relu2_triton(x)
-    return torch.square(F.relu(x))
-
-
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu2": _relu2,
+    "relu2": relu2,  # one launch where Triton runs
     "relu": F.relu,
     "silu": F.silu,
     "gelu": F.gelu,
@@ -38,7 +30,7 @@ class Linear(nn.Module):
         self.bias = param(d_out, device=device, dtype=dtype) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class MLP(nn.Module):
@@ -51,8 +43,10 @@ class MLP(nn.Module):
         part = [head_share(tp, inner, "the MLP's intermediate size")]
         self.up_proj = ColumnParallelLinear(hidden, inner, part, bias, device, dtype)
         self.down_proj = RowParallelLinear(inner, part, hidden, bias, tp, device, dtype)
-        self.act = ACTIVATIONS[act]
+        self.act_name, self.act = act, ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
+        if self.act_name == "relu2":  # the activation in the GEMM's launch where the skinny kernel runs
+            return self.down_proj(linear(x, self.up_proj.weight, self.up_proj.bias, "relu2"))
         return self.down_proj(self.act(self.up_proj(x)))

@@ -30,6 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..rms_norm_triton import _round, _sigmoid
+from ..triton_dot import dot, dot_args
 from ..triton_support import num_sms
 from . import SharedExpert
 from .experts_triton import _ACT, _check, activation, shared_args
@@ -90,15 +91,6 @@ def _sort_pairs_kernel(index_ptr, order_ptr, ends_ptr, P, E, K: tl.constexpr, M:
 
 
 @triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + a @ b in fp32; UPCAST: the operands as fp32 first (the CPU interpreter's 16-bit dot is wrong:
-    it multiplies the bit patterns; fp32 products of 16-bit values are exact, as the tensor cores' are)."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc, input_precision=PRECISION)
-
-
-@triton.jit
 def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_ptr, logit_w_ptr,
                       h_ptr, logit_ptr, E, stride_xn, stride_we, stride_wi, stride_si, K: tl.constexpr,
                       I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, M: tl.constexpr,
@@ -128,9 +120,9 @@ def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, shared_gate_
             acc_l += tl.load(logit_w_ptr + k[None, :] + 0 * token[:, None], mask=logit_ok[:, None] & k_ok[None, :],
                              other=0.0).to(tl.float32) * xv.to(tl.float32)
         w_ok = k_ok[:, None] & col_ok[None, :]
-        acc_u = _dot(xv, tl.load(up_ptr + w + k[:, None], mask=w_ok, other=0.0), acc_u, PRECISION, UPCAST)
+        acc_u = dot(xv, tl.load(up_ptr + w + k[:, None], mask=w_ok, other=0.0), acc_u, PRECISION, UPCAST)
         if GATED:
-            acc_g = _dot(xv, tl.load(gate_ptr + w + k[:, None], mask=w_ok, other=0.0), acc_g, PRECISION, UPCAST)
+            acc_g = dot(xv, tl.load(gate_ptr + w + k[:, None], mask=w_ok, other=0.0), acc_g, PRECISION, UPCAST)
     W: tl.constexpr = up_ptr.dtype.element_ty
     if LOGIT:  # in W, as the shared expert's GEMM stores its extra row
         tl.store(logit_ptr + token, _round(tl.sum(acc_l, 1), W), mask=logit_ok)
@@ -162,7 +154,7 @@ def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, shared
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < inner
         hv = tl.load(h_ptr + pair[:, None] * I + k[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
-        acc = _dot(hv, tl.load(down_ptr + w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0), acc,
+        acc = dot(hv, tl.load(down_ptr + w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0), acc,
                    PRECISION, UPCAST)
     W: tl.constexpr = down_ptr.dtype.element_ty
     O: tl.constexpr = y_ptr.dtype.element_ty
@@ -251,21 +243,20 @@ def sorted_experts_triton(x: Tensor, index: Tensor, weight: Tensor, order: Tenso
     if x.stride(1) != 1:
         x = x.contiguous()
     weight, order, ends = weight.contiguous(), order.contiguous(), ends.contiguous()
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 only names the default for 16-bit operands
-    upcast = x.device.type != "cuda"  # the interpreter
+    dots = dot_args(x)
     e_pow2 = triton.next_power_of_2(E + s.parts)
     h = torch.empty(P, I, device=x.device, dtype=x.dtype)
     bm, block_n, block_k = tiles or _tiles(P, E + s.parts, I, D, x.device)
     _sorted_up_kernel[(triton.cdiv(P, bm) + E + s.parts, triton.cdiv(I, block_n))](
         x, order, ends, up if gate is None else gate, up, s.gate, s.up, s.logit_row, h, s.logits, E, x.stride(0),
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
-        LOGIT=logit, PRECISION=precision, UPCAST=upcast, E_POW2=e_pow2, BLOCK_M=bm, BLOCK_N=block_n,
+        LOGIT=logit, **dots, E_POW2=e_pow2, BLOCK_M=bm, BLOCK_N=block_n,
         BLOCK_K=block_k, num_warps=4)
     y = torch.empty(P, D, device=x.device, dtype=out_dtype)
     bm, block_n, block_k = tiles or _tiles(P, E + s.parts, D, I, x.device)
     _sorted_down_kernel[(triton.cdiv(P, bm) + E + s.parts, triton.cdiv(D, block_n))](
         h, order, ends, weight, down, s.down, s.logits, y, E, down.stride(0), down.stride(1), s.stride_down,
-        K=K, I=I, D=D, M=s.parts, LOGIT=logit, PRECISION=precision, UPCAST=upcast, E_POW2=e_pow2, BLOCK_M=bm,
+        K=K, I=I, D=D, M=s.parts, LOGIT=logit, **dots, E_POW2=e_pow2, BLOCK_M=bm,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     block = min(1024, triton.next_power_of_2(D))
     _sorted_sum_kernel[(N, triton.cdiv(D, block))](y, out, D=D, KP=K + s.parts, COUNT=K + (s.parts > 0),
