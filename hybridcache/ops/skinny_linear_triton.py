@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .linear import ConvEpilogue
 from .rms_norm_triton import _round, _silu
 from .triton_dot import dot, dot_args
 from .triton_support import interpreting, num_sms
@@ -48,9 +49,55 @@ def _accumulate(x, w_ptr, rows, n_ok, k, k_ok, stride_wn, acc, DOT: tl.constexpr
 
 
 @triton.jit
+def _conv_epilogue(y_ptr, n, n_ok, m, m_ok, stride_ym, cw_ptr, cb_ptr, conv_ptr, slots_ptr, c0, C,
+                   stride_cwc, stride_cwk, stride_ss, stride_sc, stride_sj,
+                   STEPS: tl.constexpr, WIDTH: tl.constexpr, BLOCK_J: tl.constexpr, CONV_BIAS: tl.constexpr,
+                   CONV_SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Columns c0 .. c0 + C of y (already stored) through the causal conv of `triton_conv._update_kernel`:
+    row m is token t = m % STEPS of batch row b = m // STEPS; tap i of token t reads seq = cat(window, x_b)
+    at t + i. Writes the conv's outputs over those columns and seq[:, 1:] into the row's window."""
+    W: tl.constexpr = WIDTH - 1
+    KEEP: tl.constexpr = W + STEPS - 1
+    Y: tl.constexpr = y_ptr.dtype.element_ty
+    c = n - c0
+    c_ok = n_ok & (c >= 0) & (c < C)
+    c64 = tl.where(c_ok, c, 0).to(tl.int64)
+    b, t = m // STEPS, m % STEPS
+    slot = tl.load(slots_ptr + b, mask=m_ok, other=-1).to(tl.int64)
+    live = m_ok & (slot >= 0)
+    window = conv_ptr + (tl.maximum(slot, 0) * stride_ss)[:, None] + (c64 * stride_sc)[None, :]  # [BM, BN]
+    x_rows = y_ptr + (b * STEPS).to(tl.int64)[:, None] * stride_ym + n[None, :]  # the row's first token
+    tl.debug_barrier()  # the GEMM's stores above are seen by every thread of the program below
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for i in tl.static_range(WIDTH):
+        pos = (t + i)[:, None]  # [BM, 1]
+        in_win = pos < W
+        old = tl.load(window + pos * stride_sj, mask=live[:, None] & in_win & c_ok[None, :], other=0.0)
+        new = tl.load(x_rows + (pos - W) * stride_ym, mask=m_ok[:, None] & ~in_win & c_ok[None, :], other=0.0)
+        w_i = tl.load(cw_ptr + c64 * stride_cwc + i * stride_cwk, mask=c_ok, other=0.0).to(tl.float32)
+        acc += tl.where(in_win, old.to(tl.float32), new.to(tl.float32)) * w_i[None, :]
+    if CONV_BIAS:
+        acc += tl.load(cb_ptr + c64, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    if CONV_SILU:
+        acc = acc * tl.sigmoid(acc)
+    # seq[:, 1:] for the window, one row a batch row (its first token's): [BM, BN, BLOCK_J]
+    j = tl.arange(0, BLOCK_J)[None, None, :]
+    p = j + 1
+    first = (live & (t == 0))[:, None, None] & c_ok[None, :, None] & (j < KEEP)
+    kept_old = tl.load(window[:, :, None] + p * stride_sj, mask=first & (p < W), other=0.0)
+    kept_new = tl.load(x_rows[:, :, None] + (p - W) * stride_ym, mask=first & (p >= W), other=0.0)
+    kept = tl.where(p < W, kept_old.to(tl.float32), kept_new.to(tl.float32))
+    tl.debug_barrier()  # every read of y's raw columns and of the window above happens before any store below
+    tl.store(y_ptr + m[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(Y), mask=m_ok[:, None] & c_ok[None, :])
+    tl.store(window[:, :, None] + j * stride_sj, kept.to(conv_ptr.dtype.element_ty), mask=first)
+
+
+@triton.jit
 def _skinny_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, inner, stride_xm, stride_wn, stride_ym,
+                   cw_ptr, cb_ptr, conv_ptr, slots_ptr, c0, C, stride_cwc, stride_cwk, stride_ss, stride_sc, stride_sj,
                    EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr,
+                   UPCAST: tl.constexpr, CONV: tl.constexpr, STEPS: tl.constexpr, WIDTH: tl.constexpr,
+                   BLOCK_J: tl.constexpr, CONV_BIAS: tl.constexpr, CONV_SILU: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -85,6 +132,12 @@ def _skinny_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, inner, stride_xm, str
     elif GATED:
         out = _round(_round(_silu(out), Y) * _round(acc_u, Y), Y)
     tl.store(y_ptr + m[:, None].to(tl.int64) * stride_ym + n[None, :], out.to(Y), mask=m_ok[:, None] & n_ok[None, :])
+    if CONV:
+        n0 = tl.program_id(0) * BLOCK_N
+        if (n0 + BLOCK_N > c0) & (n0 < c0 + C):  # the program's columns meet the conv's
+            _conv_epilogue(y_ptr, n, n_ok, m, m_ok, stride_ym, cw_ptr, cb_ptr, conv_ptr, slots_ptr, c0, C,
+                           stride_cwc, stride_cwk, stride_ss, stride_sc, stride_sj, STEPS, WIDTH, BLOCK_J, CONV_BIAS,
+                           CONV_SILU, BLOCK_M, BLOCK_N)
 
 
 def blocks(M: int, N: int, K: int, sms: int) -> tuple[int, int, int]:
@@ -104,12 +157,17 @@ def blocks(M: int, N: int, K: int, sms: int) -> tuple[int, int, int]:
 
 
 def skinny_linear_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, epilogue: str = "none",
-                         inner: int | None = None, block: tuple[int, int, int] | None = None) -> Tensor:
+                         inner: int | None = None, block: tuple[int, int, int] | None = None,
+                         conv: ConvEpilogue | None = None) -> Tensor:
     """x [M, K] (M ≤ MAX_ROWS, unit last stride, any row stride: a column slice is read in place); weight
     [N, K] of x's dtype, unit last stride; bias [N] or None. Returns a new contiguous y in x's dtype:
     [M, N] for "none" and "relu2"; for "silu_mul" [M, inner], the weight's rows [0, inner) the gate's and
     [inner, 2·inner) the up's (rows past 2·inner are not read; no bias). `block` (BLOCK_M, BLOCK_N,
-    BLOCK_K) overrides `blocks`' choice; it does not change the result beyond the sum order."""
+    BLOCK_K) overrides `blocks`' choice; it does not change the result beyond the sum order.
+
+    `conv` ("none" only): the output's columns conv.first .. + C then run through the causal depthwise conv
+    of `causal_conv1d_update` over the slots' windows (x's rows are B batch rows of T tokens, b-major,
+    B = len(conv.slots)), the same values as that op on those columns, windows written alike."""
     M, K = x.shape
     assert M <= MAX_ROWS and weight.shape[1] == K and x.dtype == weight.dtype, "x [M <= MAX_ROWS, K], weight [N, K]"
     assert x.stride(1) == 1 and weight.stride(1) == 1, "x and the weight need a unit last stride"
@@ -122,9 +180,28 @@ def skinny_linear_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, 
         return y
     bm, bn, bk = block or blocks(M, N, K, num_sms(x.device))
     dot = bm >= 16
+    conv_args, conv_consts = _conv_args(conv, M, N, epilogue, y)
     _skinny_kernel[(triton.cdiv(N, bn),)](
         x, weight, weight if bias is None else bias, y, M, N, K, inner or 0, x.stride(0), weight.stride(0), y.stride(0),
-        EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, DOT=dot,
+        *conv_args, **conv_consts, EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, DOT=dot,
         **dot_args(x), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
     )
     return y
+
+
+def _conv_args(conv: ConvEpilogue | None, M: int, N: int, epilogue: str, y: Tensor) -> tuple[tuple, dict]:
+    """The kernel's conv arguments (placeholders without one)."""
+    if conv is None:
+        return (y, y, y, y, 0, 0, 0, 0, 0, 0, 0), dict(CONV=False, STEPS=1, WIDTH=1, BLOCK_J=1, CONV_BIAS=False,
+                                                      CONV_SILU=False)
+    C, width = conv.weight.shape
+    B = conv.slots.shape[0]
+    assert epilogue == "none" and B and M % B == 0 and 0 <= conv.first and conv.first + C <= N, "conv: rows, columns"
+    steps = M // B
+    keep = width - 1 + steps - 1
+    assert conv.state.shape[1] == C and conv.state.shape[2] >= keep, "conv state [S, C, >= W + T - 1]"
+    slots = conv.slots.contiguous()
+    return ((conv.weight, conv.weight if conv.bias is None else conv.bias, conv.state, slots, conv.first, C,
+             *conv.weight.stride(), *conv.state.stride()),
+            dict(CONV=True, STEPS=steps, WIDTH=width, BLOCK_J=triton.next_power_of_2(max(1, keep)),
+                 CONV_BIAS=conv.bias is not None, CONV_SILU=conv.silu))

@@ -144,7 +144,7 @@ def test_compiles_to_a_cubin(child: dict, case: str) -> None:
 
 def test_the_default_tilings_stay_within_their_spill_budget(child: dict) -> None:
     spills = child["spills"]
-    assert len(spills) == 17, sorted(spills)  # verify at T = 4 and 1, decode (GDN, KDA, Mamba2); conv; routers;
-    # the skinny GEMM at 1, 4 and 16 rows
+    assert len(spills) == 19, sorted(spills)  # verify at T = 4 and 1, decode (GDN, KDA, Mamba2); conv; routers;
+    # the skinny GEMM at 1, 4 and 16 rows, and with the conv epilogue
     over = {label: n for label, n in spills.items() if n > SPILL_BUDGET.get(label, 0)}
     assert not over, f"spill-store bytes a thread over budget: {over} (budget {SPILL_BUDGET}, else 0)"

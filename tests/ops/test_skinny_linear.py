@@ -93,3 +93,47 @@ def test_the_torch_path_applies_the_same_epilogue(epilogue, monkeypatch):
     bias = None if epilogue == "silu_mul" else b
     out = dispatch.linear(x, w, bias, epilogue, INNER if epilogue == "silu_mul" else None)
     torch.testing.assert_close(out, reference(x, w, bias, epilogue), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("batch,steps", [(1, 1), (3, 1), (2, 4), (4, 4)], ids=lambda v: str(v))
+@pytest.mark.parametrize("conv_bias", [False, True], ids=["no-bias", "bias"])
+def test_the_conv_epilogue_gives_the_conv_update_of_the_gemm_output(dtype, batch, steps, conv_bias):
+    """The conv epilogue against `causal_conv1d_update_triton` on the same GEMM output (columns FIRST .. FIRST + C
+    of it, a block boundary inside them): the same outputs and windows, bit for bit; the other columns untouched.
+    The second batch row is padding (slot -1) where there are two or more."""
+    from hybridcache.ops.conv1d.triton_conv import causal_conv1d_update_triton
+    from hybridcache.ops.linear import ConvEpilogue
+
+    first, channels, width, slots_total = 24, 48, 4, 6
+    x, w, _ = operands(batch * steps, dtype, seed=2)
+    g = torch.Generator().manual_seed(3)
+    conv_w = (torch.randn(channels, width, generator=g) / 2).to(DEVICE, dtype)
+    conv_b = torch.randn(channels, generator=g).to(DEVICE, dtype) if conv_bias else None
+    state = torch.randn(slots_total, channels, width - 1 + 3, generator=g).to(DEVICE, dtype)
+    slots = torch.tensor([5, -1, 0, 2][:batch], device=DEVICE, dtype=torch.int32)
+    block = (1 << (batch * steps - 1).bit_length(), 32, 64)  # BLOCK_N 32: a program boundary inside the conv's columns
+    plain = skinny_linear_triton(x, w, block=block)
+    before, expected_state = state.clone(), state.clone()
+    expected = causal_conv1d_update_triton(plain[:, first:first + channels].reshape(batch, steps, channels), conv_w,
+                                           conv_b, expected_state, slots, "silu")
+    out = skinny_linear_triton(x, w, block=block, conv=ConvEpilogue(conv_w, conv_b, state, slots, first, True))
+    torch.testing.assert_close(out[:, first:first + channels], expected.reshape(batch * steps, channels),
+                               rtol=0, atol=0)
+    assert torch.equal(out[:, :first], plain[:, :first]) and torch.equal(out[:, first + channels:],
+                                                                        plain[:, first + channels:])
+    assert torch.equal(state, expected_state)
+    untouched = [s for s in range(slots_total) if s not in slots.tolist()]
+    assert torch.equal(state[untouched], before[untouched])  # padding writes no window
+
+
+def test_a_conv_epilogue_outside_the_skinny_kernel_is_refused(monkeypatch):
+    from hybridcache.ops.linear import ConvEpilogue
+
+    monkeypatch.setattr(dispatch, "SKINNY", False)
+    x, w, _ = operands(1, torch.float32)
+    state = torch.zeros(2, 8, 3, device=DEVICE)
+    conv = ConvEpilogue(torch.ones(8, 4, device=DEVICE), None, state, torch.tensor([0], device=DEVICE), 0, True)
+    with pytest.raises(ValueError, match="skinny"):
+        dispatch.linear(x, w, conv=conv)
+    assert not state.any()
