@@ -1,8 +1,7 @@
-"""Registers and spills of the recurrent verify and decode kernels, the conv update, the MoE routers and the
-skinny GEMM as the engine launches them, compiled for the H200 (sm_90) on this machine: each op's wrapper
-runs on CPU tensors at the 1B-class shapes (verify and decode: batch 64, raw gates, bf16 inputs and
-histories, fp32 states; routers: hidden 2048, 8 experts, the logits computed in the kernel, one token, as
-CUDA runs a program a token; the skinny GEMM: 1, 4 and 16 rows of 2,048, with the conv epilogue) with its
+"""Registers and spills of the recurrent verify and decode kernels, the conv update and the MoE routers as the
+engine launches them, compiled for the H200 (sm_90) on this machine: each op's wrapper runs on CPU tensors at
+the 1B-class shapes (verify and decode: batch 64, raw gates, bf16 inputs and histories, fp32 states; routers:
+hidden 2048, 8 experts, the logits computed in the kernel, one token, as CUDA runs a program a token) with its
 launch captured, which is then compiled as the JIT would (`benchmarks/sm90_compile.py`) and read with
 Triton's bundled ptxas. No GPU, no timing: whether a change made a kernel's full registers spill to local
 memory, which the interpreter cannot say.
@@ -28,8 +27,6 @@ from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_decode import mamba2_decode_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton  # noqa: E402
 from hybridcache.ops.moe.routers_triton import group_topk_triton, softmax_topk_triton  # noqa: E402
-from hybridcache.ops.linear import ConvEpilogue  # noqa: E402
-from hybridcache.ops.skinny_linear_triton import blocks, skinny_linear_triton  # noqa: E402
 
 BATCH, HIST, DRAFTS = 64, 16, 3
 BF16 = torch.bfloat16
@@ -100,22 +97,6 @@ def router(family: str, tokens: int) -> None:
         softmax_topk_triton(x, 2, True, weight=_bf(8, 2048))
 
 
-def skinny(rows: int, epilogue: str) -> None:
-    """The skinny GEMM at nemotron_h 1b's MLP up (5,120 x 2,048; silu_mul: a gate/up pair of 5,120 each),
-    tiled for the H200's 132 SMs (the CPU's SM count would choose other tiles)."""
-    N = 5120
-    weight = _bf(2 * N if epilogue == "silu_mul" else N, 2048)
-    skinny_linear_triton(_bf(rows, 2048), weight, None, epilogue, N if epilogue == "silu_mul" else None,
-                         block=blocks(rows, N, 2048, 132))
-
-
-def skinny_conv(batch: int, T: int) -> None:
-    """The skinny GEMM with the conv in its epilogue at qwen3_next 1b's GDN in_proj (12,352 x 2,048; the conv
-    over its first 8,192 columns, kernel 4, k = 3 drafts of room), `batch` rows of T tokens."""
-    conv = ConvEpilogue(_bf(8192, 4), None, _bf(batch, 8192, 6), torch.arange(batch), 0, True)
-    skinny_linear_triton(_bf(batch * T, 2048), _bf(12352, 2048), block=blocks(batch * T, 12352, 2048, 132), conv=conv)
-
-
 def cases() -> list[tuple[str, Callable[[], None]]]:
     """(label, a call of the op) at T = 4 (a k = 3 verify) over tilings, and T = 1 (a one-token step); a
     tiling not named is the wrapper's default."""
@@ -138,17 +119,13 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
     out += [("conv update T=1 default", lambda: conv_update(1)), ("conv update T=4 default", lambda: conv_update(4))]
     for family in ("kimi_linear", "qwen3_next"):  # one token: as CUDA launches every batch (a program a token)
         out.append((f"router {family}", lambda f=family: router(f, 1)))
-    for rows, epilogue in ((1, "relu2"), (4, "none"), (16, "none"), (16, "silu_mul")):  # the FMA tile, and tl.dot's
-        out.append((f"skinny M={rows} {epilogue} default", lambda r=rows, e=epilogue: skinny(r, e)))
-    for batch, T in ((1, 1), (4, 4)):
-        out.append((f"skinny conv B={batch} T={T} default", lambda b=batch, t=T: skinny_conv(b, t)))
     return out
 
 
 def tiling(launch) -> str:
     """The launch's tile constants and warps, as 'BV=32 warps=1'."""
     kw = launch.kwargs
-    tile = " ".join(f"{n}={kw[n]}" for n in ("BV", "BLOCK_P", "BLOCK_C", "BLOCK_D", "BLOCK_N", "BLOCK_K") if n in kw)
+    tile = " ".join(f"{n}={kw[n]}" for n in ("BV", "BLOCK_P", "BLOCK_C", "BLOCK_D") if n in kw)
     return f"{tile} warps={kw.get('num_warps', 4)}"
 
 

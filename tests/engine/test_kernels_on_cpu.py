@@ -98,14 +98,3 @@ def test_kernels_give_the_torch_paths_tokens(checkpoint, mode, launched):
         steps = steps | {"_ngram_kernel", "_append_kernel"}
     expected = COMMON | steps | MOE[family] | ATTENTION[family]
     assert expected <= launched, f"not launched: {sorted(expected - launched)}"
-
-
-def test_the_skinny_gemms_give_the_torch_paths_tokens(checkpoint, launched, monkeypatch):
-    """Every decode-sized GEMM in the skinny kernel (ops/linear.py's SKINNY), its activation inside."""
-    from hybridcache.ops import linear
-
-    family, path = checkpoint
-    torch_paths = run(path, "plain", kernels=False)
-    monkeypatch.setattr(linear, "SKINNY", True)
-    assert run(path, "plain", kernels=True) == torch_paths
-    assert "_skinny_kernel" in launched

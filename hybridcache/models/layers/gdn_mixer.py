@@ -6,7 +6,7 @@ from torch import nn
 
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.gdn import RawGate, gdn_decode, gdn_gate, gdn_prefill, gdn_verify
-from ...ops.linear import ConvEpilogue, linear, takes_skinny
+from ...ops.linear import linear
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
 from ...parallel.linear import RowParallelLinear
@@ -102,15 +102,14 @@ class GatedDeltaNetMixer(nn.Module):
                 w.copy_(regroup_rows(w, self.H, parts))
         self.kernel_layout = True
 
-    def _project(self, x: torch.Tensor, conv: ConvEpilogue | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [N, D] -> qkv [N, C] (conv input; with `conv`, its output), z [N, HV, V], b, a [N, HV]: column
-        slices (views, unit last stride) of the one projection's output."""
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [N, D] -> qkv [N, C] (conv input), z [N, HV, V], b, a [N, HV]: column slices (views, unit last
+        stride) of the one projection's output."""
         if not self.kernel_layout:  # checkpoint row order read as the kernel layout would be silently wrong
             raise RuntimeError(f"GDN layer {self.index}: weights not in the kernel layout; load the model with "
                                "hybridcache.models.loader.load_model (or call finish_load once after filling them)")
         HV = self.HV
-        qkv, z, b, a = linear(x, self.in_weight, conv=conv).split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
+        qkv, z, b, a = linear(x, self.in_weight).split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
         return qkv, z.view(x.shape[0], HV, self.V), b, a
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -125,11 +124,9 @@ class GatedDeltaNetMixer(nn.Module):
         roles = batch.states[STATE_NAME]
         i = self.index
         conv, ssm = roles["conv"][i], roles["ssm"][i]
+        qkv, z, b, a = self._project(hidden)
         weight = self.conv1d.weight[:, 0]
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
-        conv_in_gemm = not bc and takes_skinny(hidden, self.in_weight)  # the conv update in the GEMM's launch
-        qkv, z, b, a = self._project(hidden, ConvEpilogue(weight, None, conv, batch.slots, 0, True) if conv_in_gemm
-                                     else None)
         fused = runs_triton(hidden)  # the generation rows' kernels then compute their own gate (RawGate)
         rows = nc if fused else hidden.shape[0]  # the rows whose g, beta are computed here
         g, beta = gdn_gate(a[:rows], b[:rows], self.A_log, self.dt_bias) if rows else (None, None)
@@ -141,9 +138,7 @@ class GatedDeltaNetMixer(nn.Module):
                                     use_qk_l2norm_in_kernel=True))
         if bg:
             steps, slots, shape = batch.generation_tokens, batch.slots[bc:], (bg, batch.generation_tokens, self.HV)
-            qkv_g = qkv[nc:].view(bg, steps, self.conv_dim)
-            if not conv_in_gemm:
-                qkv_g = causal_conv1d_update(qkv_g, weight, None, conv, slots, "silu")
+            qkv_g = causal_conv1d_update(qkv[nc:].view(bg, steps, self.conv_dim), weight, None, conv, slots, "silu")
             q, k, v = self._split_qkv(qkv_g)
             if fused:
                 g_g = beta_g = None

@@ -6,7 +6,7 @@ from torch import nn
 
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.kda import KDARawGate, kda_decode, kda_gate, kda_prefill, kda_verify
-from ...ops.linear import ConvEpilogue, linear, takes_skinny
+from ...ops.linear import linear
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
 from ...parallel.linear import RowParallelLinear
@@ -83,13 +83,12 @@ class KDAMixer(nn.Module):
                 "A_log": shard(self.A_log, 2, full // self.head_dim, self.heads),
                 "dt_bias": self.dt_bias}
 
-    def _project(self, x: torch.Tensor, conv: ConvEpilogue | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [N, D] -> qkv [N, 3*H*K] (the conv input; with `conv`, its output), g_raw [N, H, K] (f_b_proj's output), b [N, H]
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [N, D] -> qkv [N, 3*H*K] (the conv input), g_raw [N, H, K] (f_b_proj's output), b [N, H]
         (the raw beta logits), gate [N, H, K] (g_b_proj's output, for the norm): column slices of two GEMMs'
         outputs (views, unit last stride)."""
         n, H, K, W = x.shape[0], self.num_heads, self.head_dim, self.width
-        qkv, low_rank, b = linear(x, self.in_weight, conv=conv).split([3 * W, 2 * K, H], dim=-1)  # low_rank: f_a, g_a
+        qkv, low_rank, b = linear(x, self.in_weight).split([3 * W, 2 * K, H], dim=-1)  # low_rank: f_a, g_a
         g_raw, gate = linear(low_rank, self.up_weight).split([W, W], dim=-1)
         return qkv, g_raw.view(n, H, K), b, gate.view(n, H, K)
 
@@ -98,10 +97,8 @@ class KDAMixer(nn.Module):
         roles = batch.states[STATE_NAME]
         i, n, H, K = self.index, x.shape[0], self.num_heads, self.head_dim
         conv, ssm = roles["conv"][i], roles["ssm"][i]
+        qkv, g_raw, b, gate = self._project(x)
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
-        conv_in_gemm = not bc and takes_skinny(x, self.in_weight)  # the conv update in the GEMM's launch
-        qkv, g_raw, b, gate = self._project(x, ConvEpilogue(self.conv_weight, None, conv, batch.slots, 0, True)
-                                            if conv_in_gemm else None)
         fused = runs_triton(x)  # the generation rows' kernels then compute their own gate (KDARawGate)
         rows = nc if fused else n  # the rows whose g [rows, H, K] fp32 and beta [rows, H] are computed here
         g, beta = (kda_gate(g_raw[:rows], self.A_log, self.dt_bias), torch.sigmoid(b[:rows])) if rows else (None, None)
@@ -114,9 +111,7 @@ class KDAMixer(nn.Module):
                                     use_qk_l2norm_in_kernel=True))
         if bg:
             steps, slots = batch.generation_tokens, batch.slots[bc:]
-            mixed = qkv[nc:].view(bg, steps, -1)
-            if not conv_in_gemm:
-                mixed = causal_conv1d_update(mixed, self.conv_weight, None, conv, slots, "silu")
+            mixed = causal_conv1d_update(qkv[nc:].view(bg, steps, -1), self.conv_weight, None, conv, slots, "silu")
             q, k, v = (t.view(bg, steps, H, K) for t in mixed.split(self.width, dim=-1))
             if fused:
                 g_g = beta_g = None
