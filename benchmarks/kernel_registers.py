@@ -36,25 +36,24 @@ def _bf(*shape: int) -> torch.Tensor:
     return torch.zeros(*shape, dtype=BF16)
 
 
-def gdn(T: int, block_v: int | None = None, warps: int | None = None, dot: bool = False, preload: bool = False) -> None:
-    """qwen3_next 1b: 16 key / 32 value heads of 128 (`dot`, `preload`: gdn_verify_triton's experiments)."""
+def gdn(T: int, block_v: int | None = None, warps: int | None = None) -> None:
+    """qwen3_next 1b: 16 key / 32 value heads of 128."""
     B, S, H, HV, K = BATCH, BATCH, 16, 32, 128
     gate = RawGate(_bf(B, T, HV), _bf(B, T, HV), torch.zeros(HV), torch.zeros(HV))
     gdn_verify_triton(_bf(B, T, H, K), _bf(B, T, H, K), _bf(B, T, HV, K), None, None, torch.zeros(S, HV, K, K),
                       _bf(S, 2, HIST, HV, K), _bf(S, 2, HIST, H, K), torch.zeros(S, 2, HV, HIST),
                       torch.zeros(S, 2, HV, HIST), torch.zeros(S, dtype=torch.int32), torch.zeros(S, dtype=torch.int32),
-                      torch.arange(B), use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate,
-                      fold_on_tensor_cores=dot, preload=preload)
+                      torch.arange(B), use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate)
 
 
-def kda(T: int, block_v: int | None = None, warps: int | None = None, preload: bool = False) -> None:
-    """kimi_linear 1b: 16 heads of 128 (`preload`: kda_verify_triton's experiment)."""
+def kda(T: int, block_v: int | None = None, warps: int | None = None) -> None:
+    """kimi_linear 1b: 16 heads of 128."""
     B, S, H, K = BATCH, BATCH, 16, 128
     gate = KDARawGate(_bf(B, T, H, K), _bf(B, T, H), torch.zeros(H), torch.zeros(H * K))
     kda_verify_triton(_bf(B, T, H, K), _bf(B, T, H, K), _bf(B, T, H, K), None, None, torch.zeros(S, H, K, K),
                       _bf(S, DRAFTS, H, K), torch.zeros(S, DRAFTS, H, K), _bf(S, DRAFTS, H, K),
                       torch.zeros(S, DRAFTS, H), torch.zeros(S, dtype=torch.int32), torch.arange(B),
-                      use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate, preload=preload)
+                      use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate)
 
 
 def mamba2(T: int) -> None:
@@ -106,13 +105,6 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
         for bv, warps in ((16, 1), (32, 1), (32, 2)):
             out.append((f"{op.__name__} T=4", lambda op=op, bv=bv, warps=warps: op(4, bv, warps)))
         out.append((f"{op.__name__} T=1 default", lambda op=op: op(1)))
-        if op is gdn:
-            out.append(("gdn T=4 dot-fold", lambda: gdn(4, dot=True)))
-            out.append(("gdn T=4 preload", lambda: gdn(4, preload=True)))
-            out.append(("gdn T=4 preload dot-fold", lambda: gdn(4, dot=True, preload=True)))
-        else:
-            for bv in (16, 32):
-                out.append(("kda T=4 preload", lambda bv=bv: kda(4, bv, 1, preload=True)))
     out += [("mamba2 T=4 default", lambda: mamba2(4)), ("mamba2 T=1 default", lambda: mamba2(1))]
     for op in ("gdn", "kda", "mamba2"):
         out.append((f"{op} decode default", lambda op=op: decode(op)))

@@ -2,9 +2,7 @@
 
 For each batch size, times plain decode (T = 1), the per-token-states baseline (T = 4, every state written),
 and the GDN and KDA verify kernels (T = 4; GDN's history half full; KDA with 3 accepted drafts pending, and
-with none, as at zero acceptance; GDN's experiments: its history folded on the tensor cores, its new tokens
-preloaded, both; KDA's: its pending drafts and new tokens preloaded; and T = 1, the speculative engine's
-one-token step), at each (block_v, num_warps), and prints the best tiling per kernel and batch next to the
+with none, as at zero acceptance; and T = 1, the speculative engine's one-token step), at each (block_v, num_warps), and prints the best tiling per kernel and batch next to the
 default's time. Shapes: GDN 16 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
     PYTHONPATH=. python benchmarks/tune_delta_rule.py
@@ -46,17 +44,15 @@ def cases(batch: int) -> dict:
                 b=torch.zeros(S, T - 1, H, device=DEV), n=torch.full((S,), T - 1, dtype=torch.int32, device=DEV))
     none_pending = torch.zeros_like(pend["n"])
 
-    def kda(pending: torch.Tensor, n: int = T, preload: bool = False):
+    def kda(pending: torch.Tensor, n: int = T):
         return lambda bv, w: kda_verify_triton(q[:, :n, :H], k[:, :n], v[:, :n, :H], gk[:, :n], beta[:, :n, :H], kssm,
                                                pend["k"], pend["g"], pend["v"], pend["b"], pending, slots,
-                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
-                                               preload=preload)
+                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w)
 
-    def gdn(n: int, dot: bool = False, preload: bool = False):
+    def gdn(n: int):
         return lambda bv, w: gdn_verify_triton(q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], ssm, hist["u"],
                                                hist["k"], hist["G"], hist["b"], pnat, buf, slots,
-                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
-                                               fold_on_tensor_cores=dot, preload=preload)
+                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w)
 
     return {
         "decode T=1": lambda bv, w: delta_rule_decode_triton(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], ssm,
@@ -66,12 +62,8 @@ def cases(batch: int) -> dict:
                                                                 use_qk_l2norm_in_kernel=True, block_v=bv,
                                                                 intermediate=inter, num_warps=w),
         "gdn verify T=4": gdn(T),
-        "gdn verify T=4 dot": gdn(T, dot=True),  # the experiments: the history folded on the tensor cores,
-        "gdn verify T=4 preload": gdn(T, preload=True),  # the new tokens read in one round trip, both
-        "gdn verify T=4 pre+dot": gdn(T, dot=True, preload=True),
         "kda verify T=4": kda(pend["n"]),
         "kda verify T=4 n=0": kda(none_pending),
-        "kda verify T=4 preload": kda(pend["n"], preload=True),  # an experiment: one round trip each
         "gdn verify T=1": gdn(1),  # the speculative engine's one-token step
         "kda verify T=1 n=0": kda(none_pending, 1),
     }

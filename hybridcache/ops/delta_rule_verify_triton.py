@@ -67,13 +67,12 @@ def key_l2norm(x, KDA_FORM: tl.constexpr):
 
 
 def verify_tile_sizes(K: int, V: int, block_v: int | None, rows: int, device: torch.device,
-                      widest: int = BLOCK_V, narrowest: int = 8) -> tuple[int, int]:
-    """BK covers K (the norms and hᵀk need the whole key); BV = block_v, or `widest` halved down to
-    `narrowest` while `rows` (batch x value heads) x ⌈V / BV⌉ programs give under MIN_PROGRAMS_PER_SM per SM;
-    never under `narrowest`."""
-    bv = max(narrowest, min(block_v or widest, max(8, triton.next_power_of_2(V))))
+                      widest: int = BLOCK_V) -> tuple[int, int]:
+    """BK covers K (the norms and hᵀk need the whole key); BV = block_v, or `widest` halved down to 8 while
+    `rows` (batch x value heads) x ⌈V / BV⌉ programs give under MIN_PROGRAMS_PER_SM per SM."""
+    bv = min(block_v or widest, max(8, triton.next_power_of_2(V)))
     if block_v is None and device.type == "cuda":
         sms = num_sms(device)
-        while bv > narrowest and rows * triton.cdiv(V, bv) < MIN_PROGRAMS_PER_SM * sms:
+        while bv > 8 and rows * triton.cdiv(V, bv) < MIN_PROGRAMS_PER_SM * sms:
             bv //= 2
     return max(16, triton.next_power_of_2(K)), bv

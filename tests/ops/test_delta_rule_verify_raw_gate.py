@@ -21,7 +21,7 @@ if not triton_testable(torch.empty(0, device="cpu" if interpreting() or not torc
 from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 from tests.ops.test_delta_rule_verify_triton import (  # noqa: E402
-    DEVICE, GDN_ROLES, H, HV, KDA_ROLES, LIVE, NAN, SLOTS, check_outputs, check_roles, check_same_as_default, copies,
+    DEVICE, H, HV, LIVE, NAN, SLOTS, check_outputs, check_roles, copies,
     gdn_pools, gdn_run, gdn_written, kda_pools, kda_run, kda_written, qk_inputs)
 from tests.ops.delta_rule_cases import dtype_tol  # noqa: E402
 
@@ -200,23 +200,3 @@ def test_kda_verify_takes_a_raw_gate_on_the_torch_path():
         torch.testing.assert_close(b[r], a[r], **exact)
     with pytest.raises(AssertionError, match="not both"):
         kda_run(kda_verify, [q, k, v, *gate.values()], b, slots, gate=gate)
-
-
-@pytest.mark.parametrize("T", [1, 4])
-@pytest.mark.parametrize("op", ["gdn", "kda"])
-def test_the_preloading_forms_with_a_raw_gate_write_what_the_default_writes(op, T):
-    """`preload=True` (an experiment) changes only when inputs are read: outputs and every role bit for bit
-    the default's, GDN (folding and appending rows) and KDA (pend_n 0 to P), raw gates, bf16."""
-    dtype, slots = torch.bfloat16, torch.tensor(SLOTS).to(DEVICE)
-    if op == "gdn":
-        before, run, fn, roles = gdn_pools(T, 8, 16, 8, dtype), gdn_run, gdn_verify_triton, GDN_ROLES
-        q, k, v, _, _ = qk_inputs(len(SLOTS), T, HV, 16, 8, (HV,), dtype, seed=T, norm_in_kernel=True)
-        gate = gate_on(raw_gate(len(SLOTS), T, dtype, seed=T), DEVICE)
-    else:
-        before, run, fn, roles = kda_pools(3, 16, 8, dtype), kda_run, kda_verify_triton, KDA_ROLES
-        q, k, v, _, _ = qk_inputs(len(SLOTS), T, H, 16, 8, (H, 16), dtype, seed=T, norm_in_kernel=True)
-        gate = kda_gate_on(kda_raw_gate(len(SLOTS), T, 16, dtype, seed=T), DEVICE)
-    x, pools = [t.to(DEVICE) for t in (q, k, v)] + [None, None], copies(before, DEVICE)
-    kw = dict(gate=gate, use_qk_l2norm_in_kernel=True)
-    out = run(fn, x, pools, slots, preload=True, **kw)
-    check_same_as_default(run, fn, x, before, slots, roles, out, pools, **kw)

@@ -10,7 +10,6 @@ from torch import Tensor
 
 from ..delta_rule_triton import gdn_raw_gate, unit_last
 from ..delta_rule_verify_triton import GDN_BLOCK_V, key_l2norm, verify_tile_sizes, verify_warps
-from ..token_rows_triton import token_row, token_value
 
 if TYPE_CHECKING:
     from .decode import RawGate
@@ -29,14 +28,10 @@ def _gdn_verify_kernel(
     s_bs, s_bb, s_bh, s_bt,
     s_pnat, s_buf,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HIST: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, FOLD_DOT: tl.constexpr,
-    PRELOAD: tl.constexpr, TP: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
-    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV].
-    FOLD_DOT: the history enters the tile 16 entries a product on the tensor cores (tf32x3, about fp32's
-    precision; BV >= 16) instead of one rank-1 update an entry. PRELOAD: the new tokens' inputs are read in
-    one round trip before anything is stored (`token_rows_triton`; TP = T rounded up to a power of two)."""
+    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]."""
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
     slot = tl.load(slot_ptr + row).to(tl.int64)
@@ -52,17 +47,6 @@ def _gdn_verify_kernel(
     vv = vb * BV + tl.arange(0, BV)
     v_ok = vv < V
     tile = k_ok[:, None] & v_ok[None, :]
-    if PRELOAD:
-        tt = tl.arange(0, TP)
-        t_ok = tt < T
-        qs_new = tl.load(q_ptr + row * s_qb + hk * s_qh + tt[:, None] * s_qt + kk[None, :],
-                         mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-        ks_new = tl.load(k_ptr + row * s_kib + hk * s_kih + tt[:, None] * s_kit + kk[None, :],
-                         mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-        vs_new = tl.load(v_ptr + row * s_vb + hv * s_vh + tt[:, None] * s_vt + vv[None, :],
-                         mask=t_ok[:, None] & v_ok[None, :], other=0.0)
-        gs_new = tl.load(g_ptr + row * s_gb + hv * s_gh + tt * s_gt, mask=t_ok, other=0.0)
-        bs_new = tl.load(beta_ptr + row * s_bib + hv * s_bih + tt * s_bit, mask=t_ok, other=0.0)
     ssm_tile = ssm_ptr + s * s_ss + hv * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
     h = tl.load(ssm_tile, mask=tile & valid, other=0.0).to(tl.float32)
 
@@ -72,22 +56,11 @@ def _gdn_verify_kernel(
     k_row = hk_ptr + s * s_ks + b * s_kb + hk * s_kh
     G_last = tl.load(G_row + (p - 1) * s_Gt, mask=p > 0, other=0.0).to(tl.float32)
     h = h * tl.exp(G_last)
-    if FOLD_DOT:
-        for j0 in range(0, p, 16):  # entries past p load as 0 (masked, never multiplied by a 0 weight)
-            j = j0 + tl.arange(0, 16)
-            j_ok = j < p
-            w = tl.where(j_ok, tl.exp(G_last - tl.load(G_row + j * s_Gt, mask=j_ok, other=0.0).to(tl.float32)), 0.0)
-            u_j = tl.load(u_row + j[:, None] * s_ut + vv[None, :] * s_uv, mask=j_ok[:, None] & v_ok[None, :],
-                          other=0.0).to(tl.float32)
-            k_j = tl.load(k_row + j[None, :] * s_kt + kk[:, None] * s_kk, mask=k_ok[:, None] & j_ok[None, :],
-                          other=0.0).to(tl.float32)
-            h += tl.dot(k_j, u_j * w[:, None], input_precision="tf32x3")
-    else:
-        for j in range(0, p):  # rank-1 updates: p <= HIST is small, and no dot layouts to convert between
-            w = tl.exp(G_last - tl.load(G_row + j * s_Gt).to(tl.float32))
-            u_j = tl.load(u_row + j * s_ut + vv * s_uv, mask=v_ok, other=0.0).to(tl.float32)
-            k_j = tl.load(k_row + j * s_kt + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
-            h += k_j[:, None] * (w * u_j)[None, :]
+    for j in range(0, p):  # rank-1 updates: p <= HIST is small, and no dot layouts to convert between
+        w = tl.exp(G_last - tl.load(G_row + j * s_Gt).to(tl.float32))
+        u_j = tl.load(u_row + j * s_ut + vv * s_uv, mask=v_ok, other=0.0).to(tl.float32)
+        k_j = tl.load(k_row + j * s_kt + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
+        h += k_j[:, None] * (w * u_j)[None, :]
     tl.store(ssm_tile, h, mask=tile & valid & fold)
 
     # the new tokens: [p, p + T) of buffer b, or [0, T) of buffer 1 - b after a fold
@@ -107,24 +80,15 @@ def _gdn_verify_kernel(
         dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     for t in tl.static_range(T):
         tok = row * T + t
-        if PRELOAD:
-            q_t = token_row(qs_new, tt, t).to(tl.float32)
-            k_t = token_row(ks_new, tt, t).to(tl.float32)
-        else:
-            q_t = tl.load(q_row + t * s_qt + kk, mask=k_ok, other=0.0).to(tl.float32)
-            k_t = tl.load(k_in + t * s_kit + kk, mask=k_ok, other=0.0).to(tl.float32)
+        q_t = tl.load(q_row + t * s_qt + kk, mask=k_ok, other=0.0).to(tl.float32)
+        k_t = tl.load(k_in + t * s_kit + kk, mask=k_ok, other=0.0).to(tl.float32)
         if L2NORM:
             q_t = key_l2norm(q_t, False)
             k_t = key_l2norm(k_t, False)
         q_t = q_t * scale
-        if PRELOAD:
-            v_t = token_row(vs_new, tt, t).to(tl.float32)
-            g_t = token_value(gs_new, tt, t).to(tl.float32)
-            b_t = token_value(bs_new, tt, t).to(tl.float32)
-        else:
-            v_t = tl.load(v_row + t * s_vt + vv, mask=v_ok, other=0.0).to(tl.float32)
-            g_t = tl.load(g_in + t * s_gt).to(tl.float32)
-            b_t = tl.load(b_in + t * s_bit).to(tl.float32)
+        v_t = tl.load(v_row + t * s_vt + vv, mask=v_ok, other=0.0).to(tl.float32)
+        g_t = tl.load(g_in + t * s_gt).to(tl.float32)
+        b_t = tl.load(b_in + t * s_bit).to(tl.float32)
         if RAW_GATE:
             g_t, b_t = gdn_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
         h = h * tl.exp(g_t)
@@ -164,8 +128,6 @@ def gdn_verify_triton(
     num_warps: int | None = None,
     *,
     gate: RawGate | None = None,
-    fold_on_tensor_cores: bool = False,
-    preload: bool = False,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result).
@@ -176,11 +138,6 @@ def gdn_verify_triton(
     so may q, k, v (copied only without a unit last stride), g and beta (any strides).
     `gate` (g and beta None): a, b [B, T, HV] (any strides), A_log, dt_bias [HV]; g and beta are computed
     in the kernel, the same values as `gate.values()`.
-    `fold_on_tensor_cores`: the history enters the state tile 16 entries a tf32x3 product instead of one
-    rank-1 update an entry (an experiment beside the default, to be timed on the H200: tune_delta_rule.py;
-    within fp32 rounding of it, not bit for bit). `preload`: every new token's inputs read in one round trip
-    before the first store, instead of each token's behind the stores of the one before (an experiment too;
-    the same values bit for bit).
     Returns o [B, T, HV, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -199,8 +156,7 @@ def gdn_verify_triton(
     if B == 0 or T == 0:
         return o
     q, k, v = unit_last(q), unit_last(k), unit_last(v)
-    BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, GDN_BLOCK_V,
-                               narrowest=16 if fold_on_tensor_cores else 8)  # a product's dims are >= 16
+    BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, GDN_BLOCK_V)
     _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](
         q, k, v, g, beta, A_log, dt_bias, o,
         ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx, slots.contiguous(),
@@ -209,7 +165,7 @@ def gdn_verify_triton(
         *ssm.stride(), *replay_u.stride(), *replay_k.stride(), *replay_G.stride(), *replay_beta.stride(),
         pnat.stride(0), buf_idx.stride(0),
         T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel,
-        RAW_GATE=gate is not None, FOLD_DOT=fold_on_tensor_cores, PRELOAD=preload, TP=triton.next_power_of_2(T),
+        RAW_GATE=gate is not None,
         num_warps=num_warps or verify_warps(T),
     )
     return o

@@ -10,7 +10,6 @@ from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
 from ..delta_rule_verify_triton import key_l2norm, verify_tile_sizes, verify_warps
-from ..token_rows_triton import token_row, token_value
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
@@ -30,12 +29,9 @@ def _kda_verify_kernel(
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
-    PRELOAD: tl.constexpr, TP: tl.constexpr, PP: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
-    RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K].
-    PRELOAD: the accepted pending drafts and the new tokens' inputs are each read in one round trip before
-    the tile is updated (`token_rows_triton`; TP, PP = T, P rounded up to powers of two)."""
+    RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]."""
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     valid = slot >= 0
@@ -48,42 +44,15 @@ def _kda_verify_kernel(
     vv = vb * BV + tl.arange(0, BV)
     v_ok = vv < V
     tile = k_ok[:, None] & v_ok[None, :]
-    if PRELOAD:
-        tt = tl.arange(0, TP)
-        t_ok = tt < T
-        qs_new = tl.load(q_ptr + row * s_qb + tt[:, None] * s_qt + hd * s_qh + kk[None, :],
-                         mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-        ks_new = tl.load(k_ptr + row * s_kib + tt[:, None] * s_kit + hd * s_kih + kk[None, :],
-                         mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-        gs_new = tl.load(g_ptr + row * s_gib + tt[:, None] * s_git + hd * s_gih + kk[None, :],
-                         mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-        vs_new = tl.load(v_ptr + row * s_vib + tt[:, None] * s_vit + hd * s_vih + vv[None, :],
-                         mask=t_ok[:, None] & v_ok[None, :], other=0.0)
-        bs_new = tl.load(beta_ptr + row * s_bib + tt * s_bit + hd * s_bih, mask=t_ok, other=0.0)
-        jj = tl.arange(0, PP)
-        j_ok = jj < n
-        ks_pend = tl.load(pk_ptr + s * s_ks + jj[:, None] * s_kp + hd * s_kh + kk[None, :] * s_kk,
-                          mask=j_ok[:, None] & k_ok[None, :], other=0.0)
-        gs_pend = tl.load(pg_ptr + s * s_gs + jj[:, None] * s_gp + hd * s_gh + kk[None, :] * s_gk,
-                          mask=j_ok[:, None] & k_ok[None, :], other=0.0)
-        vs_pend = tl.load(pv_ptr + s * s_vs + jj[:, None] * s_vp + hd * s_vh + vv[None, :] * s_vv,
-                          mask=j_ok[:, None] & v_ok[None, :], other=0.0)
-        bs_pend = tl.load(pb_ptr + s * s_bs + jj * s_bp + hd * s_bh, mask=j_ok, other=0.0)
     ssm_tile = ssm_ptr + s * s_ss + hd * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
     h = tl.load(ssm_tile, mask=tile & valid, other=0.0).to(tl.float32)
 
     # the accepted pending drafts [0, pend_n)
     for j in range(0, n):
-        if PRELOAD:
-            k_j = token_row(ks_pend, jj, j).to(tl.float32)
-            g_j = token_row(gs_pend, jj, j).to(tl.float32)
-            v_j = token_row(vs_pend, jj, j).to(tl.float32)
-            b_j = token_value(bs_pend, jj, j).to(tl.float32)
-        else:
-            k_j = tl.load(pk_ptr + s * s_ks + j * s_kp + hd * s_kh + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
-            g_j = tl.load(pg_ptr + s * s_gs + j * s_gp + hd * s_gh + kk * s_gk, mask=k_ok, other=0.0).to(tl.float32)
-            v_j = tl.load(pv_ptr + s * s_vs + j * s_vp + hd * s_vh + vv * s_vv, mask=v_ok, other=0.0).to(tl.float32)
-            b_j = tl.load(pb_ptr + s * s_bs + j * s_bp + hd * s_bh).to(tl.float32)
+        k_j = tl.load(pk_ptr + s * s_ks + j * s_kp + hd * s_kh + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
+        g_j = tl.load(pg_ptr + s * s_gs + j * s_gp + hd * s_gh + kk * s_gk, mask=k_ok, other=0.0).to(tl.float32)
+        v_j = tl.load(pv_ptr + s * s_vs + j * s_vp + hd * s_vh + vv * s_vv, mask=v_ok, other=0.0).to(tl.float32)
+        b_j = tl.load(pb_ptr + s * s_bs + j * s_bp + hd * s_bh).to(tl.float32)
         h = h * tl.exp(g_j)[:, None]
         u_j = b_j * (v_j - tl.sum(h * k_j[:, None], 0))
         h += k_j[:, None] * u_j[None, :]
@@ -94,32 +63,19 @@ def _kda_verify_kernel(
     for t in tl.static_range(T):
         tok = row * T + t
         # the token's vectors loaded where first used: each costs registers beside the full tile
-        if PRELOAD:
-            g_t = token_row(gs_new, tt, t).to(tl.float32)
-            b_t = token_value(bs_new, tt, t).to(tl.float32)
-        else:
-            g_t = tl.load(g_ptr + row * s_gib + t * s_git + hd * s_gih + kk, mask=k_ok, other=0.0).to(tl.float32)
-            b_t = tl.load(beta_ptr + row * s_bib + t * s_bit + hd * s_bih).to(tl.float32)
+        g_t = tl.load(g_ptr + row * s_gib + t * s_git + hd * s_gih + kk, mask=k_ok, other=0.0).to(tl.float32)
+        b_t = tl.load(beta_ptr + row * s_bib + t * s_bit + hd * s_bih).to(tl.float32)
         if RAW_GATE:  # dt_bias read again each token (from L1) rather than held beside the tile
             dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
             g_t, b_t = kda_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
         h = h * tl.exp(g_t)[:, None]
-        if PRELOAD:
-            k_t = token_row(ks_new, tt, t).to(tl.float32)
-        else:
-            k_t = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
+        k_t = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
         if L2NORM:
             k_t = key_l2norm(k_t, True)
-        if PRELOAD:
-            v_t = token_row(vs_new, tt, t).to(tl.float32)
-        else:
-            v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0).to(tl.float32)
+        v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0).to(tl.float32)
         u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
         h += k_t[:, None] * u_t[None, :]
-        if PRELOAD:
-            q_t = token_row(qs_new, tt, t).to(tl.float32)
-        else:
-            q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
+        q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
         if L2NORM:
             q_t = key_l2norm(q_t, True)
         o_t = tl.where(valid, tl.sum(h * (q_t * scale)[:, None], 0), 0.0)
@@ -190,7 +146,6 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
-    preload: bool = False,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -198,9 +153,6 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
-    `preload`: the accepted pending drafts and the new tokens' inputs each read in one round trip instead of
-    entry by entry (an experiment beside the default, to be timed on the H200: tune_delta_rule.py; the same
-    values bit for bit).
     Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -228,7 +180,6 @@ def kda_verify_triton(
         *inputs,
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
         T=T, H=H, K=K, V=V, P=P, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None,
-        PRELOAD=preload, TP=triton.next_power_of_2(T), PP=triton.next_power_of_2(max(P, 1)),
         num_warps=num_warps or verify_warps(T),
     )
     if T > 1:  # after the first launch has read the old entries
