@@ -44,8 +44,10 @@ from .triton_support import num_sms
 # value columns for KDA and 16 for GDN (GDN at batch 64: 138 us against 149 with 32; KDA: 91 against 104
 # with 16), halved (not below 8) while the grid has under 4 programs per SM (batch 1: 8 columns).
 # A one-token verify (the speculative engine's step while its rows back off) is the decode kernel's work, and
-# takes its two warps: at one warp KDA's 128 x 32 tile spills about 100 B a thread, at two none (batch 64, raw gate:
-# benchmarks/kernel_registers.py). Not yet timed on the H200 (tune_delta_rule.py's T = 1 rows).
+# takes its tile: two warps and 32 value columns (at one warp KDA's 128 x 32 tile spills about 100 B a thread, at
+# two none: benchmarks/kernel_registers.py). Timed on an H100 (tune_delta_rule.py's T = 1 rows, us at batch
+# 64 / 16): GDN 32 x 2 warps 99.5 / 20.8 against 124.6 / 27.5 at 16 x 2 and 117.0 / 23.6 at 32 x 1; KDA 32 x 2
+# 58.2 / 11.7, 32 x 1 58.9 / 10.3.
 BLOCK_V = 32
 GDN_BLOCK_V = 16
 NUM_WARPS = 1
@@ -56,6 +58,11 @@ MIN_PROGRAMS_PER_SM = 4
 def verify_warps(tokens: int) -> int:
     """Warps a verify program of `tokens` new tokens a row runs with by default."""
     return NUM_WARPS if tokens > 1 else ONE_TOKEN_WARPS
+
+
+def gdn_block_v(tokens: int) -> int:
+    """The widest value columns a GDN verify program of `tokens` new tokens a row takes by default."""
+    return GDN_BLOCK_V if tokens > 1 else BLOCK_V
 
 
 @triton.jit

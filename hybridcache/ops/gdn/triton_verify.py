@@ -9,7 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import gdn_raw_gate, unit_last
-from ..delta_rule_verify_triton import GDN_BLOCK_V, key_l2norm, verify_tile_sizes, verify_warps
+from ..delta_rule_verify_triton import gdn_block_v, key_l2norm, verify_tile_sizes, verify_warps
 
 if TYPE_CHECKING:
     from .decode import RawGate
@@ -156,7 +156,7 @@ def gdn_verify_triton(
     if B == 0 or T == 0:
         return o
     q, k, v = unit_last(q), unit_last(k), unit_last(v)
-    BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, GDN_BLOCK_V)
+    BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, gdn_block_v(T))
     _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](
         q, k, v, g, beta, A_log, dt_bias, o,
         ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx, slots.contiguous(),
