@@ -171,18 +171,21 @@ def main() -> None:
                     print(f"    sorted tiles (BLOCK_M x BLOCK_N x BLOCK_K: us; default {r['sorted_tiles']}): " +
                           " ".join(f"{t} {v:.1f}" for t, v in r["sweep_us"].items()))
         print(f"{'family':12} {'N':>3} {'router':18} {'fused us':>9} {'torch us':>9}")
-        for family in args.families:
-            for n in args.batches:
-                r = router_case(family, n, args.iters)
-                record.add(kind="router", **r)
-                print(f"{family:12} {n:>3} {r['router']:18} {r['fused_us']:>9.1f} {r['torch_us']:>9.1f}")
+        for family, n, r in recorded(record, "router", router_case, args):
+            print(f"{family:12} {n:>3} {r['router']:18} {r['fused_us']:>9.1f} {r['torch_us']:>9.1f}")
         print(f"{'family':12} {'N':>3} {'shared I':>8} {'folded us':>10} {'separate us':>11}  (the whole MoE layer)")
-        for family in args.families:
-            for n in args.batches:
-                r = shared_case(family, n, args.iters)
-                record.add(kind="shared", **r)
-                print(f"{family:12} {n:>3} {r['shared_inner']:>8} {r['folded_us']:>10.1f} {r['separate_us']:>11.1f}")
+        for family, n, r in recorded(record, "shared", shared_case, args):
+            print(f"{family:12} {n:>3} {r['shared_inner']:>8} {r['folded_us']:>10.1f} {r['separate_us']:>11.1f}")
     record.close()
+
+
+def recorded(record: Record, kind: str, case, args):
+    """(family, tokens, row) of `case` over the families and batches, each row recorded as `kind`."""
+    for family in args.families:
+        for n in args.batches:
+            row = case(family, n, args.iters)
+            record.add(kind=kind, **row)
+            yield family, n, row
 
 
 if __name__ == "__main__":
