@@ -82,7 +82,7 @@ class KDAState(StateModule):
         if not self.replay:
             return
         kda_accept(tensors["pend_n"][0], slots, num_valid)
-        shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1)
+        shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1, num_tokens)
 
     def snapshot_roles(self) -> tuple[str, ...]:
         return ("conv", "ssm")

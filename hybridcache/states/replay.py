@@ -64,4 +64,4 @@ class ReplayState(StateModule):
         if not self.replay:
             return
         replay_accept(tensors["pnat"][0], tensors["buf_idx"][0], slots, num_tokens, num_valid, self.hist)
-        shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1)
+        shift_conv_window(tensors["conv"], slots, num_valid, self.conv_kernel - 1, num_tokens)

@@ -124,3 +124,21 @@ def test_accept_keeps_the_window_the_valid_tokens_leave():
     shift_conv_window(conv, torch.tensor([0, 1]), torch.tensor([1, 4]), width=3)
     assert conv[0, 0, 0, :3].tolist() == [0.0, 1.0, 2.0]  # v = 1: the window ends at x0
     assert conv[0, 1, 0, :3].tolist() == [9.0, 10.0, 11.0]  # v = 4: the window ends at x3
+
+
+def test_a_one_token_step_keeps_the_window_without_a_shift(monkeypatch):
+    """T = 1 (a speculative step whose rows all back off): every row keeps v = 1, so the accept rule is the
+    identity; given num_tokens=1 it returns before any work (a shift that ran would raise here), and the
+    window is what the full rule leaves."""
+    import hybridcache.ops.conv1d.fast as fast
+
+    conv = torch.randn(2, 3, 4, 3 + 1, generator=torch.Generator().manual_seed(0))  # [L, S, C, W + T] with T = 1
+    slots, valid = torch.tensor([2, 0]), torch.ones(2, dtype=torch.int32)
+    full = conv.clone()
+    shift_conv_window(full, slots, valid, width=3)
+    monkeypatch.setattr(fast, "runs_triton", lambda t: (_ for _ in ()).throw(AssertionError("shifted")))
+    kept = conv.clone()
+    fast.shift_conv_window(kept, slots, valid, 3, num_tokens=1)
+    assert torch.equal(kept, conv) and torch.equal(kept, full)
+    with pytest.raises(AssertionError, match="shifted"):
+        fast.shift_conv_window(kept, slots, valid, 3, num_tokens=2)

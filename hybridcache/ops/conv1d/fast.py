@@ -131,14 +131,17 @@ def causal_conv1d_update_torch(
     return y
 
 
-def shift_conv_window(conv: Tensor, slots: Tensor, num_valid: Tensor, width: int) -> None:
+def shift_conv_window(conv: Tensor, slots: Tensor, num_valid: Tensor, width: int,
+                      num_tokens: Tensor | int | None = None) -> None:
     """The conv window's accept rule after a verify step (every recurrent layer kind with a short conv).
 
     conv: [L, S, C, W + k] (every layer of a module; written in place), holding `cat(window, x)[..., 1:]`
     after `causal_conv1d_update`; slots: [n] live slots (no padding rows); num_valid: [n] (1..T); width = W.
     Keeps the window that the `v` valid tokens leave: `conv[..., :W] = conv[..., v - 1 : v - 1 + W]`.
+    `num_tokens` (T, as the accept hooks get it): a step of one token a row leaves v = 1 everywhere, the
+    identity, and launches nothing.
     """
-    if conv.shape[-1] == width or width == 0:
+    if conv.shape[-1] == width or width == 0 or (isinstance(num_tokens, int) and num_tokens == 1):
         return
     if runs_triton(conv):
         from hybridcache.ops.conv1d.triton_shift import shift_conv_window_triton
