@@ -3,12 +3,10 @@ read in one round trip at the start, then taken out one token at a time. Loaded 
 each token's loads would wait behind the stores of the token before (the compiler cannot move a load
 above a store it cannot prove elsewhere), one memory round trip a token.
 
-Mamba2's verify (`mamba2/triton_verify.py`) loads so; the delta-rule verify kernels load token by token.
-They loaded so too for a while (at fbc7116, with GDN's history folded on the tensor cores), reverted on a
-spill count from a compile that left every stride unknown; compiled with the launch's own specialisation
-(`benchmarks/kernel_registers.py`, sm_90, T = 4, batch 64, one warp) that version did not spill at BV 16
-(GDN 254 registers, KDA 227); at KDA's BV 32 it spilled more (456 bytes a thread) than the token-by-token
-form. Neither form has been timed on the H200 against the other."""
+Mamba2's verify (`mamba2/triton_verify.py`) loads so; the delta-rule verify kernels load token by token:
+their preloading forms, timed on an H100 against the token-by-token ones (benchmarks/tune_delta_rule.py,
+T = 4, batches 64 and 16), were no faster (GDN 155.3 / 36.2 us against 155.2 / 34.7, KDA 100.4 / 23.4
+against 100.3 / 22.3) and were removed."""
 from __future__ import annotations
 
 import triton
