@@ -47,6 +47,4 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
-        if self.act_name == "relu2":
-            return self.down_proj(linear(x, self.up_proj.weight, self.up_proj.bias, "relu2"))
         return self.down_proj(self.act(self.up_proj(x)))
