@@ -43,7 +43,7 @@ class MLP(nn.Module):
         part = [head_share(tp, inner, "the MLP's intermediate size")]
         self.up_proj = ColumnParallelLinear(hidden, inner, part, bias, device, dtype)
         self.down_proj = RowParallelLinear(inner, part, hidden, bias, tp, device, dtype)
-        self.act_name, self.act = act, ACTIVATIONS[act]
+        self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
