@@ -3,7 +3,8 @@ fp16, negatives, zeros, values whose square rounds, sizes off the block) and the
 silu(gate) * up on a fused GEMM's halves, base + sigmoid(g) * x and x * sigmoid(gate) against torch's ops on
 the same device (in the interpreter bit for bit in bf16 and fp16 and within fp32 rounding in fp32; on CUDA
 the kernels' exp is ex2.approx, not CUDA's expf, whose last-bit differences can flip a 16-bit rounding, so
-there within two ulps), and the gated MLP's and the shared-expert MoE's dispatch to them. Runs on
+there within two ulps of the product, and one of the sum more for base + product: fp16 on the H200 differed
+in 60 of 4,106 sums, by up to 0.027 of a sum where base and the product cancel), and the gated MLP's and the shared-expert MoE's dispatch to them. Runs on
 CUDA, or on CPU tensors in Triton's interpreter."""
 from __future__ import annotations
 
@@ -51,12 +52,16 @@ def test_the_mlp_activation_dispatches_to_the_kernel(monkeypatch):
     assert torch.equal(got, torch.square(F.relu(x))) and torch.equal(strided, torch.square(F.relu(x.t())))
 
 
-def assert_matches(got, want):
-    """got (a kernel's) against want (torch's ops on the same device)."""
+def assert_matches(got, want, addend=None):
+    """got (a kernel's) against want (torch's ops on the same device). `addend`: where want is a sum, the
+    product added last, whose ulps (not the sum's, which may cancel to far less) bound the flips in it."""
     assert got.dtype == want.dtype and got.shape == want.shape
     if want.dtype != torch.float32 and got.is_cuda:
-        # two ulps: a flipped rounding of the activation, then of the product (see the module docstring)
-        torch.testing.assert_close(got, want, rtol=2 * torch.finfo(want.dtype).eps, atol=1e-5)
+        # a flipped rounding of the activation, then of the product: two ulps of the product; an added product
+        # then one ulp of the sum more (see the module docstring)
+        bound = 2 * want.abs().float() if addend is None else 2 * addend.abs().float() + want.abs().float()
+        excess = (got.float() - want.float()).abs() - torch.finfo(want.dtype).eps * bound
+        assert excess.numel() == 0 or excess.max() <= 1e-6, f"off by more than the ulps allowed: {excess.max():.3g}"
     elif want.dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
     else:
@@ -77,8 +82,8 @@ def test_sigmoid_gated_add_equals_torch(dtype, rows, width):
     gen = torch.Generator().manual_seed(width)
     base, x = (torch.randn(rows, width, generator=gen).to(dtype).to(DEVICE) for _ in range(2))
     g = (torch.randn(rows, 3, generator=gen) * 4).to(dtype).to(DEVICE)[:, 1:2]  # a column of a wider output
-    want = base + torch.sigmoid(g) * x
-    assert_matches(sigmoid_gated_add_triton(base, x, g), want)
+    gated = torch.sigmoid(g) * x
+    assert_matches(sigmoid_gated_add_triton(base, x, g), base + gated, addend=gated)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
