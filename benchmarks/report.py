@@ -9,7 +9,8 @@ figure beside the command that produced it, and matplotlib plots under docs/img/
     .venv/bin/pip install -e '.[bench]'                                   # matplotlib, once
     PYTHONPATH=. .venv/bin/python benchmarks/report.py docs/bench-data    # tables + plots
 
-Where a folder holds several files for the same thing (a family, an op, a context sweep), the newest wins.
+Where a folder holds several files for the same thing (a family, an op, a context sweep), the newest wins;
+step_profile files of a family merge by (batch, mode), newer over older, each row naming its file.
 """
 from __future__ import annotations
 
@@ -26,9 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "docs" / "bench-data"
 
 
+MERGED = {"step_profile"}  # a run of some modes leaves the other modes' rows of older runs standing
+
+
 def load(folder: Path) -> dict[str, list[dict]]:
-    """The newest file per (benchmark, subject), grouped by benchmark."""
-    newest: dict[tuple, dict] = {}
+    """The newest file per (benchmark, subject), grouped by benchmark (MERGED benchmarks: `merge_rows`)."""
+    files: dict[tuple, list[dict]] = defaultdict(list)
     for path in sorted(folder.glob("*.json")):
         try:
             data = json.loads(path.read_text())
@@ -38,13 +42,25 @@ def load(folder: Path) -> dict[str, list[dict]]:
         if not isinstance(data, dict) or "benchmark" not in data or "rows" not in data:
             continue
         data["file"] = path.name
-        key = (data["benchmark"], subject(data))
-        if key not in newest or data.get("created", "") >= newest[key].get("created", ""):
-            newest[key] = data
+        files[(data["benchmark"], subject(data))].append(data)
     out: dict[str, list[dict]] = defaultdict(list)
-    for (bench, _), data in sorted(newest.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        out[bench].append(data)
+    for (bench, _), group in sorted(files.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        group.sort(key=lambda d: d.get("created", ""))  # stable: of equal times the later name is the newest
+        out[bench].append(merge_rows(group) if bench in MERGED else group[-1])
     return out
+
+
+def merge_rows(group: list[dict]) -> dict:
+    """The newest of `group` (oldest first) with the rows of older files whose (batch, mode) it lacks, each row
+    marked with its file; `sources`: the files that gave rows, newest first."""
+    rows: dict[tuple, dict] = {}
+    for data in reversed(group):
+        for r in data["rows"]:
+            rows.setdefault((r["batch"], r["mode"]), dict(r, file=data["file"]))
+    modes = list(dict.fromkeys(mode for _, mode in rows))  # as the newest file orders them, then older ones
+    sources = [d for d in reversed(group) if any(r["file"] == d["file"] for r in rows.values())]
+    return dict(group[-1], rows=sorted(rows.values(), key=lambda r: (r["batch"], modes.index(r["mode"]))),
+                sources=sources)
 
 
 def subject(data: dict) -> tuple:
@@ -185,7 +201,10 @@ def moe_section(files: list[dict], img: str | None) -> list[str]:
            "*sorted* the pairs sorted by expert on the device and taken in blocks of one expert, *grouped* torch's "
            "sort and grouped GEMMs. The engine takes pairs up to `max_pairs`, sorted up to `max_sorted_pairs`, "
            "grouped above. The roofline reads the chosen experts' weights once at the copy bandwidth; *sort* is "
-           "the sorted path's sort kernel alone. Routers: the Triton selection against the torch ops.", ""]
+           "the sorted path's sort kernel alone. Routers: the Triton selection against the torch ops. Shared expert "
+           "(files from 2026-12-06 on): the whole MoE layer (router, experts, shared expert) with the shared expert "
+           "*folded* into the experts' kernels (`GatedExperts.takes_shared`, the default) against run on its own "
+           "(*separate*).", ""]
     for data in files:
         p = data["params"]
         out += provenance(data) + [""]
@@ -201,6 +220,12 @@ def moe_section(files: list[dict], img: str | None) -> list[str]:
         rows = [[r["family"], str(r["batch"]), r["router"], f"{r['fused_us']:.1f}", f"{r['torch_us']:.1f}"]
                 for r in routers]
         out += table(["family", "tokens", "router", "Triton selection us", "torch us"], rows) + [""]
+        shared = [r for r in data["rows"] if r["kind"] == "shared"]
+        if shared:
+            rows = [[r["family"], str(r["batch"]), str(r["shared_inner"]), f"{r['folded_us']:.1f}",
+                     f"{r['separate_us']:.1f}", f"{r['separate_us'] / r['folded_us']:.2f}x"] for r in shared]
+            out += table(["family", "tokens", "shared inner", "folded us", "separate us", "separate / folded"],
+                         rows) + [""]
     return out
 
 
@@ -246,22 +271,27 @@ def step_section(files: list[dict], img: str | None) -> list[str]:
            "tokens read back), tok/s of the committed tokens; `spec-idle`: the speculative engine with every row "
            "backing off (one-token steps, what zero acceptance mostly runs). *replay ms*: the step's graph replayed back to back "
            "alone; *host share* = 1 - replay / wall. The weight-bandwidth limit is the checkpoint's bytes read once "
-           "per step at 4.2 TB/s.", ""]
+           "per step at 4.2 TB/s. Where a family's runs measured different modes or batches, each (batch, mode) "
+           "shows its newest run, and the row names its file.", ""]
     for data in files:
         p = data["params"]
         out += [f"### {p['family']} {p['size']} ({p['dtype']}, prompt {p['prompt_len']}, mean of {p['steps']} steps)", ""]
-        out += provenance(data) + [""]
-        if data.get("extra", {}).get("note"):
-            out += [data["extra"]["note"], ""]
+        sources = data.get("sources", [data])
+        for src in sources:
+            out += provenance(src) + [""]
+            if src.get("extra", {}).get("note"):
+                out += [src["extra"]["note"], ""]
         limit = WEIGHT_BANDWIDTH_TOK_S.get(p["family"]) if p["size"] == "1b" else None
         replays = any(r.get("replay_ms") for r in data["rows"])
+        named = len(sources) > 1  # rows from several runs: each names its file
         rows = [[str(r["batch"]), r["mode"], f"{r['wall_ms']:.2f}", f"{r['gpu_ms']:.2f}", f"{r['gpu_ms'] / r['wall_ms']:.0%}",
                  f"{r['launches']:.0f}", f"{r['tok_s']:,.0f}",
                  f"{r['tok_s'] / limit:.0%}" if limit and r["batch"] == 1 and r["mode"] != "verify" else "-"]
                 + ([f"{r['replay_ms']:.2f}", f"{1 - r['replay_ms'] / r['wall_ms']:.0%}"] if r.get("replay_ms") else ["-", "-"]
-                   if replays else []) for r in data["rows"]]
+                   if replays else []) + ([f"`{r['file']}`"] if named else []) for r in data["rows"]]
         out += table(["batch", "mode", "wall ms", "GPU ms", "GPU busy", "launches", "tok/s",
-                      "bs1 of weight-bandwidth limit"] + (["replay ms", "host share"] if replays else []), rows) + [""]
+                      "bs1 of weight-bandwidth limit"] + (["replay ms", "host share"] if replays else [])
+                     + (["file"] if named else []), rows) + [""]
     return out
 
 
