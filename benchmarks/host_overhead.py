@@ -4,8 +4,8 @@ scheduling it overlaps the step before; past the device's step time it is what a
 
 The model's forward returns zeros and its LM head a fixed table of random logits, so what is timed is the
 engine alone. Modes as `step_profile.py`: `plain` (asynchronous decode), `spec-idle` (the speculative engine,
-every row backing off: one-token steps chained on the verify chain), `verify` (k = 3 drafts a row, never the
-greedy token). Off CUDA there are no graphs: the drafts' choice and the state modules' accept hooks, which a
+every row backing off for good: plain steps), `spec-chain` (every row backing off a short pause: one-token steps
+chained on the verify chain), `verify` (k = 3 drafts a row, never the greedy token). Off CUDA there are no graphs: the drafts' choice and the state modules' accept hooks, which a
 CUDA graph holds, run here on the host too. Figures are host ms a step and the ratio to `plain` in one run.
 
     PYTHONPATH=. python benchmarks/host_overhead.py --family kimi_linear --batch 1 16 64
@@ -20,12 +20,12 @@ import torch
 
 from benchmarks.families import add_model_args, checkpoint
 from benchmarks.record import Record, add_json_arg
-from benchmarks.step_profile import steady_engine
+from benchmarks.step_profile import idle_steps, steady_engine
 from benchmarks.timing import REPEATS, median
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-MODES = {"plain": 0, "spec-idle": 3, "verify": 3}  # mode -> draft tokens
+MODES = {"plain": 0, "spec-idle": 3, "spec-chain": 3, "verify": 3}  # mode -> draft tokens
 
 
 def stub_model(llm) -> None:
@@ -39,7 +39,7 @@ def stub_model(llm) -> None:
 
 def engine(path, args, batch: int, mode: str):
     llm = steady_engine(path, args.device, args.dtype, batch, args.prompt_len,
-                        args.prompt_len + 4 * args.steps * (REPEATS + 2) + 64, MODES[mode], mode == "spec-idle")
+                        args.prompt_len + 4 * args.steps * (REPEATS + 2) + 64, MODES[mode], idle_steps(mode))
     stub_model(llm)
     for _ in range(4):
         llm.step()

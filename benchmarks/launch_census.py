@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.families import FAMILIES, build
-from benchmarks.step_profile import steady_engine
+from benchmarks.step_profile import idle_steps, steady_engine
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -90,15 +90,15 @@ def watch(model, census: Census) -> list:
     return hooks, run
 
 
-def census_of(path: Path, batch: int, k: int, dtype: str, spec_idle: bool = False) -> Counter:
-    """Counts of one steady decode step (k: draft tokens a step, 0 for plain decode; `spec_idle`: the speculative
-    engine's one-token step, every row backing off, as `step_profile.steady_engine` sets it up)."""
+def census_of(path: Path, batch: int, k: int, dtype: str, idle: int = 0) -> Counter:
+    """Counts of one steady decode step (k: draft tokens a step, 0 for plain decode; `idle`: every row backing
+    off that many steps, as `step_profile.steady_engine` holds it: `step_profile.idle_steps`)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from hybridcache.ops.triton_support import kernels_on_cpu
 
     with kernels_on_cpu():
-        llm = steady_engine(path, "cpu", dtype, batch, 8, 1024, k, spec_idle=spec_idle)
+        llm = steady_engine(path, "cpu", dtype, batch, 8, 1024, k, idle)
         census = Census()
         hooks, run = watch(llm.runner.model, census)
         try:
@@ -116,7 +116,8 @@ def main() -> None:
     ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen3_next")
     ap.add_argument("--batch", type=int, nargs="+", default=[1])
     ap.add_argument("--draft-tokens", type=int, default=0, help="k of a verify step (0: plain decode)")
-    ap.add_argument("--spec-idle", action="store_true", help="with --draft-tokens k: every row backing off")
+    ap.add_argument("--idle", choices=["spec-idle", "spec-chain"], default=None,
+                    help="with --draft-tokens k: every row backing off for good, or for a pause that chains")
     ap.add_argument("--dtype", default="bfloat16", help="the ops a step runs can depend on it (casts)")
     ap.add_argument("--ops", action="store_true", help="also list each module kind's ops")
     args = ap.parse_args()
@@ -125,11 +126,11 @@ def main() -> None:
         FAMILIES[args.family]["census"] = {**FAMILIES[args.family]["tiny"], **LAYERS[args.family]}
         build(path, args.family, "census")
     for batch in args.batch:
-        counts = census_of(path, batch, args.draft_tokens, args.dtype, args.spec_idle)
+        counts = census_of(path, batch, args.draft_tokens, args.dtype, idle_steps(args.idle) if args.idle else 0)
         by_owner = Counter()
         for (owner, _), n in counts.items():
             by_owner[owner] += n
-        idle = " spec-idle" if args.spec_idle else ""
+        idle = f" {args.idle}" if args.idle else ""
         print(f"{args.family} bs{batch} k={args.draft_tokens}{idle}: {sum(counts.values())} launches a step")
         for owner, n in by_owner.most_common():
             print(f"  {owner:28} {n:5}")

@@ -269,7 +269,9 @@ def step_section(files: list[dict], img: str | None) -> list[str]:
            "`graph-sync`: CUDA graphs, the host plans while the device idles; `eager`: no graphs; `verify`: every step "
            "a k=3 verify under graphs whose drafts the model does not pick (synchronous: the host drafts from the "
            "tokens read back), tok/s of the committed tokens; `spec-idle`: the speculative engine with every row "
-           "backing off (one-token steps, what zero acceptance mostly runs). *replay ms*: the step's graph replayed back to back "
+           "backing off for good (what zero acceptance mostly runs; runs of 2026-12-06 and before: one-token steps chained on "
+           "the verify steps in flight; since, plain steps after one read); `spec-chain`: every row held in a short back-off "
+           "(one-token steps chained on the verify steps in flight, what pauses up to 8 steps run). *replay ms*: the step's graph replayed back to back "
            "alone; *host share* = 1 - replay / wall. The weight-bandwidth limit is the checkpoint's bytes read once "
            "per step at 4.2 TB/s. Where a family's runs measured different modes or batches, each (batch, mode) "
            "shows its newest run, and the row names its file.", ""]

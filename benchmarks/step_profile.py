@@ -33,9 +33,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # with a synchronous step (the host plans while the device idles), eager; `verify`: every step a k=3 verify
 # (graphs, asynchronous: drafted on the device), each row proposing 3 tokens the model does not pick;
 # `verify-sync`: the same, synchronous (the host drafts from the tokens read back); `spec-idle`: the speculative
-# engine (k=3) with every row backing off, each step a one-token step (what zero acceptance mostly runs)
+# engine (k=3) with every row backing off for good (what zero acceptance mostly runs: after one read, plain
+# steps); `spec-chain`: every row backing off for a short pause, held there (one-token steps chained on the
+# verify steps in flight, what the pauses up to `async_verify.LEAVE_CHAIN_AFTER` steps run)
 MODES = [("graph", False, True, 0), ("graph-sync", False, False, 0), ("eager", True, True, 0), ("verify", False, True, 3),
-         ("verify-sync", False, False, 3), ("spec-idle", False, True, 3)]
+         ("verify-sync", False, False, 3), ("spec-idle", False, True, 3), ("spec-chain", False, True, 3)]
+
+
+def idle_steps(mode: str) -> int:
+    """How many steps `mode` holds every row backing off (`steady_engine`)."""
+    from hybridcache.engine.async_verify import LEAVE_CHAIN_AFTER
+
+    return {"spec-idle": 1 << 30, "spec-chain": LEAVE_CHAIN_AFTER + 1}.get(mode, 0)
 
 
 def never_picked(tokens: list[int]) -> list[int]:
@@ -60,10 +69,11 @@ def steady(llm, batch: int, prompt_len: int, vocab: int) -> None:
 
 
 def steady_engine(path, device: str, dtype: str, batch: int, prompt_len: int, max_model_len: int, k: int,
-                  spec_idle: bool = False, eager: bool = False, overlap: bool = True):
+                  idle: int = 0, eager: bool = False, overlap: bool = True):
     """An LLM in steady decode of `batch` rows of `prompt_len` tokens; with `k` drafts a row that the model
-    does not pick (`never_picked`, back-off off); `spec_idle`: every row then backs off for good (its
-    DraftBackoff state set directly), the steps with drafts still in flight run, so each step is one token."""
+    does not pick (`never_picked`, back-off off); `idle` > 0: every row then backs off that many steps (its
+    DraftBackoff state set directly), set again after every step, and the steps with drafts still in flight
+    run, so each step is one token (`idle_steps`)."""
     from hybridcache import LLM, SpeculativeConfig
 
     llm = LLM(path, device=device, dtype=dtype, max_num_seqs=batch, max_model_len=max_model_len,
@@ -72,9 +82,13 @@ def steady_engine(path, device: str, dtype: str, batch: int, prompt_len: int, ma
     if k:
         llm.drafter.propose, llm.drafter.propose_on_device = never_picked, never_picked_on_device
     steady(llm, batch, prompt_len, llm.vocab_size)
-    if spec_idle:
-        for req in llm._loop.requests.values():
-            req.draft_skip = 1 << 30
+    if idle:
+        def hold() -> None:
+            for req in llm._loop.requests.values():
+                req.draft_skip = idle
+
+        hold()
+        llm.step_hook = hold
         for _ in range(4):  # the steps with drafts in flight, and the one-token graphs' capture
             llm.step()
     return llm
@@ -230,7 +244,7 @@ def main() -> None:
     for b in args.batch:
         for mode, eager, overlap, k in (m for m in MODES if m[0] in args.modes):
             llm = steady_engine(path, args.device, args.dtype, b, args.prompt_len, args.prompt_len + 1024, k,
-                                mode == "spec-idle", eager, overlap)
+                                idle_steps(mode), eager, overlap)
             sync(args.device)
             t0, generated = time.perf_counter(), llm.stats.num_generated_tokens
             for _ in range(args.steps):

@@ -172,14 +172,16 @@ class StepLoop:
         """"decode": a plain decode step (generation rows only, none drafting; logprobs come back behind the
         tokens, in both kinds);
         "verify": an asynchronous verify step (`async_verify.AsyncVerify`), also for rows that draft nothing
-        while the verify steps before them are in flight; None: the synchronous step."""
+        while the verify steps before them are in flight, unless all of them back off long enough to leave the
+        chain (`AsyncVerify.idles`); None: the synchronous step."""
         rows = step.generation
         if not self.async_scheduling or step.context or not rows:
             return None
         drafting = self.drafter is not None and self.verify.drafting(rows)
-        if not (drafting or self.verify.chained(rows)):
-            return "decode"
-        # rows that back off while a verify chain is in flight go on in it, one token each (no read between)
+        if not drafting and (not self.verify.chained(rows) or self.verify.idles(rows)):
+            return "decode"  # a long back-off leaves the chain in flight: one read, then plain steps
+        # rows that back off a few steps while a verify chain is in flight go on in it, one token each (no read
+        # between)
         return "verify" if self.verify.eligible(rows) else (None if drafting else "decode")
 
     def _continues(self, step: ScheduledStep, kind: str | None) -> bool:

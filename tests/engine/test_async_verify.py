@@ -108,6 +108,47 @@ def test_backed_off_rows_chain_one_token_steps_on_the_verify_in_flight(checkpoin
     assert_idle_and_empty(llm)
 
 
+def test_a_long_back_off_leaves_the_chain_for_plain_steps_with_one_read_each_way(checkpoint, monkeypatch):
+    """With pauses up to 16 steps (1, 3, 7, 15, 16 after each miss), a pause of more than LEAVE_CHAIN_AFTER
+    steps after the one-token step in flight reads that step once and runs plain decode steps (`_launch`),
+    then reads the last of them once to start the next chain; shorter pauses chain one-token steps as
+    before. The tokens are plain decode's."""
+    prompts = repetitive(7, 4)
+    params = [SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)] * 4
+    plain = outputs(LLM(checkpoint, **KW), prompts, params)
+    llm = LLM(checkpoint, speculative=SpeculativeConfig(num_draft_tokens=3, backoff_max_steps=16),
+              async_scheduling=True, **KW)
+    vocab = llm.vocab_size
+
+    def wrong(history, lengths):
+        last = history.gather(1, (lengths - 1)[:, None])
+        return (last + 1 + torch.arange(3, device=last.device)) % vocab, torch.full_like(lengths, 3)
+
+    monkeypatch.setattr(llm.drafter, "propose_on_device", wrong)
+    kinds, loop = [], step_loop.StepLoop
+    launch, plain_launch, read = async_verify.AsyncVerify.launch, loop._launch, loop.read_inflight
+
+    def counted_launch(verify, step):
+        launch(verify, step)
+        kinds.append("W" if llm._loop.inflight[1].tokens.shape[1] > 1 else "1")
+
+    monkeypatch.setattr(async_verify.AsyncVerify, "launch", counted_launch)
+    monkeypatch.setattr(loop, "_launch", lambda self, step: (plain_launch(self, step), kinds.append("P"))[0])
+    monkeypatch.setattr(loop, "read_inflight", lambda self: (kinds.append("r"), read(self))[1])
+    llm.step_hook = llm.manager.check_integrity
+    assert outputs(llm, prompts, params) == plain
+    seq = "".join(kinds)
+    assert async_verify.LEAVE_CHAIN_AFTER < 14
+    # W: a verify step with drafts, 1: a chained one-token step, P: a plain step, r: a read between steps.
+    # The step after a miss is decided before the miss is read (one token, chained); the pause follows it.
+    assert "W" + "1" * 8 + "W" in seq, seq  # the 7-step pause: chained, no read
+    middle = seq[seq.index("W") : seq.rindex("W") + 1]
+    assert "W1r" + "P" * 14 + "rW" in middle, seq  # the 15-step pause: the chained step, a read, plain steps
+    assert middle.count("r") == 2 * middle.count("1rP") == 2 * middle.count("PrW"), seq  # reads only at switches
+    assert llm.stats.num_accepted_tokens == 0 and llm.manager.planner.unsettled == []
+    assert_idle_and_empty(llm)
+
+
 def test_logprobs_of_async_verify_steps_equal_the_synchronous_ones(checkpoint, monkeypatch):
     """Rows asking for logprobs (0 or 3 alternatives) beside rows that do not run asynchronous verify steps;
     each accepted token's logprob and alternatives come back behind the tokens and equal the synchronous
