@@ -62,6 +62,12 @@ def test_key_splits_and_query_blocks_do_not_change_the_result(num_splits: int, b
     run_case(VERIFY + [(5, 1)], 16, 2, torch.float32, num_splits=num_splits, block_t=block_t)
 
 
+@pytest.mark.parametrize("block_n", [16, 32, 128])
+def test_key_steps_do_not_change_the_result(block_n: int) -> None:
+    """Key steps of one page and of several, and wider than every row's keys."""
+    run_case(VERIFY + [(5, 1)], 16, 2, torch.float32, num_splits=2, block_n=block_n)
+
+
 def test_long_prefill_row_and_odd_head_dim() -> None:
     """The kernel is correct for any row; D = 24 pads to a 32-lane tile; group 3 pads the tile rows."""
     run_case([(0, 23), (9, 1), (30, 17)], 5, 3, torch.float32, d=24)

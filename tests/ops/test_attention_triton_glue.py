@@ -134,9 +134,12 @@ def test_mla_kernel_matches_naive(rows, page_size: int, dtype: torch.dtype) -> N
     mla_case(rows, page_size, dtype)
 
 
-@pytest.mark.parametrize("num_splits,block_t", [(3, 1), (8, 2), (1, 4)])
-def test_mla_key_splits_and_query_blocks_do_not_change_the_result(num_splits: int, block_t: int) -> None:
-    mla_case(VERIFY + [(5, 1)], 16, torch.float32, num_splits=num_splits, block_t=block_t)
+@pytest.mark.parametrize("num_splits,block_t,block_n", [(3, 1, 16), (8, 2, 16), (1, 4, 16), (2, 1, 32), (1, 2, 64)])
+def test_mla_key_splits_query_blocks_and_key_steps_do_not_change_the_result(num_splits: int, block_t: int,
+                                                                             block_n: int) -> None:
+    """Key steps wider than a page (16) and than a row's keys, and than a split's share of them."""
+    mla_case(VERIFY + [(5, 1)], 16, torch.float32, num_splits=num_splits, block_t=block_t, block_n=block_n,
+             num_warps=4 if block_n == 32 else None)
 
 
 def test_mla_glue_matches_torch_absorbed_path_through_the_dispatch() -> None:

@@ -87,14 +87,15 @@ def attend_kv_pages_triton(
     scale: float | None = None,
     num_splits: int | None = None,
     block_t: int | None = None,
+    block_n: int | None = None,
 ) -> Tensor:
     """Attention of the new tokens over pages that already hold them (read only), one Triton launch
     (two with key splits). Same arguments and result as ``paged.attend_kv_pages``.
 
     q: [N, Hq, D]; kv: [P, 2, page_size, Hkv, D]; page_table: [B, W] int; cached_lens: [B];
-    cu_seqlens: [B + 1]. Returns [N, Hq, D] in q's dtype. ``num_splits`` (key splits per query block)
-    and ``block_t`` (query tokens per block, a power of two) default to a choice from the shapes;
-    neither changes the result beyond rounding.
+    cu_seqlens: [B + 1]. Returns [N, Hq, D] in q's dtype. ``num_splits`` (key splits per query block),
+    ``block_t`` (query tokens per block, a power of two) and ``block_n`` (keys a loop step, a power of two
+    >= 16) default to a choice from the shapes; none changes the result beyond rounding.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_rows, width = page_table.shape
@@ -110,7 +111,7 @@ def attend_kv_pages_triton(
 
     block_t, grid_blocks, num_splits = plan_grid(
         num_tokens, num_rows, width, page_size, group, MAX_TILE_ROWS, num_kv_heads, q.device, block_t, num_splits)
-    block_n = 64 if page_size * width >= 64 else 16
+    block_n = block_n or (64 if page_size * width >= 64 else 16)
     part, stat = split_buffers(num_splits, out)
     _attend_kernel[(grid_blocks, num_kv_heads, num_splits)](
         q, kv, page_table, cached_lens, cu_seqlens, out, part, stat,
