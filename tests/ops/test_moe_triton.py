@@ -207,6 +207,22 @@ def test_the_gate_logit_scales_the_shared_expert():
     torch.testing.assert_close(half - routed, 0.5 * shared(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("up_launch, down_launch", [((4, 16, 2), (64, 32, 8)), ((32, 64, 1), (8, 16, 4))])
+def test_each_kernels_launch_choice_leaves_the_result(up_launch, down_launch):
+    """`up_launch` / `down_launch` (rows, inner step, warps, one pair or token a program; the tiling sweep's
+    knobs) on their own kernel, with a gated shared expert of two parts: the same sums as `_tiles`' choice
+    (rows and inner steps off the sizes, so the last of each is masked)."""
+    e, k, n = 4, 2, 3
+    module = filled(experts.GatedExperts(e, D, I, "silu", DEVICE, F32), seed=3)
+    shared = filled(GatedMLP(D, 2 * I, "silu", DEVICE, F32, extra_rows=1), seed=4).as_shared_expert(gate_logit=True)
+    x = randn(n, D, seed=5)
+    index, weight = routing(n, e, k, seed=6, dtype=F32)
+    args = (x, index, weight, module.up, module.down, module.gate, "silu", F32)
+    want = experts_triton.fused_experts_triton(*args, tiles=(1, 32, 32), shared=shared)
+    got = experts_triton.fused_experts_triton(*args, shared=shared, up_launch=up_launch, down_launch=down_launch)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_which_shared_experts_the_kernels_take(monkeypatch):
     """`SharedExpert.fits`: any multiple of I with the routed experts' D, dtype and gating; a width that is
     not a multiple, another dtype, a non-gated one beside gated experts, a gate row of the wrong width: no.

@@ -236,13 +236,17 @@ def shared_args(shared: SharedExpert | None, x: Tensor, up: Tensor, down: Tensor
 
 def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, down: Tensor,
                          gate: Tensor | None, act: str, out_dtype: torch.dtype,
-                         tiles: tuple[int, int, int] | None = None, shared: SharedExpert | None = None) -> Tensor:
+                         tiles: tuple[int, int, int] | None = None, shared: SharedExpert | None = None,
+                         up_launch: tuple[int, int, int] | None = None,
+                         down_launch: tuple[int, int, int] | None = None) -> Tensor:
     """`sum_j weight[:, j] * expert(index[:, j], x)` with expert e = `down[e] · act(gate[e] · x) * (up[e] · x)`
     (gated) or `down[e] · act(up[e] · x)` (gate None), then `+ shared(x)` where there is a shared expert
     (`+ sigmoid(gate_logit · x) * shared(x)` with a gate logit). x: [N, D]; index (int), weight: [N, k];
     up, gate: [E, I, D]; down: [E, D, I]; shared's [S, D], [D, S] -> [N, D] in out_dtype. Two launches,
     whatever the index holds. `tiles` (tests): (BLOCK, BLOCK_ROWS, BLOCK_IN) for both kernels instead of
-    `_tiles`' choice, BLOCK the pairs (up) and tokens (down) a program."""
+    `_tiles`' choice, BLOCK the pairs (up) and tokens (down) a program. `up_launch`, `down_launch` (the tiling
+    sweep, `benchmarks/tune_moe.py`): (BLOCK_ROWS, BLOCK_IN, num_warps) for one kernel, one pair (token) a
+    program; none changes the result."""
     _check(x, index, weight, up, down, gate, act, out_dtype, shared)
     (N, K), (_, I, D) = index.shape, up.shape
     out = torch.empty(N, D, device=x.device, dtype=out_dtype)
@@ -255,13 +259,24 @@ def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, d
     logit = int(shared is not None and shared.gate_logit is not None)
     pairs = N * (K + s.parts)
     h = torch.empty(pairs, I, device=x.device, dtype=x.dtype)
-    block, rows, inner = tiles or _tiles(pairs, I, D, x.device)
+    (block, rows, inner), warps = _launch(tiles, up_launch, pairs, I, D, x.device)
     _up_kernel[(triton.cdiv(pairs, block), triton.cdiv(I, rows))](
         x, index, up if gate is None else gate, up, s.gate, s.up, s.logit_row, h, s.logits, pairs, x.stride(0),
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
-        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=4)
-    block, rows, inner = tiles or _tiles(N, D, I, x.device)
+        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps)
+    (block, rows, inner), warps = _launch(tiles, down_launch, N, D, I, x.device)
     _down_kernel[(triton.cdiv(N, block), triton.cdiv(D, rows))](
         h, index, weight, down, s.down, s.logits, out, N, down.stride(0), down.stride(1), s.stride_down,
-        K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=4)
+        K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps)
     return out
+
+
+def _launch(tiles: tuple[int, int, int] | None, launch: tuple[int, int, int] | None, count: int, rows: int,
+            inner: int, device: torch.device) -> tuple[tuple[int, int, int], int]:
+    """((BLOCK, BLOCK_ROWS, BLOCK_IN), num_warps) of one kernel: `tiles`, else `launch`, else `_tiles`' choice
+    with 4 warps."""
+    if tiles is not None:
+        return tiles, 4
+    if launch is not None:
+        return (1, launch[0], launch[1]), launch[2]
+    return _tiles(count, rows, inner, device), 4
