@@ -96,6 +96,27 @@ for label, call in engine_calls.cases():  # the tilings the engine launches: spi
         with captured_launches() as launches:
             call()
         spills[label] = ptxas_report(compile_launch(launches[0]))[1]
+import torch
+from hybridcache.ops.moe import SharedExpert, experts_sorted_triton
+
+def sorted_moe(parts, logit):
+    """The sorted experts' three launches with a shared expert of `parts` parts, at a CUDA tiling."""
+    D, I, E, k, n = 256, 64, 8, 2, 16
+    w = lambda *shape: torch.randn(*shape).to(torch.bfloat16)
+    shared = SharedExpert(w(parts * I, D), w(D, parts * I), w(parts * I, D), w(D) if logit else None)
+    P = n * (k + parts)
+    order, ends = torch.zeros(P, dtype=torch.int32), torch.zeros(E + parts, dtype=torch.int32)
+    with captured_launches() as launches:
+        experts_sorted_triton.sorted_experts_triton(w(n, D), torch.zeros(n, k, dtype=torch.int64), torch.rand(n, k),
+                                                    order, ends, w(E, I, D), w(E, D, I), w(E, I, D), "silu",
+                                                    torch.bfloat16, tiles=(16, 64, 128), shared=shared)
+    for launch in launches:  # the CUDA dots (the CPU tensors ask for the interpreter's upcast)
+        if "UPCAST" in launch.kwargs:
+            launch.kwargs["UPCAST"] = False
+    return len(launches) == 3 and all("cubin" in compile_launch(l).asm for l in launches)
+
+results["moe_sorted-shared4-logit"] = sorted_moe(4, True)
+results["moe_sorted-shared1"] = sorted_moe(1, False)
 results["relu2"] = compile_(activation_triton._relu2_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32"},
                            {"BLOCK": 2048})
 results["silu_mul"] = compile_(activation_triton._silu_mul_kernel, {"h_ptr": "*bf16", "y_ptr": "*bf16", "inner": "i32",
@@ -112,7 +133,7 @@ CASES = ["rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-sil
          "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "conv_shift",
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify",
-         "router-kimi_linear", "router-qwen3_next"]
+         "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1"]
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py

@@ -16,8 +16,11 @@ With x [N, D], index / weight [N, k], P = N·k pairs p = n·k + j, `order` [P] t
 
 A shared expert of M parts (`experts_triton`'s layout) is experts E .. E + M - 1 of the sort, one pair a
 token each; kernel 1 takes each part as an expert of I rows (part 0's first column tile also the gate
-logit); in kernel 2 the blocks of part 0 take the shared expert's down over all M·I (h's M rows of a
-token are one row of S), scaled by 1 or rnd_W(sigmoid(logit)), and the other parts' blocks return.
+logit). Its down product runs over all S = M·I (h's M rows of a token are one row of S): in kernel 2 part
+s's blocks take columns s·I .. s·I + I of it, into an fp32 partial of the token (no rounding), so the
+shared expert's blocks loop over I like a routed expert's, not over M·I; kernel 3 sums a token's M
+partials in part order, rounds to W (then O) as the GEMM's output, scales by 1 or rnd_W(sigmoid(logit))
+and adds the result after the routed ones.
 
 the roundings of `experts_triton` (and so of `models/layers/experts.py`'s paths): see its docstring. The
 dot products accumulate in fp32 (fp32 operands as IEEE products, not TF32), in another order than torch's.
@@ -29,7 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..rms_norm_triton import _round, _sigmoid
+from ..rms_norm_triton import _TL_DTYPE, _round, _sigmoid
 from ..triton_dot import dot, dot_args
 from ..triton_support import num_sms
 from . import SharedExpert
@@ -135,54 +138,65 @@ def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, shared_gate_
 
 
 @triton.jit
-def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_ptr, y_ptr, E,
+def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, shared_down_ptr, y_ptr, part_ptr, E,
                         stride_we, stride_wd, stride_sd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
-                        M: tl.constexpr, LOGIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                        E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        M: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, E_POW2: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     e, live, pair, cols, col_ok = _block(ends_ptr, order_ptr, E + M, D, E_POW2, BLOCK_M, BLOCK_N)
-    if e > E or e >= E + M:  # surplus, or a shared part after the first: part 0's blocks take the whole S
+    if e >= E + M:  # surplus
         return
-    shared = e == E  # the shared expert's down over its M·I, from h's M consecutive rows of the token
+    shared = e >= E  # shared part e - E: the shared expert's down over its columns (e - E)·I .. + I
     if shared:
-        down_ptr = shared_down_ptr
+        down_ptr = shared_down_ptr + (e - E).to(tl.int64) * I
     else:
         down_ptr = down_ptr + e.to(tl.int64) * stride_we
-    inner = tl.where(shared, M * I, I)
     w = cols.to(tl.int64)[None, :] * tl.where(shared, stride_sd, stride_wd)
     acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-    for k0 in range(0, inner, BLOCK_K):
+    for k0 in range(0, I, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < inner
+        k_ok = k < I
         hv = tl.load(h_ptr + pair[:, None] * I + k[None, :], mask=live[:, None] & k_ok[None, :], other=0.0)
         acc = dot(hv, tl.load(down_ptr + w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0), acc,
                    PRECISION, UPCAST)
+    out_ok = live[:, None] & col_ok[None, :]
+    KP: tl.constexpr = K + M
+    if shared:  # token n's partial of part s at row n·M + s, unrounded: kernel 3 sums, rounds and scales
+        partial = pair // KP * M + (e - E)
+        tl.store(part_ptr + partial[:, None] * D + cols[None, :], acc, mask=out_ok)
+        return
     W: tl.constexpr = down_ptr.dtype.element_ty
     O: tl.constexpr = y_ptr.dtype.element_ty
     y = _round(acc, W)
     if O != W:
         y = _round(y, O)
-    # promote(O, weight's dtype) is O or fp32: the product rounds to O once; the shared expert's weight is 1,
-    # or sigmoid(logit) rounded to W (= O with a logit)
-    KP: tl.constexpr = K + M
-    routed = pair % KP < K
-    weight = tl.load(weight_ptr + pair // KP * K + pair % KP, mask=live & routed, other=1.0).to(tl.float32)
-    if LOGIT:
-        gate = _round(_sigmoid(tl.load(logit_ptr + pair // KP, mask=live & ~routed, other=0.0)), W)
-        weight = tl.where(routed, weight, gate)
+    # promote(O, weight's dtype) is O or fp32: the product rounds to O once
+    weight = tl.load(weight_ptr + pair // KP * K + pair % KP, mask=live, other=1.0).to(tl.float32)
     y = _round(y * weight[:, None], O)
-    tl.store(y_ptr + pair[:, None] * D + cols[None, :], y.to(O), mask=live[:, None] & col_ok[None, :])
+    tl.store(y_ptr + pair[:, None] * D + cols[None, :], y.to(O), mask=out_ok)
 
 
 @triton.jit
-def _sorted_sum_kernel(y_ptr, out_ptr, D: tl.constexpr, KP: tl.constexpr, COUNT: tl.constexpr, BLOCK: tl.constexpr):
-    """out[n] = y's rows n·KP + j for j < COUNT (the routed pairs, then the shared expert's first part)."""
+def _sorted_sum_kernel(y_ptr, part_ptr, logit_ptr, out_ptr, D: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
+                       LOGIT: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr):
+    """out[n] = y's rows n·(K + M) + j for j < K (the routed pairs), then the shared expert's M partials of
+    token n summed, in W as its GEMM's output, scaled by 1 or sigmoid(logit[n]) in W, added in O."""
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < D
     O: tl.constexpr = out_ptr.dtype.element_ty
     total = tl.full([BLOCK], 0.0, tl.float32)
-    for j in tl.static_range(COUNT):
-        total = _round(total + tl.load(y_ptr + (n * KP + j) * D + cols, mask=ok, other=0.0).to(tl.float32), O)
+    for j in tl.static_range(K):
+        total = _round(total + tl.load(y_ptr + (n * (K + M) + j) * D + cols, mask=ok, other=0.0).to(tl.float32), O)
+    if M > 0:
+        acc = tl.full([BLOCK], 0.0, tl.float32)
+        for s in tl.static_range(M):
+            acc += tl.load(part_ptr + (n * M + s) * D + cols, mask=ok, other=0.0)
+        y = _round(acc, W)
+        if O != W:
+            y = _round(y, O)
+        if LOGIT:  # sigmoid(logit) in W (= O with a logit), then the product in W
+            y = _round(y * _round(_sigmoid(tl.load(logit_ptr + n)), W), O)
+        total = _round(total + y, O)
     tl.store(out_ptr + n * D + cols, total.to(O), mask=ok)
 
 
@@ -252,13 +266,14 @@ def sorted_experts_triton(x: Tensor, index: Tensor, weight: Tensor, order: Tenso
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
         LOGIT=logit, **dots, E_POW2=e_pow2, BLOCK_M=bm, BLOCK_N=block_n,
         BLOCK_K=block_k, num_warps=4)
-    y = torch.empty(P, D, device=x.device, dtype=out_dtype)
+    y = torch.empty(P, D, device=x.device, dtype=out_dtype)  # the shared expert's rows unused
+    part = torch.empty(N * s.parts, D, device=x.device, dtype=torch.float32) if s.parts else y
     bm, block_n, block_k = tiles or _tiles(P, E + s.parts, D, I, x.device)
     _sorted_down_kernel[(triton.cdiv(P, bm) + E + s.parts, triton.cdiv(D, block_n))](
-        h, order, ends, weight, down, s.down, s.logits, y, E, down.stride(0), down.stride(1), s.stride_down,
-        K=K, I=I, D=D, M=s.parts, LOGIT=logit, **dots, E_POW2=e_pow2, BLOCK_M=bm,
+        h, order, ends, weight, down, s.down, y, part, E, down.stride(0), down.stride(1), s.stride_down,
+        K=K, I=I, D=D, M=s.parts, **dots, E_POW2=e_pow2, BLOCK_M=bm,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     block = min(1024, triton.next_power_of_2(D))
-    _sorted_sum_kernel[(N, triton.cdiv(D, block))](y, out, D=D, KP=K + s.parts, COUNT=K + (s.parts > 0),
-                                                  BLOCK=block, num_warps=4)
+    _sorted_sum_kernel[(N, triton.cdiv(D, block))](y, part, s.logits, out, D=D, K=K, M=s.parts, LOGIT=logit,
+                                                  W=_TL_DTYPE[x.dtype], BLOCK=block, num_warps=4)
     return out
