@@ -35,6 +35,18 @@ def greedy(n: int, max_tokens: int = 30, **kw) -> list[SamplingParams]:
     return [SamplingParams(max_tokens=max_tokens + 3 * i, temperature=0.0, **kw) for i in range(n)]
 
 
+def wrong_on_device(llm: LLM, monkeypatch) -> None:
+    """On-device drafts that the greedy choice rarely is: the argmax of a random model is not the token after
+    the last plus one (and the two after it)."""
+    vocab = llm.vocab_size
+
+    def wrong(history, lengths):
+        last = history.gather(1, (lengths - 1)[:, None])
+        return (last + 1 + torch.arange(3, device=last.device)) % vocab, torch.full_like(lengths, 3)
+
+    monkeypatch.setattr(llm.drafter, "propose_on_device", wrong)
+
+
 class Launches:
     """Counts the loop's asynchronous verify launches and synchronous steps."""
 
@@ -81,13 +93,7 @@ def test_backed_off_rows_chain_one_token_steps_on_the_verify_in_flight(checkpoin
     plain = outputs(LLM(checkpoint, **KW), prompts, params)
     llm = LLM(checkpoint, speculative=SpeculativeConfig(num_draft_tokens=3, backoff_max_steps=8),
               async_scheduling=True, **KW)
-    vocab = llm.vocab_size
-
-    def wrong(history, lengths):  # the argmax of a random model is not the token after the last plus one
-        last = history.gather(1, (lengths - 1)[:, None])
-        return (last + 1 + torch.arange(3, device=last.device)) % vocab, torch.full_like(lengths, 3)
-
-    monkeypatch.setattr(llm.drafter, "propose_on_device", wrong)
+    wrong_on_device(llm, monkeypatch)
     widths, reads, launch, read = [], [], async_verify.AsyncVerify.launch, step_loop.StepLoop.read_inflight
 
     def counted_launch(verify, step):
@@ -118,13 +124,7 @@ def test_a_long_back_off_leaves_the_chain_for_plain_steps_with_one_read_each_way
     plain = outputs(LLM(checkpoint, **KW), prompts, params)
     llm = LLM(checkpoint, speculative=SpeculativeConfig(num_draft_tokens=3, backoff_max_steps=16),
               async_scheduling=True, **KW)
-    vocab = llm.vocab_size
-
-    def wrong(history, lengths):
-        last = history.gather(1, (lengths - 1)[:, None])
-        return (last + 1 + torch.arange(3, device=last.device)) % vocab, torch.full_like(lengths, 3)
-
-    monkeypatch.setattr(llm.drafter, "propose_on_device", wrong)
+    wrong_on_device(llm, monkeypatch)
     kinds, loop = [], step_loop.StepLoop
     launch, plain_launch, read = async_verify.AsyncVerify.launch, loop._launch, loop.read_inflight
 
@@ -254,6 +254,33 @@ def test_pressure_arrivals_and_rebalances_equal_the_unconstrained_run(checkpoint
     assert llm.manager.planner.unsettled == []
     assert_idle_and_empty(llm)
     assert True in bound_decided and False in bound_decided  # both ways of answering fits() were checked
+
+
+def test_long_back_offs_under_pressure_with_arrivals_and_rebalances(checkpoint, monkeypatch):
+    """Rows backing off up to 16 steps (their chains left for plain steps and rejoined) among arrivals,
+    suspensions, re-prefills and rebalances: the unconstrained plain run's tokens, every commit settled."""
+    prompts = repetitive(5, 10)
+    params = greedy(10, max_tokens=40, ignore_eos=True)
+    free = LLM(checkpoint, max_num_seqs=16, max_model_len=160, page_size=4)
+    expected = [toks for toks, _ in outputs(free, prompts, params)]
+    spec = SpeculativeConfig(num_draft_tokens=3, backoff_max_steps=16)
+    sizing = LLM(checkpoint, max_num_seqs=16, max_model_len=160, page_size=4, speculative=spec).sizing
+    per = sizing.request_bytes(max(map(len, prompts)) + 40 + 27 + 4, 4)
+    budget = 4 * sizing.bytes_per_slot + int((per - sizing.bytes_per_slot) * 1.3)
+    llm = LLM(checkpoint, max_num_seqs=4, max_model_len=160, page_size=4, num_slots=4, device_cache_bytes=budget,
+              host_cache_bytes=int(per * 1.5), max_num_batched_tokens=16, speculative=spec, async_scheduling=True)
+    wrong_on_device(llm, monkeypatch)
+    launches, left, idles = Launches(monkeypatch), [], async_verify.AsyncVerify.idles
+    monkeypatch.setattr(async_verify.AsyncVerify, "idles", lambda verify, rows: (left.append(idles(verify, rows)),
+                                                                                 left[-1])[1])
+    llm.step_hook = llm.manager.check_integrity
+    got, rebalances = run_with_arrivals(llm, prompts, params, seed=5)
+    assert got == expected
+    s = llm.stats
+    assert rebalances > 0 and s.num_suspensions + s.num_reprefills > 0, s
+    assert launches.verify > 0 and left.count(True) > 0, (launches.verify, left)  # chains left mid-run
+    assert llm.manager.planner.unsettled == []
+    assert_idle_and_empty(llm)
 
 
 @pytest.mark.parametrize("nth", [5, 9])
