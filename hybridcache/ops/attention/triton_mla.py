@@ -100,6 +100,7 @@ def mla_attend_triton(
     block_t: int | None = None,
     block_n: int = 16,
     num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> Tensor:
     """Absorbed MLA of the new tokens over latent pages that already hold them (read only).
 
@@ -107,8 +108,9 @@ def mla_attend_triton(
     latent_pages: [P, page_size, R + Dr]; page_table: [B, W] int; cached_lens: [B]; cu_seqlens: [B + 1].
     Returns o_lat [N, H, R] in the pages' dtype (into `out`, e.g. an [H, N, R] buffer's transpose, if
     given). ``num_splits`` and ``block_t`` (a power of two) default to a choice from the shapes, ``block_n``
-    (keys a loop step, a power of two >= 16) and ``num_warps`` (8 from a rank of 256) to what has been timed
-    (`benchmarks/tune_decode_attention.py` sweeps them); none changes the result beyond rounding.
+    (keys a loop step, a power of two >= 16) and ``num_warps`` (8 from a rank of 256) to what has been timed,
+    ``num_stages`` (the key loop's software pipelining) to Triton's (`benchmarks/tune_decode_attention.py`
+    sweeps them); none changes the result beyond rounding.
     """
     num_tokens, heads, rank = q_lat.shape
     rope = q_rope.shape[-1]
@@ -139,6 +141,7 @@ def mla_attend_triton(
         BLOCK_T=block_t, BLOCK_M=max(16, triton.next_power_of_2(block_t * heads)), BLOCK_N=block_n,
         BLOCK_B=max(16, triton.next_power_of_2(num_rows)), NUM_SPLITS=num_splits, **dot_modes(latent_pages.dtype),
         num_warps=num_warps or (8 if rank >= 256 else 4),  # the [rows, R] fp32 accumulator over more threads
+        **({} if num_stages is None else {"num_stages": num_stages}),
     )
     merge_splits(part, stat, out)
     return out
