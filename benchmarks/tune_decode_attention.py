@@ -26,7 +26,7 @@ from benchmarks.ops_attention import page_table_for
 from benchmarks.ops_mamba2 import timed
 from benchmarks.timing import graphed
 from hybridcache.ops.attention._triton_flash import plan_grid
-from hybridcache.ops.attention.triton_mla import MAX_TILE_ROWS, mla_attend_triton
+from hybridcache.ops.attention.triton_mla import BLOCK_N, MAX_TILE_ROWS, mla_attend_triton
 from hybridcache.ops.attention.triton_paged import attend_kv_pages_triton
 
 DTYPE, PAGE = torch.bfloat16, 16
@@ -82,7 +82,7 @@ def main() -> None:
                 times[splits, block_n, w, st] = timed(call, device, args.iters) * 1e6
             except Exception as exc:  # noqa: BLE001 - a choice that does not compile (registers) is skipped
                 print(f"  {name} B={batch} ctx={context} {splits}/{block_n}/{w}/{st}: {type(exc).__name__}")
-        call = graphed(lambda: fn(None, 16 if name == "mla" else None, None), device, True)
+        call = graphed(lambda: fn(None, BLOCK_N if name == "mla" else None, None), device, True)
         default = timed(call, device, args.iters) * 1e6
         best = min(times, key=times.get)
         row = "  ".join(f"{s}/{n}/{w}/{st}:{us:.1f}" for (s, n, w, st), us in sorted(times.items()))

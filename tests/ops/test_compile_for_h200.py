@@ -62,6 +62,9 @@ mla_sig = {"ql_ptr": "*bf16", "qr_ptr": "*bf16", "pages_ptr": "*bf16", "table_pt
 results["mla_attention"] = compile_(triton_mla._mla_kernel, mla_sig, {
     "PAGE_SIZE": 16, "HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_R": 512, "BLOCK_DR": 64, "BLOCK_T": 1, "BLOCK_M": 16,
     "BLOCK_N": 16, "BLOCK_B": 16, "NUM_SPLITS": 2, "PRECISION": "tf32", "UPCAST": False})
+results["mla_attention-verify-default"] = compile_(triton_mla._mla_kernel, mla_sig, {
+    "PAGE_SIZE": 16, "HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_R": 512, "BLOCK_DR": 64, "BLOCK_T": 2, "BLOCK_M": 32,
+    "BLOCK_N": triton_mla.BLOCK_N, "BLOCK_B": 16, "NUM_SPLITS": 1, "PRECISION": "tf32", "UPCAST": False}, num_warps=8)
 shift_sig = {"conv_ptr": "*bf16", "slot_ptr": "*i64", "valid_ptr": "*i32", "channels": "i32",
              **{n: "i64" for n in ("stride_l", "stride_s", "stride_c", "stride_j")}}
 results["conv_shift"] = compile_(triton_shift._shift_kernel, shift_sig, {"W": 3, "W_POW2": 4, "BLOCK_C": 256})
@@ -130,7 +133,8 @@ results["sigmoid_gated_add"] = compile_(activation_triton._sigmoid_gated_add_ker
 print(json.dumps({"compiled": results, "spills": spills}))
 '''
 CASES = ["rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
-         "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "conv_shift",
+         "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "mla_attention-verify-default",
+         "conv_shift",
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1"]

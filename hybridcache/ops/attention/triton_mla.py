@@ -27,6 +27,12 @@ from ._triton_flash import (
 )
 
 MAX_TILE_ROWS = 32  # BLOCK_T * H query rows per program: the fp32 accumulator is [rows, R]
+# Keys a loop step. A step's chain (its keys' loads, then the score dot over R + Dr = 576 columns in 16-wide
+# MMA steps, the softmax, the value dot) took about 3 us on the H200 whatever the batch (kimi_linear 1B, 160 keys
+# at 16 a step: 30 us a call at batch 1 and at 64), so wider steps mean fewer of them. At 64 keys the kernel
+# compiles for sm_90 to 189 registers (decode, 8 warps) and 224 (a 4-token verify), no spills; not yet timed
+# (benchmarks/tune_decode_attention.py).
+BLOCK_N = 64
 
 
 @triton.jit
@@ -98,7 +104,7 @@ def mla_attend_triton(
     out: Tensor | None = None,
     num_splits: int | None = None,
     block_t: int | None = None,
-    block_n: int = 16,
+    block_n: int = BLOCK_N,
     num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> Tensor:
@@ -108,9 +114,9 @@ def mla_attend_triton(
     latent_pages: [P, page_size, R + Dr]; page_table: [B, W] int; cached_lens: [B]; cu_seqlens: [B + 1].
     Returns o_lat [N, H, R] in the pages' dtype (into `out`, e.g. an [H, N, R] buffer's transpose, if
     given). ``num_splits`` and ``block_t`` (a power of two) default to a choice from the shapes, ``block_n``
-    (keys a loop step, a power of two >= 16) and ``num_warps`` (8 from a rank of 256) to what has been timed,
-    ``num_stages`` (the key loop's software pipelining) to Triton's (`benchmarks/tune_decode_attention.py`
-    sweeps them); none changes the result beyond rounding.
+    (keys a loop step, a power of two >= 16) to BLOCK_N, ``num_warps`` to 8 from a rank of 256 and
+    ``num_stages`` (the key loop's software pipelining) to Triton's; `benchmarks/tune_decode_attention.py`
+    sweeps them. None changes the result beyond rounding.
     """
     num_tokens, heads, rank = q_lat.shape
     rope = q_rope.shape[-1]
