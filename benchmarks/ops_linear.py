@@ -1,0 +1,72 @@
+"""The model's decode GEMMs on the GPU at the 1B-class checkpoints' shapes, through the cuBLAS entries torch
+offers for a few rows: `F.linear` (what `ops/linear.py` calls: cuBLASLt, which picks split-K plus a reduce kernel
+for nemotron_h's 2,048-row outputs over 4,096 and 5,120 columns at one row: 27 of each a bs1 step, 9.3 us a pair
+on the H200), `torch.mv` (a matrix-vector product, one row only) and `weight @ x.T` (the transposed problem);
+bf16, GB/s of the weight read once, against the measured copy bandwidth. What would change `ops/linear.py`.
+
+    PYTHONPATH=. python benchmarks/ops_linear.py --rows 1 4 16 --json bench-out/ops_linear.json
+
+Each figure is the median of 5 timed runs of `iters` CUDA-graph replays after warm-up (CUDA events).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.ops_mamba2 import copy_bandwidth, timed
+from benchmarks.record import Record, add_json_arg
+from benchmarks.timing import graphed
+
+DEV, ACT = "cuda", torch.bfloat16
+# (GEMM, output rows N, input width K)
+SHAPES = [
+    ("nemotron_h mamba in_proj", 10304, 2048), ("nemotron_h mamba out_proj", 2048, 4096),
+    ("nemotron_h mlp up", 5120, 2048), ("nemotron_h mlp down", 2048, 5120), ("nemotron_h attention qkv", 6144, 2048),
+    ("qwen3_next gdn in_proj", 12352, 2048), ("qwen3_next attention q/k/v", 9216, 2048),
+    ("kimi_linear kda in_proj", 6416, 2048), ("kimi_linear kda low-rank up", 4096, 256),
+    ("kimi_linear kda o_proj", 2048, 2048), ("lm head", 32000, 2048),
+]
+
+
+def paths(rows: int) -> dict:
+    """name -> fn(x [rows, K], weight [N, K]) -> [rows, N]."""
+    out = {"F.linear": lambda x, w: F.linear(x, w), "w @ x.T": lambda x, w: (w @ x.T).T}
+    if rows == 1:
+        out["torch.mv"] = lambda x, w: torch.mv(w, x[0])[None]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
+    add_json_arg(ap)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    bandwidth = copy_bandwidth(DEV)
+    record = Record(args.json, "ops_linear", DEV, dict(iters=args.iters, rows=args.rows))
+    record.extra("copy_gbs", bandwidth)
+    print(f"copy bandwidth {bandwidth:.0f} GB/s; us (GB/s of the weight) per path")
+    with torch.no_grad():
+        for name, N, K in SHAPES:
+            weight = (torch.randn(N, K, device=DEV) / K ** 0.5).to(ACT)
+            weight_bytes = weight.numel() * weight.element_size()
+            for rows in args.rows:
+                x = torch.randn(rows, K, device=DEV).to(ACT)
+                row = dict(gemm=name, N=N, K=K, rows=rows, roofline_us=weight_bytes / bandwidth / 1e3)
+                want = F.linear(x, weight).float()
+                for path, fn in paths(rows).items():
+                    err = (fn(x, weight).float() - want).abs().max().item()
+                    assert err <= 0.05 * want.abs().max().item(), f"{path} disagrees with F.linear by {err}"
+                    row[f"{path}_us"] = timed(graphed(lambda: fn(x, weight), DEV, True), DEV, args.iters) * 1e6
+                record.add(**row)
+                cells = "  ".join(f"{p} {row[f'{p}_us']:6.1f} ({weight_bytes / row[f'{p}_us'] / 1e3:5.0f})"
+                                  for p in paths(rows))
+                print(f"{name:28} M={rows:<3} roof {row['roofline_us']:5.1f} | {cells}", flush=True)
+    record.close()
+
+
+if __name__ == "__main__":
+    main()
