@@ -4,7 +4,7 @@
 # a layer), the decode GEMMs through F.linear, torch.mv and w @ x.T (nemotron_h's 27 split-K GEMMs a bs1 step, each
 # with a reduce kernel), and the MoE layer with its shared expert folded against on its own at more token counts
 # (qwen3_next folded was 64.6 us against 48.6 at 16 tokens, yet 17.9 against 26.6 at 1), and issue 10's Mamba2
-# 8 x 1,024 prefill row against mamba_ssm (.whl/ needs its wheel: README.md here, or /tmp/mwheel of session 38); into $OUT.
+# 8 x 1,024 prefill row against mamba_ssm (.whl/ needs its wheel: README.md here); into $OUT.
 set -u
 source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
