@@ -27,9 +27,9 @@ from ._triton_flash import (
 )
 
 MAX_TILE_ROWS = 32  # BLOCK_T * H query rows per program: the fp32 accumulator is [rows, R]
-# Keys a loop step. A step's chain (its keys' loads, then the score dot over R + Dr = 576 columns in 16-wide
-# MMA steps, the softmax, the value dot) took about 3 us on the H200 whatever the batch (kimi_linear 1B, 160 keys
-# at 16 a step: 30 us a call at batch 1 and at 64), so wider steps mean fewer of them. At 64 keys the kernel
+# Keys a loop step. A step's chain (its keys' loads, the score dot over R + Dr = 576 columns, the softmax, the
+# value dot) took about 3 us on the H200 whatever the batch (kimi_linear 1B, 160 keys at 16 a step: 30 us a call
+# at batch 1 and at 64), so wider steps mean fewer of them. At 64 keys the kernel
 # compiles for sm_90 to 189 registers (decode, 8 warps) and 224 (a 4-token verify), no spills; not yet timed
 # (benchmarks/tune_decode_attention.py).
 BLOCK_N = 64
