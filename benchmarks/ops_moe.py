@@ -5,7 +5,7 @@ also timed alone; 1 launch for the router's selection) vs the grouped-GEMM path 
 the roofline of reading the routed experts' weights once; and the whole MoE layer with its shared expert
 run inside the experts' kernels against on its own. Every path is timed at every batch, past the
 limits the forwards use (MAX_PAIRS, MAX_SORTED_PAIRS), to place them; `--sweep` also times the sorted
-kernels' pair, column and inner tiles.
+kernels' pair, column and inner tiles and warps.
 
 Shapes: the qwen3_next and kimi_linear 1B checkpoints of benchmarks/families.py (hidden 2048, 8 experts of
 512, top 2; qwen3_next's softmax router, kimi_linear's sigmoid group router with n_group 1), bf16.
@@ -40,7 +40,8 @@ from hybridcache.ops.moe.experts_triton import fused_experts_triton
 DEV = "cuda"
 ACT = torch.bfloat16
 BATCHES = (1, 4, 16, 32, 64, 128, 256, 512)
-SWEEP = [(m, n, k) for m in (16, 32, 64) for n in (32, 64) for k in (64, 128)]  # (BLOCK_M, BLOCK_N, BLOCK_K)
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps)
+SWEEP = [(m, n, k, w) for m in (16, 32, 64) for n in (16, 32, 64) for k in (64, 128) for w in (4, 8)]
 
 
 def shapes(family: str) -> dict:
@@ -79,9 +80,9 @@ def experts_case(family: str, n: int, bandwidth: float, iters: int, sweep: bool)
                roofline_us=weight_bytes / bandwidth / 1e3)
     args = (module.up, module.down, module.gate, "silu", ACT)
 
-    def sorted_path(tiles=None):
+    def sorted_path(tiles=None, warps=4):
         order, ends = sort_pairs_triton(index, s["E"])
-        return sorted_experts_triton(x, index, weight, order, ends, *args, tiles=tiles)
+        return sorted_experts_triton(x, index, weight, order, ends, *args, tiles=tiles, num_warps=warps)
 
     paths = {"pairs": lambda: fused_experts_triton(x, index, weight, *args), "sorted": sorted_path,
              "grouped": lambda: module(x, index, weight), "sort": lambda: sort_pairs_triton(index, s["E"])}
@@ -93,7 +94,8 @@ def experts_case(family: str, n: int, bandwidth: float, iters: int, sweep: bool)
             row[f"{name}_GBps"] = weight_bytes / (row[f"{name}_us"] * 1e-6) / 1e9
         if sweep:
             row["sorted_tiles"] = "x".join(map(str, _tiles(n * s["k"], s["E"], s["I"], s["D"], x.device)))
-            row["sweep_us"] = {f"{bm}x{bn}x{bk}": us(lambda: sorted_path((bm, bn, bk)), iters) for bm, bn, bk in SWEEP}
+            row["sweep_us"] = {f"{bm}x{bn}x{bk}/{w}": us(lambda: sorted_path((bm, bn, bk), w), iters)
+                               for bm, bn, bk, w in SWEEP}
     finally:
         experts_layer.runs_triton = real
     return row
@@ -147,7 +149,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--families", nargs="+", default=["qwen3_next", "kimi_linear"])
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
-    ap.add_argument("--sweep", action="store_true", help="the sorted kernels' tiles too (BLOCK_M x BLOCK_N x BLOCK_K)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="the sorted kernels' tiles and warps too (BLOCK_M x BLOCK_N x BLOCK_K / warps)")
     add_json_arg(ap)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -168,7 +171,8 @@ def main() -> None:
                       f"{r['pairs_us']:>9.1f} {r['pairs_GBps']:>6.0f} {r['sorted_us']:>9.1f} {r['sorted_GBps']:>6.0f} "
                       f"{r['grouped_us']:>10.1f} {r['grouped_GBps']:>6.0f} {r['sort_us']:>9.1f}")
                 if args.sweep:
-                    print(f"    sorted tiles (BLOCK_M x BLOCK_N x BLOCK_K: us; default {r['sorted_tiles']}): " +
+                    print(f"    sorted tiles (BLOCK_M x BLOCK_N x BLOCK_K / warps: us; default "
+                          f"{r['sorted_tiles']}/4): " +
                           " ".join(f"{t} {v:.1f}" for t, v in r["sweep_us"].items()))
         print(f"{'family':12} {'N':>3} {'router':18} {'fused us':>9} {'torch us':>9}")
         for family, n, r in recorded(record, "router", router_case, args):

@@ -239,11 +239,13 @@ def _tiles(pairs: int, experts: int, rows: int, inner: int, device: torch.device
 
 def sorted_experts_triton(x: Tensor, index: Tensor, weight: Tensor, order: Tensor, ends: Tensor, up: Tensor,
                           down: Tensor, gate: Tensor | None, act: str, out_dtype: torch.dtype,
-                          tiles: tuple[int, int, int] | None = None, shared: SharedExpert | None = None) -> Tensor:
+                          tiles: tuple[int, int, int] | None = None, shared: SharedExpert | None = None,
+                          num_warps: int = 4) -> Tensor:
     """`experts_triton.fused_experts_triton`'s result (same arguments and roundings) from the pairs sorted by
     expert: `order` [N*k], `ends` [E] int32 from `sort.sort_by_expert(index, E)` (with `shared` of M parts:
     `sort_pairs_triton(index, E, shared=M)`'s [N*(k+M)], [E+M]). Three launches.
-    `tiles` (tests, benchmarks): (BLOCK_M, BLOCK_N, BLOCK_K) for both GEMM kernels instead of `_tiles`'."""
+    `tiles` (tests, benchmarks): (BLOCK_M, BLOCK_N, BLOCK_K) for both GEMM kernels instead of `_tiles`';
+    `num_warps` theirs (the tiling sweep, `benchmarks/ops_moe.py --sweep`)."""
     _check(x, index, weight, up, down, gate, act, out_dtype, shared)
     (N, K), (E, I, D) = index.shape, up.shape
     s = shared_args(shared, x, up, down)
@@ -265,14 +267,14 @@ def sorted_experts_triton(x: Tensor, index: Tensor, weight: Tensor, order: Tenso
         x, order, ends, up if gate is None else gate, up, s.gate, s.up, s.logit_row, h, s.logits, E, x.stride(0),
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
         LOGIT=logit, **dots, E_POW2=e_pow2, BLOCK_M=bm, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=4)
+        BLOCK_K=block_k, num_warps=num_warps)
     y = torch.empty(P, D, device=x.device, dtype=out_dtype)  # the shared expert's rows unused
     part = torch.empty(N * s.parts, D, device=x.device, dtype=torch.float32) if s.parts else y
     bm, block_n, block_k = tiles or _tiles(P, E + s.parts, D, I, x.device)
     _sorted_down_kernel[(triton.cdiv(P, bm) + E + s.parts, triton.cdiv(D, block_n))](
         h, order, ends, weight, down, s.down, y, part, E, down.stride(0), down.stride(1), s.stride_down,
         K=K, I=I, D=D, M=s.parts, **dots, E_POW2=e_pow2, BLOCK_M=bm,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
     block = min(1024, triton.next_power_of_2(D))
     _sorted_sum_kernel[(N, triton.cdiv(D, block))](y, part, s.logits, out, D=D, K=K, M=s.parts, LOGIT=logit,
                                                   W=_TL_DTYPE[x.dtype], BLOCK=block, num_warps=4)
