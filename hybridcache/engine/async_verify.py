@@ -22,9 +22,9 @@ from .step_tokens import HostCopy, LogprobCopy, row_params
 
 # A chain of one-token verify steps gives way to plain decode steps (`AsyncVerify.idles`) when every row backs
 # off for more than this many steps after the one in flight. A chained one-token step costs the host more than
-# a plain one (kimi_linear 1B, batch 1, H200: 1.11 ms a step against 0.75, the same 0.69 ms of GPU work) and
-# its KDA verify kernel more than decode's (batch 64: 1.41 against 1.35 ms of GPU work); leaving the chain
-# costs a read, and rejoining one another read with the history's upload, each about a step's host time.
+# a plain one (kimi_linear 1B, batch 1, H200: 1.11 ms a step against 0.75, the same 0.69 ms of GPU work; both
+# run the speculative forward, one token a row); leaving the chain costs a read, and rejoining one another read
+# with the history's upload, each about a step's host time.
 LEAVE_CHAIN_AFTER = 8
 
 if TYPE_CHECKING:
