@@ -50,3 +50,29 @@ def test_greedy_verify_steps_choose_inside_the_graph(checkpoint):
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
     assert llm.runner.graphs.num_choices > 0 and llm.stats.num_accepted_tokens > 0
     assert llm.manager.planner.unsettled == [] and llm.manager.requests() == []
+
+
+def test_long_back_offs_leave_the_chain_for_plain_graph_steps_on_cuda(checkpoint, monkeypatch):
+    """Drafts that always miss, back-off up to 16 steps: chains of one-token verify steps, chains left for
+    plain decode graphs of the speculative forward (`AsyncVerify.idles`) and rejoined; the tokens equal the
+    plain engine's (fp32 greedy), and every step leaves the cache intact."""
+    _, path = checkpoint
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=4, page_size=4, max_model_len=128)
+    params = [SamplingParams(max_tokens=48, ignore_eos=True) for _ in PROMPTS]
+    want = [o.token_ids for o in LLM(path, **kw).generate(PROMPTS, params)]
+    llm = LLM(path, async_scheduling=True, speculative=SpeculativeConfig(num_draft_tokens=3, backoff_max_steps=16),
+              **kw)
+    vocab = llm.vocab_size
+
+    def wrong(history, lengths):  # the argmax of a random model is not the token after the last plus one
+        last = history.gather(1, (lengths - 1)[:, None])
+        return (last + 1 + torch.arange(3, device=last.device)) % vocab, torch.full_like(lengths, 3)
+
+    monkeypatch.setattr(llm.drafter, "propose_on_device", wrong)
+    left, idles = [], async_verify.AsyncVerify.idles
+    monkeypatch.setattr(async_verify.AsyncVerify, "idles",
+                        lambda verify, rows: (left.append(idles(verify, rows)), left[-1])[1])
+    llm.step_hook = llm.manager.check_integrity
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
+    assert left.count(True) > 0 and llm.runner.graphs.num_replays > 0, left
+    assert llm.manager.planner.unsettled == [] and llm.manager.requests() == []
