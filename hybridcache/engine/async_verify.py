@@ -24,7 +24,8 @@ from .step_tokens import HostCopy, LogprobCopy, row_params
 # off for more than this many steps after the one in flight. A chained one-token step costs the host more than
 # a plain one (kimi_linear 1B, batch 1, H200: 1.11 ms a step against 0.75, the same 0.69 ms of GPU work; both
 # run the speculative forward, one token a row); leaving the chain costs a read, and rejoining one another read
-# with the history's upload, each about a step's host time.
+# with the history's upload (estimated at about a step's host time each, not measured: hence pauses of more
+# than a few steps only).
 LEAVE_CHAIN_AFTER = 8
 
 if TYPE_CHECKING:

@@ -8,6 +8,7 @@ import torch
 
 from hybridcache import LLM, SamplingParams, SpeculativeConfig
 from hybridcache.engine import async_verify
+from tests.engine.test_async_verify import wrong_on_device
 from tests.engine.test_cuda_graphs import PROMPTS, checkpoint  # noqa: F401 (checkpoint is a fixture)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
@@ -62,13 +63,7 @@ def test_long_back_offs_leave_the_chain_for_plain_graph_steps_on_cuda(checkpoint
     want = [o.token_ids for o in LLM(path, **kw).generate(PROMPTS, params)]
     llm = LLM(path, async_scheduling=True, speculative=SpeculativeConfig(num_draft_tokens=3, backoff_max_steps=16),
               **kw)
-    vocab = llm.vocab_size
-
-    def wrong(history, lengths):  # the argmax of a random model is not the token after the last plus one
-        last = history.gather(1, (lengths - 1)[:, None])
-        return (last + 1 + torch.arange(3, device=last.device)) % vocab, torch.full_like(lengths, 3)
-
-    monkeypatch.setattr(llm.drafter, "propose_on_device", wrong)
+    wrong_on_device(llm, monkeypatch)
     left, idles = [], async_verify.AsyncVerify.idles
     monkeypatch.setattr(async_verify.AsyncVerify, "idles",
                         lambda verify, rows: (left.append(idles(verify, rows)), left[-1])[1])
