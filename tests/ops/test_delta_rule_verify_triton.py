@@ -131,11 +131,17 @@ GDN_CASES = [  # T, HIST, K, V, dtype, l2norm in kernel
     (1, 8, 16, 8, torch.bfloat16, True),
     (2, 5, 16, 8, torch.bfloat16, True),
     (4, 8, 16, 8, torch.bfloat16, True),
+    (3, 16, 16, 16, torch.bfloat16, True),  # 16 value columns: the history as one product (a dot's least width)
 ]
 
 
-@pytest.mark.parametrize("T,hist,K,V,dtype,norm", GDN_CASES)
-def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm):
+# Cases with 16 value columns or more and T > 1 run the closed form by default; `chunked=False` runs them token
+# by token as well (the form the others take)
+CHUNKED_CASES = [c + (None,) for c in GDN_CASES] + [c + (False,) for c in GDN_CASES if c[0] > 1 and c[3] >= 16]
+
+
+@pytest.mark.parametrize("T,hist,K,V,dtype,norm,chunked", CHUNKED_CASES)
+def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked):
     before = gdn_pools(T, hist, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=T, norm_in_kernel=norm)
@@ -144,7 +150,7 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm):
     o_ref = gdn_run(naive_gdn_verify, x, ref, slots, **kw)
     o_torch = gdn_run(gdn_verify, x, torch_p, slots, **kw)
     x_dev = [t.to(DEVICE) for t in x]
-    o = gdn_run(gdn_verify_triton, x_dev, fast, slots.to(DEVICE), **kw)
+    o = gdn_run(gdn_verify_triton, x_dev, fast, slots.to(DEVICE), chunked=chunked, **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     written = gdn_written(before, T, hist)

@@ -1,4 +1,5 @@
-"""Gated DeltaNet's replay verify as one Triton launch (the work split: `ops/delta_rule_verify_triton.py`)."""
+"""Gated DeltaNet's replay verify as one Triton launch (the work split: `ops/delta_rule_verify_triton.py`):
+token by token here, or for T > 1 in closed form (`triton_verify_chunked.py`)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -10,6 +11,7 @@ from torch import Tensor
 
 from ..delta_rule_triton import gdn_raw_gate, unit_last
 from ..delta_rule_verify_triton import gdn_block_v, key_l2norm, verify_tile_sizes, verify_warps
+from . import triton_verify_chunked as chunked_form
 
 if TYPE_CHECKING:
     from .decode import RawGate
@@ -128,6 +130,7 @@ def gdn_verify_triton(
     num_warps: int | None = None,
     *,
     gate: RawGate | None = None,
+    chunked: bool | None = None,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result).
@@ -138,6 +141,8 @@ def gdn_verify_triton(
     so may q, k, v (copied only without a unit last stride), g and beta (any strides).
     `gate` (g and beta None): a, b [B, T, HV] (any strides), A_log, dt_bias [HV]; g and beta are computed
     in the kernel, the same values as `gate.values()`.
+    `chunked`: the new tokens in closed form (`triton_verify_chunked.py`; the default for T > 1, and it needs
+    block_v >= 16) or token by token; the results agree within rounding.
     Returns o [B, T, HV, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -156,16 +161,27 @@ def gdn_verify_triton(
     if B == 0 or T == 0:
         return o
     q, k, v = unit_last(q), unit_last(k), unit_last(v)
-    BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, gdn_block_v(T))
-    _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](
+    args = (
         q, k, v, g, beta, A_log, dt_bias, o,
         ssm, replay_u, replay_k, replay_G, replay_beta, pnat, buf_idx, slots.contiguous(),
         K ** -0.5 if scale is None else scale,
         *(x.stride(i) for x in (q, k, v) for i in range(3)), *g.stride(), *beta.stride(),
         *ssm.stride(), *replay_u.stride(), *replay_k.stride(), *replay_G.stride(), *replay_beta.stride(),
         pnat.stride(0), buf_idx.stride(0),
-        T=T, H=H, HV=HV, K=K, V=V, HIST=hist, BK=BK, BV=BV, L2NORM=use_qk_l2norm_in_kernel,
-        RAW_GATE=gate is not None,
-        num_warps=num_warps or verify_warps(T),
     )
+    shapes = dict(T=T, H=H, HV=HV, K=K, V=V, HIST=hist, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
+    BK, BV = verify_tile_sizes(K, V, block_v or chunked_form.BLOCK_V, B * HV, q.device)
+    if chunked is None:  # the closed form's products need 16 value columns or more
+        chunked = T > 1 and BV >= 16
+    if chunked:
+        assert BV >= 16, f"the closed form needs 16 value columns or more, have {BV}"
+        chunked_form._gdn_verify_chunked_kernel[(B, HV, triton.cdiv(V, BV))](
+            *args, **shapes, TP=max(16, triton.next_power_of_2(T)), HP=max(16, triton.next_power_of_2(hist)),
+            BK=BK, BV=BV, TOKEN_PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32",
+            num_warps=num_warps or chunked_form.NUM_WARPS,
+        )
+        return o
+    BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, gdn_block_v(T))
+    _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
+                                                   num_warps=num_warps or verify_warps(T))
     return o
