@@ -121,8 +121,8 @@ def router_case(family: str, n: int, iters: int) -> dict:
 
 def shared_case(family: str, n: int, iters: int) -> dict:
     """One MoE layer's forward (router, experts, shared expert): the shared expert inside the experts' kernels
-    (`GatedExperts.takes_shared`, the default) against on its own (gate/up GEMM, silu * up, down GEMM, and
-    qwen3_next's gated sum; `takes_shared` answering no)."""
+    (wherever `GatedExperts.takes_shared`; the layers' choice, `folds_shared`, follows these timings) against on its
+    own (gate/up GEMM, silu * up, down GEMM, and qwen3_next's gated sum; `folds_shared` answering no)."""
     s, cfg = shapes(family), FAMILIES[family]["1b"]
     if family == "qwen3_next":
         module = SharedExpertMoE(s["D"], s["E"], s["k"], s["I"], cfg["shared_expert_intermediate_size"], "silu",
@@ -134,13 +134,13 @@ def shared_case(family: str, n: int, iters: int) -> dict:
     x = torch.randn(n, s["D"], device=DEV).to(ACT)
     shared = module.shared_expert if family == "qwen3_next" else module.shared_experts
     row = dict(family=family, batch=n, shared_inner=shared.inner)
-    takes = GatedExperts.takes_shared
+    folds = GatedExperts.folds_shared
     try:
         for name, fold in (("folded", True), ("separate", False)):
-            GatedExperts.takes_shared = takes if fold else (lambda *a: False)
+            GatedExperts.folds_shared = GatedExperts.takes_shared if fold else (lambda *a: False)
             row[f"{name}_us"] = us(lambda: module(x), iters)
     finally:
-        GatedExperts.takes_shared = takes
+        GatedExperts.folds_shared = folds
     return row
 
 

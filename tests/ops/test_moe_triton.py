@@ -261,10 +261,12 @@ def test_a_shared_expert_of_another_shape_runs_on_its_own(monkeypatch, launches)
     assert_experts_close(out, ref, F32)
 
 
-@pytest.mark.parametrize("n, entry", [(1, "fused_experts_triton"), (20, "sorted_experts_triton")])
-def test_qwen_moe_runs_its_wide_gated_shared_expert_in_the_kernels(monkeypatch, launches, n, entry):
+@pytest.mark.parametrize("n, entry, folded", [(1, "fused_experts_triton", True), (20, "sorted_experts_triton", False),
+                                              (64, "sorted_experts_triton", True)])
+def test_qwen_moe_runs_its_wide_gated_shared_expert_in_the_kernels(monkeypatch, launches, n, entry, folded):
     """SharedExpertMoE with the 1B's ratio (shared expert 4 routed ones wide, a sigmoid gate row): one
-    experts call holds the shared expert, and gives the torch path's result."""
+    experts call holds the shared expert in the one-pair kernels and from FOLD_SORTED_FROM tokens, the
+    shared expert runs on its own in between (`folds_shared`); each gives the torch path's result."""
     from hybridcache.models.layers import shared_moe
 
     moe = filled(shared_moe.SharedExpertMoE(D, 8, 2, I, 4 * I, "silu", True, DEVICE, BF16), seed=7)
@@ -274,6 +276,10 @@ def test_qwen_moe_runs_its_wide_gated_shared_expert_in_the_kernels(monkeypatch, 
     monkeypatch.setattr(shared_moe, "runs_triton", lambda t: False)
     ref = moe(x)
     monkeypatch.setattr(experts, "runs_triton", lambda t: True)
+    index, _ = moe.gate(x)
+    weights = moe.shared_expert.as_shared_expert(gate_logit=True)
+    assert moe.experts.takes_shared(x, index, weights)
+    assert moe.experts.folds_shared(x, index, weights) == folded
     out = moe(x)
     assert launches == [entry]
     assert_experts_close(out, ref, BF16)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops.moe import MAX_SORTED_PAIRS, SharedExpert, pairs
+from ...ops.moe import MAX_PAIRS, MAX_SORTED_PAIRS, SharedExpert, pairs
 from ...ops.moe.sort import sort_by_expert
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
@@ -75,6 +75,13 @@ def dispatch(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, num_exp
             start = end
     out = out * weight.flatten()[order, None]
     return torch.zeros(n, x.shape[1], device=x.device, dtype=dtype).index_add_(0, token, out.to(dtype))
+
+
+# A shared expert of several parts runs slower in the sorted kernels than on its own at few tokens: the whole
+# qwen3_next MoE layer (shared expert 4 parts wide, with its gate) folded against on its own, us (H100,
+# benchmarks/ops_moe.py): 4 tokens 48.3 / 44.3, 16: 62.0 / 52.2, 32: 80.0 / 55.0, 64: 55.9 / 62.6 (H200, a session
+# before: 16: 64.6 / 48.6, 64: 56.0 / 59.2). One part (kimi_linear) folded was faster at every count timed.
+FOLD_SORTED_FROM = 64
 
 
 def fused(x: torch.Tensor, index: torch.Tensor, inner: int, shared: SharedExpert | None = None) -> bool:
@@ -156,6 +163,16 @@ class GatedExperts(nn.Module):
         the shared expert's parts, and it is laid out as a multiple of one of these (the caller has checked
         that it computes the same activation)."""
         return fused(x, index, self.gate.shape[1], shared) and shared.fits(self.up, self.down, self.gate)
+
+    def folds_shared(self, x: torch.Tensor, index: torch.Tensor, shared: SharedExpert) -> bool:
+        """Whether the MoE layers run `shared` in the experts' kernels: where `takes_shared`, but a shared expert
+        of several parts (S / I > 1) only in the one-pair kernels or from FOLD_SORTED_FROM tokens (in between
+        it is faster on its own)."""
+        if not self.takes_shared(x, index, shared):
+            return False
+        inner = self.gate.shape[1]
+        return (shared.parts(inner) == 1 or pairs(index, inner, shared) <= MAX_PAIRS
+                or x.shape[0] >= FOLD_SORTED_FROM)
 
     def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor,
                 shared: SharedExpert | None = None) -> torch.Tensor:

@@ -32,6 +32,6 @@ class KimiMoE(nn.Module):
         if self.shared_experts is None:
             return self.experts(x, index, weight)
         shared = self.shared_experts.as_shared_expert()
-        if self.experts.takes_shared(x, index, shared):  # one pair a token more in the experts' kernels
+        if self.experts.folds_shared(x, index, shared):  # one pair a token more in the experts' kernels
             return self.experts(x, index, weight, shared=shared)
         return self.experts(x, index, weight) + self.shared_experts(x)

@@ -36,7 +36,7 @@ class SharedExpertMoE(nn.Module):
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
         index, weight = self.gate(x)
         fused = self.shared_expert.as_shared_expert(gate_logit=True)
-        if self.experts.takes_shared(x, index, fused):  # S / I more pairs a token in the experts' kernels
+        if self.experts.folds_shared(x, index, fused):  # S / I more pairs a token in the experts' kernels
             return self.experts(x, index, weight, shared=fused)
         shared, logit = self.shared_expert.forward_extra(x)
         routed = self.experts(x, index, weight)

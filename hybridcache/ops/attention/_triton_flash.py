@@ -126,11 +126,12 @@ def _merge_kernel(
 def plan_grid(
     num_tokens: int, num_rows: int, width: int, page_size: int, heads_per_tile: int, max_tile_rows: int,
     programs_per_block: int, device: torch.device, block_t: int | None, num_splits: int | None,
+    min_keys: int = MIN_KEYS_PER_SPLIT, max_splits: int | None = None,
 ) -> tuple[int, int, int]:
     """(block_t, query-block programs, key splits). block_t defaults to the tokens per row on average,
     rounded up to a power of two, at most 16, with ``block_t * heads_per_tile <= max_tile_rows``;
     num_splits to enough programs (``programs_per_block`` per query block and split) for two per SM,
-    each split at least MIN_KEYS_PER_SPLIT keys of the table."""
+    each split at least ``min_keys`` keys of the table, and at most ``max_splits``."""
     if block_t is None:
         block_t = triton.next_power_of_2(-(-num_tokens // num_rows))
         fit = max_tile_rows // heads_per_tile if heads_per_tile <= max_tile_rows else 1
@@ -138,7 +139,7 @@ def plan_grid(
     grid_blocks = min(num_tokens, num_tokens // block_t + num_rows)
     if num_splits is None:
         want = -(-2 * num_sms(device) // (grid_blocks * programs_per_block))
-        num_splits = max(1, min(want, -(-width * page_size // MIN_KEYS_PER_SPLIT)))
+        num_splits = max(1, min(want, -(-width * page_size // min_keys), max_splits or want))
     return block_t, grid_blocks, num_splits
 
 

@@ -27,12 +27,15 @@ from ._triton_flash import (
 )
 
 MAX_TILE_ROWS = 32  # BLOCK_T * H query rows per program: the fp32 accumulator is [rows, R]
-# Keys a loop step. A step's chain (its keys' loads, the score dot over R + Dr = 576 columns, the softmax, the
-# value dot) took about 3 us on the H200 whatever the batch (kimi_linear 1B, 160 keys at 16 a step: 30 us a call
-# at batch 1 and at 64), so wider steps mean fewer of them. At 64 keys the kernel
-# compiles for sm_90 to 189 registers (decode, 8 warps) and 224 (a 4-token verify), no spills; not yet timed
-# (benchmarks/tune_decode_attention.py).
+# Keys a loop step, and the key splits. A step's chain (its keys' loads, the score dot over R + Dr = 576
+# columns, the softmax, the value dot) costs about 3 us whatever the batch, so fewer, wider steps and more
+# splits. Timed on an H100 (benchmarks/tune_decode_attention.py, kimi_linear 1B, 8 warps, us at batch 1 / 16):
+# 160 keys: 16 a step and one split 24.3 / 25.3; 64 a step 15.6 / 15.7; 64 a step and 8 splits 11.6 / 13.3,
+# 32 a step and 8 splits 10.1 / 11.4. 1,024 keys: 64 a step and 4 splits (the shared rule's 256 keys a split)
+# 21.3 / 22.3, 8 splits 15.2 / 17.2. Eight splits were the most timed.
 BLOCK_N = 64
+MIN_KEYS_PER_SPLIT = 16
+MAX_SPLITS = 8
 
 
 @triton.jit
@@ -132,7 +135,8 @@ def mla_attend_triton(
         raise ValueError("latent pages need unit stride in their last dim")
 
     block_t, grid_blocks, num_splits = plan_grid(
-        num_tokens, num_rows, width, page_size, heads, MAX_TILE_ROWS, 1, q_lat.device, block_t, num_splits)
+        num_tokens, num_rows, width, page_size, heads, MAX_TILE_ROWS, 1, q_lat.device, block_t, num_splits,
+        MIN_KEYS_PER_SPLIT, MAX_SPLITS)
     part, stat = split_buffers(num_splits, out)
     _mla_kernel[(grid_blocks, num_splits)](
         q_lat, q_rope, latent_pages, page_table, cached_lens, cu_seqlens, out, part, stat,
