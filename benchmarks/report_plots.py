@@ -31,7 +31,7 @@ def plot_all(groups: dict[str, list[dict]], img_dir: Path) -> None:
                 ax.plot(*zip(*pts), marker="o", label=engine, **style)
             p = data["params"]
             ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="generated tokens/s",
-                   title=f"{p['family']} {p['size']} {p['dtype']}" + cpu_note(data))
+                   title=f"{p['family']} {p['size']} {p['dtype']}" + machine_note(data))
             log_axes(ax, sorted({r["batch"] for r in data["rows"]}))
         save(fig, img_dir / "engine_throughput.png")
     if groups.get("swap_vs_reprefill"):
@@ -48,7 +48,7 @@ def plot_all(groups: dict[str, list[dict]], img_dir: Path) -> None:
                 ax.plot(ctx, [r[key] for r in rows], marker="o", label=label, **style)
             p = data["params"]
             ax.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="ms",
-                   title=f"resume one request: {p['family']} {p['size']} {p['dtype']}" + cpu_note(data))
+                   title=f"resume one request: {p['family']} {p['size']} {p['dtype']}" + machine_note(data))
             log_axes(ax, ctx)
         save(fig, img_dir / "swap_vs_reprefill.png")
     ops = groups.get("ops_mamba2", []) + groups.get("ops_gdn", [])
@@ -70,7 +70,7 @@ def plot_all(groups: dict[str, list[dict]], img_dir: Path) -> None:
                         label="plain decode")
             p = data["params"]
             ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="ms per verify step (one layer)",
-                   title=f"{p['op']} verify, {p['dtype'].replace('torch.', '')}" + cpu_note(data))
+                   title=f"{p['op']} verify, {p['dtype'].replace('torch.', '')}" + machine_note(data))
             log_axes(ax, sorted({r["batch"] for r in data["rows"]}))
         save(fig, img_dir / "spec_verify.png")
     decode_files = [d for d in groups.get("ops_kernels", []) if any(r["kind"] == "decode" for r in d["rows"])]
@@ -116,8 +116,9 @@ def on_gpu(data: dict) -> bool:
     return not str(data.get("machine", {}).get("device", "cpu")).startswith("cpu")
 
 
-def cpu_note(data: dict) -> str:
-    return "" if on_gpu(data) else "\n(CPU smoke run)"
+def machine_note(data: dict) -> str:
+    """The plot title's last line: the GPU it ran on (figures from two GPUs sit side by side), or a CPU mark."""
+    return f"\n({data.get('machine', {}).get('device', 'GPU')})" if on_gpu(data) else "\n(CPU smoke run)"
 
 
 def save(fig, path: Path) -> None:
