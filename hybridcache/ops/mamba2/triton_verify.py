@@ -47,6 +47,22 @@ def softplus(v):
 
 
 @triton.jit
+def _tokens_closed_form(h, xs_new, bs_new, cs_new, dtp, a, tt, PRECISION: tl.constexpr):
+    """The new tokens' y from state h [BLOCK_P, N] at once, without updating h: with c_t = Σ_{s<=t} dt_s·A,
+        y_t = e^{c_t}·h·C_t + Σ_{s<=t} e^{c_t − c_s}·(C_t·B_s)·dt_s·x_s     (D·x_t not included)
+    the recurrence unrolled; rows tt [TP] (TP >= 16, a dot's least size) of xs_new [TP, BLOCK_P], bs_new,
+    cs_new [TP, N] and the processed dtp [TP], zero past T. Products on the tensor cores in PRECISION.
+    -> y [TP, BLOCK_P] fp32 and c [TP] (from 0)."""
+    c = tl.cumsum(dtp * a, 0)
+    cf = cs_new.to(tl.float32)
+    ch = tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): C_t·h[p]
+    cb = tl.dot(cf, tl.trans(bs_new.to(tl.float32)), input_precision=PRECISION)  # (t, s): C_t·B_s
+    decay = tl.where(tt[None, :] <= tt[:, None], tl.exp(c[:, None] - c[None, :]), 0.0)
+    y = tl.exp(c)[:, None] * ch + tl.dot(decay * cb * dtp[None, :], xs_new.to(tl.float32), input_precision=PRECISION)
+    return y, c
+
+
+@triton.jit
 def _verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr,
     ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, y_ptr,
@@ -64,7 +80,8 @@ def _verify_kernel(
     sy_b, sy_t, sy_h,
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, TP: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, TP: tl.constexpr, CLOSED_FORM: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     row, head, pblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     group = head // REPS
@@ -124,26 +141,45 @@ def _verify_kernel(
     wb_row = rb_ptr + sc * rb_s + target * rb_b + group * rb_g
     wd_row = rdt_ptr + sc * rd_s + target * rd_b + head * rd_h
     wc_row = rcum_ptr + sc * rc_s + target * rc_b + head * rc_h
-    for t in tl.static_range(STEPS):
-        xf = token_row(xs_new, tt, t).to(tl.float32)
-        bf = token_row(bs_new, tt, t).to(tl.float32)
-        cf = token_row(cs_new, tt, t).to(tl.float32)
-        raw = token_value(raws, tt, t).to(tl.float32)
+    if CLOSED_FORM:  # every token at once (`_tokens_closed_form`), written as rows
+        raw = raws.to(tl.float32)
         if HAS_BIAS:
             raw += tl.load(bias_ptr + head).to(tl.float32)
-        dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)
-        dA = dtp * a
-        cum += dA
-        h = h * tl.exp(dA) + (dtp * xf)[:, None] * bf[None, :]
-        y = tl.sum(h * cf[None, :], 1)
+        dtp = tl.where(t_ok, tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi), 0.0)
+        y, c = _tokens_closed_form(h, xs_new, bs_new, cs_new, dtp, a, tt, PRECISION)
         if HAS_D:
-            y += tl.load(D_ptr + head).to(tl.float32) * xf
-        tl.store(y_ptr + row * sy_b + t * sy_t + head * sy_h + pp, y.to(y_ptr.dtype.element_ty), mask=p_ok)
-        pos = start + t
-        tl.store(wx_row + pos * rx_t + pp * rx_p, xf.to(rx_ptr.dtype.element_ty), mask=p_ok & valid)
-        tl.store(wb_row + pos * rb_t + nn * rb_n, bf.to(rb_ptr.dtype.element_ty), mask=n_ok & group_writer)
-        tl.store(wd_row + pos * rd_t, dtp.to(rdt_ptr.dtype.element_ty), mask=head_writer)
-        tl.store(wc_row + pos * rc_t, cum.to(rcum_ptr.dtype.element_ty), mask=head_writer)
+            y += tl.load(D_ptr + head).to(tl.float32) * xs_new.to(tl.float32)
+        tp = t_ok[:, None] & p_ok[None, :]
+        tl.store(y_ptr + row * sy_b + tt[:, None] * sy_t + head * sy_h + pp[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=tp)
+        pos = start + tt
+        tl.store(wx_row + pos[:, None] * rx_t + pp[None, :] * rx_p, xs_new.to(rx_ptr.dtype.element_ty),
+                 mask=tp & valid)
+        tl.store(wb_row + pos[:, None] * rb_t + nn[None, :] * rb_n, bs_new.to(rb_ptr.dtype.element_ty),
+                 mask=t_ok[:, None] & n_ok[None, :] & group_writer)
+        tl.store(wd_row + pos * rd_t, dtp.to(rdt_ptr.dtype.element_ty), mask=t_ok & head_writer)
+        tl.store(wc_row + pos * rc_t, (cum + c).to(rcum_ptr.dtype.element_ty), mask=t_ok & head_writer)
+    else:  # token by token
+        for t in tl.static_range(STEPS):
+            xf = token_row(xs_new, tt, t).to(tl.float32)
+            bf = token_row(bs_new, tt, t).to(tl.float32)
+            cf = token_row(cs_new, tt, t).to(tl.float32)
+            raw = token_value(raws, tt, t).to(tl.float32)
+            if HAS_BIAS:
+                raw += tl.load(bias_ptr + head).to(tl.float32)
+            dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)
+            dA = dtp * a
+            cum += dA
+            h = h * tl.exp(dA) + (dtp * xf)[:, None] * bf[None, :]
+            y = tl.sum(h * cf[None, :], 1)
+            if HAS_D:
+                y += tl.load(D_ptr + head).to(tl.float32) * xf
+            tl.store(y_ptr + row * sy_b + t * sy_t + head * sy_h + pp, y.to(y_ptr.dtype.element_ty), mask=p_ok)
+            pos = start + t
+            tl.store(wx_row + pos * rx_t + pp * rx_p, xf.to(rx_ptr.dtype.element_ty), mask=p_ok & valid)
+            tl.store(wb_row + pos * rb_t + nn * rb_n, bf.to(rb_ptr.dtype.element_ty), mask=n_ok & group_writer)
+            tl.store(wd_row + pos * rd_t, dtp.to(rdt_ptr.dtype.element_ty), mask=head_writer)
+            tl.store(wc_row + pos * rc_t, cum.to(rcum_ptr.dtype.element_ty), mask=head_writer)
 
 
 def mamba2_verify_triton(
@@ -164,6 +200,7 @@ def mamba2_verify_triton(
     dt_bias: Tensor | None = None,
     dt_limit: DtLimit = NO_LIMIT,
     block_p: int | None = None,
+    closed_form: bool = False,
 ) -> Tensor:
     """Replay verify in one launch; same arguments, writes and result as `replay.mamba2_verify`.
 
@@ -171,7 +208,9 @@ def mamba2_verify_triton(
     [S, 2, HIST, H, P]; replay_B [S, 2, HIST, G, N]; replay_dt, replay_dA_cumsum [S, 2, H, HIST];
     pnat, buf_idx [S] (read only); slots [B]. Any strides (pool views are read and written in place).
     Returns y: [B, T, H, P] in x's dtype. `block_p` (head channels per program, a power of two >= 16)
-    defaults to a choice from the shapes and does not change the result.
+    defaults to a choice from the shapes and does not change the result. `closed_form`: the new tokens as
+    products (`_tokens_closed_form`: tf32x3 for fp32 inputs, tf32 for 16-bit), not token by token; the
+    results agree within rounding. Off by default: not yet timed against the token-by-token form.
     """
     batch, steps = x.shape[:2]
     hist = replay_x.shape[2]
@@ -199,6 +238,8 @@ def mamba2_verify_triton(
         *y.stride()[:3],
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps,
         BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_H=BLOCK_H,
-        HAS_D=D is not None, HAS_BIAS=dt_bias is not None, TP=triton.next_power_of_2(steps),
+        HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
+        TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
+        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
     )
     return y
