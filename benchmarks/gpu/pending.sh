@@ -1,22 +1,21 @@
-# See README.md here: one device call, from the repository root. What session 38 left unrun, in one call of about
-# 480 s: the GPU tests of the files it changed (the activation tests' bound for base + product, the attention
-# kernels' key steps, the experts' per-kernel launch, the verify chain a long back-off leaves), kimi_linear's
-# step profile (graph, spec-idle: plain steps after leaving the chain, spec-chain: chained one-token steps), then
-# kimi_linear's speculation (spec_decode, batch 64 first; H200 on 2026-12-06 before the change: 0.88x / 0.91x /
-# 0.92x at zero acceptance, batch 64 / 16 / 1); into $OUT. `tune_bs1.sh` is the second call.
+# See README.md here: one device call, from the repository root, about 540 s. What session 39 changed and did
+# not time on the GPU (run `SUITE_TIMEOUT=560 bash benchmarks/gpu/suite.sh` in its own call first): Mamba2's
+# verify in closed form against token by token (tune_mamba2_verify.py), the MLA key splits (16 keys a split at
+# least, 8 at most) and qwen3_next's shared expert on its own between the one-pair kernels and 64 tokens, seen in
+# kimi_linear's and qwen3_next's graph steps at batch 1 / 16 / 64 (step_profile --by-module), then the GQA rows
+# of tune_decode_attention.py that session 39's call did not reach; into $OUT.
 set -u
-source benchmarks/gpu/common.sh  # no mamba_ssm: transformers (the tests' oracle) would import its missing extension
+source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-FAMILIES=kimi_linear build_checkpoints >/dev/null 2>&1 &
-timeout ${TESTS_CAP:-150} python3 -m pytest -n 8 -p no:cacheprovider -o addopts="" -q -rf -p no:warnings \
-    tests/ops/test_activation_triton.py tests/ops/test_attention_triton.py tests/ops/test_attention_triton_glue.py \
-    tests/ops/test_moe_triton.py tests/engine/test_async_verify.py tests/engine/test_cuda_async_verify.py \
-    tests/engine/test_cuda_graphs.py 2>&1 | grep -v "^\.\|^s" | tail -12
+FAMILIES="kimi_linear qwen3_next" build_checkpoints >/dev/null 2>&1 &
+timeout ${M2_CAP:-90} python3 benchmarks/tune_mamba2_verify.py --batches 1 16 64 256 2>&1 | grep -v Warn \
+    | tee $OUT/tune_mamba2_verify.txt
 wait
-timeout ${PROFILE_CAP:-100} python3 benchmarks/step_profile.py --family kimi_linear --size 1b --device cuda \
-    --dtype bfloat16 --batch 1 64 --steps 20 --modes graph spec-idle spec-chain \
-    --json $OUT/step_profile-kimi_linear-spec-chain.json 2>&1 | grep -v "Warn\|warn\|Loading\|shards" | tail -12
-timeout $((575 - SECONDS)) python3 benchmarks/spec_decode.py --family kimi_linear --size 1b --device cuda \
-    --dtype bfloat16 --batch 64 16 1 --max-tokens 64 --repeat 5 --json $OUT/spec_decode-kimi_linear-backoff16.json 2>&1 \
-    | grep -v "Warn\|warn\|Loading\|shards"
+for f in kimi_linear qwen3_next; do
+  timeout ${PROFILE_CAP:-110} python3 benchmarks/step_profile.py --family $f --size 1b --device cuda --dtype bfloat16 \
+      --batch 1 16 64 --steps 20 --modes graph --by-module --json $OUT/step_profile-$f-graph.json 2>&1 \
+      | grep -v "Warn\|warn\|Loading\|shards" | tail -30
+done
+timeout $((570 - SECONDS)) python3 benchmarks/tune_decode_attention.py --batches 1 16 64 --contexts 160 1024 \
+    --warps 4 8 --ops "gqa qwen3_next" "gqa nemotron_h" 2>&1 | grep -v Warn | tee $OUT/tune_decode_attention-gqa.txt | cut -c1-220
 echo "total ${SECONDS}s"
