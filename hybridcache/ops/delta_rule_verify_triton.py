@@ -87,6 +87,33 @@ def row_squares(x):
     return tl.sum(xf * xf, 1) + 1e-6
 
 
+@triton.jit
+def replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T: tl.constexpr, HIST: tl.constexpr):
+    """A GDN verify program's row: (slot clamped to 0, valid, p clamped to [0, HIST], b, fold = p + T > HIST);
+    a padding row (slot < 0) reads p = 0."""
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    valid = slot >= 0
+    s = tl.maximum(slot, 0)
+    p = tl.where(valid, tl.load(pnat_ptr + s * s_pnat), 0)
+    p = tl.minimum(tl.maximum(p, 0), HIST)
+    b = tl.load(buf_ptr + s * s_buf).to(tl.int64)
+    return s, valid, p, b, p + T > HIST
+
+
+@triton.jit
+def state_tile(ssm_ptr, s, head, vb, valid, s_ss, s_sh, s_sk, s_sv, K: tl.constexpr, V: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr):
+    """The program's [BK, BV] tile of ssm[s, head, :, value block vb]: (kk, k_ok, vv, v_ok, tile mask, its
+    pointers, the tile in fp32: zeros where not valid)."""
+    kk = tl.arange(0, BK)
+    k_ok = kk < K
+    vv = vb * BV + tl.arange(0, BV)
+    v_ok = vv < V
+    tile = k_ok[:, None] & v_ok[None, :]
+    ptrs = ssm_ptr + s * s_ss + head * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
+    return kk, k_ok, vv, v_ok, tile, ptrs, tl.load(ptrs, mask=tile & valid, other=0.0).to(tl.float32)
+
+
 def verify_tile_sizes(K: int, V: int, block_v: int | None, rows: int, device: torch.device,
                       widest: int = BLOCK_V) -> tuple[int, int]:
     """BK covers K (the norms and hᵀk need the whole key); BV = block_v, or `widest` halved down to 8 while

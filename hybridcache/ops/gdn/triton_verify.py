@@ -10,7 +10,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import gdn_raw_gate, unit_last
-from ..delta_rule_verify_triton import gdn_block_v, key_l2norm, verify_tile_sizes, verify_warps
+from ..delta_rule_verify_triton import gdn_block_v, key_l2norm, replay_row, state_tile, verify_tile_sizes, verify_warps
 from . import triton_verify_chunked as chunked_form
 
 if TYPE_CHECKING:
@@ -36,21 +36,8 @@ def _gdn_verify_kernel(
     RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]."""
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    valid = slot >= 0
-    s = tl.maximum(slot, 0)
-    p = tl.where(valid, tl.load(pnat_ptr + s * s_pnat), 0)
-    p = tl.minimum(tl.maximum(p, 0), HIST)
-    b = tl.load(buf_ptr + s * s_buf).to(tl.int64)
-    fold = p + T > HIST
-
-    kk = tl.arange(0, BK)
-    k_ok = kk < K
-    vv = vb * BV + tl.arange(0, BV)
-    v_ok = vv < V
-    tile = k_ok[:, None] & v_ok[None, :]
-    ssm_tile = ssm_ptr + s * s_ss + hv * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
-    h = tl.load(ssm_tile, mask=tile & valid, other=0.0).to(tl.float32)
+    s, valid, p, b, fold = replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T, HIST)
+    kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hv, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
 
     # effective state: checkpoint plus history [0, p) of buffer b
     G_row = hG_ptr + s * s_Gs + b * s_Gb + hv * s_Gh

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..delta_rule_triton import gdn_raw_gate
-from ..delta_rule_verify_triton import l2normed, row_squares
+from ..delta_rule_verify_triton import l2normed, replay_row, row_squares, state_tile
 from ..token_rows_triton import token_row, token_value
 
 BLOCK_V = 32
@@ -78,21 +78,8 @@ def _gdn_verify_chunked_kernel(
     RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]."""
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    valid = slot >= 0
-    s = tl.maximum(slot, 0)
-    p = tl.where(valid, tl.load(pnat_ptr + s * s_pnat), 0)
-    p = tl.minimum(tl.maximum(p, 0), HIST)
-    b = tl.load(buf_ptr + s * s_buf).to(tl.int64)
-    fold = p + T > HIST
-
-    kk = tl.arange(0, BK)
-    k_ok = kk < K
-    vv = vb * BV + tl.arange(0, BV)
-    v_ok = vv < V
-    tile = k_ok[:, None] & v_ok[None, :]
-    ssm_tile = ssm_ptr + s * s_ss + hv * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
-    h = tl.load(ssm_tile, mask=tile & valid, other=0.0).to(tl.float32)
+    s, valid, p, b, fold = replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T, HIST)
+    kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hv, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
 
     # Everything the program reads is loaded before anything it writes: the compiler cannot move a load past a
     # store to memory it may alias, so reads between writes would each cost a round trip to memory.

@@ -9,7 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
-from ..delta_rule_verify_triton import key_l2norm, verify_tile_sizes, verify_warps
+from ..delta_rule_verify_triton import key_l2norm, state_tile, verify_tile_sizes, verify_warps
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
@@ -39,13 +39,7 @@ def _kda_verify_kernel(
     n = tl.where(valid, tl.load(n_ptr + s * s_n), 0)
     n = tl.minimum(tl.maximum(n, 0), P)
 
-    kk = tl.arange(0, BK)
-    k_ok = kk < K
-    vv = vb * BV + tl.arange(0, BV)
-    v_ok = vv < V
-    tile = k_ok[:, None] & v_ok[None, :]
-    ssm_tile = ssm_ptr + s * s_ss + hd * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
-    h = tl.load(ssm_tile, mask=tile & valid, other=0.0).to(tl.float32)
+    kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
 
     # the accepted pending drafts [0, pend_n)
     for j in range(0, n):
