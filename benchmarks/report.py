@@ -149,8 +149,9 @@ def moe_section(files: list[dict], img: str | None) -> list[str]:
            "grouped above. The roofline reads the chosen experts' weights once at the copy bandwidth; *sort* is "
            "the sorted path's sort kernel alone. Routers: the Triton selection against the torch ops. Shared expert "
            "(files from 2026-12-06 on): the whole MoE layer (router, experts, shared expert) with the shared expert "
-           "*folded* into the experts' kernels (`GatedExperts.takes_shared`, the default) against run on its own "
-           "(*separate*).", ""]
+           "*folded* into the experts' kernels (wherever `GatedExperts.takes_shared`) against run on its own "
+           "(*separate*). The layers fold by `GatedExperts.folds_shared`: a shared expert of one part always, one of "
+           "several parts (qwen3_next) in the one-pair kernels and from 64 tokens.", ""]
     for data in files:
         p = data["params"]
         out += provenance(data) + [""]
