@@ -101,6 +101,16 @@ def replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T: tl.constexpr,
 
 
 @triton.jit
+def pending_row(slot_ptr, n_ptr, row, s_n, P: tl.constexpr):
+    """A KDA verify program's row: (slot clamped to 0, valid, pend_n clamped to [0, P]); a padding row (slot
+    < 0) reads pend_n = 0."""
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    valid = slot >= 0
+    s = tl.maximum(slot, 0)
+    return s, valid, tl.minimum(tl.maximum(tl.where(valid, tl.load(n_ptr + s * s_n), 0), 0), P)
+
+
+@triton.jit
 def state_tile(ssm_ptr, s, head, vb, valid, s_ss, s_sh, s_sk, s_sv, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr):
     """The program's [BK, BV] tile of ssm[s, head, :, value block vb]: (kk, k_ok, vv, v_ok, tile mask, its

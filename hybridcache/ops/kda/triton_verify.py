@@ -10,7 +10,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
-from ..delta_rule_verify_triton import key_l2norm, state_tile, verify_tile_sizes, verify_warps
+from ..delta_rule_verify_triton import key_l2norm, pending_row, state_tile, verify_tile_sizes, verify_warps
 from . import triton_verify_closed as closed
 
 if TYPE_CHECKING:
@@ -35,12 +35,7 @@ def _kda_verify_kernel(
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]."""
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    valid = slot >= 0
-    s = tl.maximum(slot, 0)
-    n = tl.where(valid, tl.load(n_ptr + s * s_n), 0)
-    n = tl.minimum(tl.maximum(n, 0), P)
-
+    s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
     kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
 
     # the accepted pending drafts [0, pend_n)

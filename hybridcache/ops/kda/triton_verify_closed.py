@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..delta_rule_triton import kda_raw_gate
-from ..delta_rule_verify_triton import state_tile
+from ..delta_rule_verify_triton import l2normed, pending_row, row_squares, state_tile
 from ..token_rows_triton import token_row
 
 # Compiled for sm_90 at kimi_linear 1B's shapes (batch 64, T = 4, 3 drafts pending): 255 registers a thread at
@@ -51,17 +51,14 @@ def _kda_verify_closed_kernel(
 ):
     """`triton_verify._kda_verify_kernel`'s arguments; R >= max(16, P + T) rows (a dot's least size)."""
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    valid = slot >= 0
-    s = tl.maximum(slot, 0)
-    n = tl.minimum(tl.maximum(tl.where(valid, tl.load(n_ptr + s * s_n), 0), 0), P)
+    s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
     kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
 
     rows = tl.arange(0, R)
     pend = rows < n
     new = (rows >= P) & (rows < P + T)
     t = tl.maximum(rows - P, 0)  # the new token a row holds
-    k_rows = tl.where(pend[:, None], _rows(pk_ptr + s * s_ks + hd * s_kh, rows, pend, s_kp, kk, k_ok, s_kk), 0.0)
+    k_rows = _rows(pk_ptr + s * s_ks + hd * s_kh, rows, pend, s_kp, kk, k_ok, s_kk)
     g_rows = _rows(pg_ptr + s * s_gs + hd * s_gh, rows, pend, s_gp, kk, k_ok, s_gk)
     v_rows = _rows(pv_ptr + s * s_vs + hd * s_vh, rows, pend, s_vp, vv, v_ok, s_vv)
     b_rows = tl.load(pb_ptr + s * s_bs + hd * s_bh + rows * s_bp, mask=pend, other=0.0).to(tl.float32)
@@ -77,8 +74,8 @@ def _kda_verify_closed_kernel(
         g_new = tl.where(new[:, None], g_raw, 0.0)
         b_new = tl.where(new, b_raw, 0.0)
     if L2NORM:  # `key_l2norm`'s KDA form, row by row
-        k_new = k_new / tl.sqrt(tl.sum(k_new * k_new, 1) + 1e-6)[:, None]
-        q_new = q_new / tl.sqrt(tl.sum(q_new * q_new, 1) + 1e-6)[:, None]
+        k_new = l2normed(k_new, row_squares(k_new)[:, None], True)
+        q_new = l2normed(q_new, row_squares(q_new)[:, None], True)
     k_rows += k_new
     g_rows += g_new
     v_rows += _rows(v_ptr + row * s_vib + hd * s_vih, t, new, s_vit, vv, v_ok, 1)

@@ -51,7 +51,7 @@ def _tokens_closed_form(h, xs_new, bs_new, cs_new, dtp, a, tt, PRECISION: tl.con
     """The new tokens' y from state h [BLOCK_P, N] at once, without updating h: with c_t = Σ_{s<=t} dt_s·A,
         y_t = e^{c_t}·h·C_t + Σ_{s<=t} e^{c_t − c_s}·(C_t·B_s)·dt_s·x_s     (D·x_t not included)
     the recurrence unrolled; rows tt [TP] (TP >= 16, a dot's least size) of xs_new [TP, BLOCK_P], bs_new,
-    cs_new [TP, N] and the processed dtp [TP], zero past T. Products on the tensor cores in PRECISION.
+    cs_new [TP, N] (zero past T) and the processed dtp [TP]. Products on the tensor cores in PRECISION.
     -> y [TP, BLOCK_P] fp32 and c [TP] (from 0)."""
     c = tl.cumsum(dtp * a, 0)
     cf = cs_new.to(tl.float32)
@@ -145,7 +145,7 @@ def _verify_kernel(
         raw = raws.to(tl.float32)
         if HAS_BIAS:
             raw += tl.load(bias_ptr + head).to(tl.float32)
-        dtp = tl.where(t_ok, tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi), 0.0)
+        dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)  # rows past T add nothing: their B is 0
         y, c = _tokens_closed_form(h, xs_new, bs_new, cs_new, dtp, a, tt, PRECISION)
         if HAS_D:
             y += tl.load(D_ptr + head).to(tl.float32) * xs_new.to(tl.float32)
