@@ -46,18 +46,17 @@ def gdn(T: int, block_v: int | None = None, warps: int | None = None) -> None:
                       torch.arange(B), use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate)
 
 
-def kda(T: int, block_v: int | None = None, warps: int | None = None, closed_form: bool = False) -> None:
+def kda(T: int, block_v: int | None = None, warps: int | None = None) -> None:
     """kimi_linear 1b: 16 heads of 128."""
     B, S, H, K = BATCH, BATCH, 16, 128
     gate = KDARawGate(_bf(B, T, H, K), _bf(B, T, H), torch.zeros(H), torch.zeros(H * K))
     kda_verify_triton(_bf(B, T, H, K), _bf(B, T, H, K), _bf(B, T, H, K), None, None, torch.zeros(S, H, K, K),
                       _bf(S, DRAFTS, H, K), torch.zeros(S, DRAFTS, H, K), _bf(S, DRAFTS, H, K),
                       torch.zeros(S, DRAFTS, H), torch.zeros(S, dtype=torch.int32), torch.arange(B),
-                      use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate,
-                      closed_form=closed_form)
+                      use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate)
 
 
-def mamba2(T: int, closed_form: bool = False) -> None:
+def mamba2(T: int, closed_form: bool | None = None) -> None:
     """nemotron_h 1b: 64 heads of 64, 8 groups, state 128."""
     B, S, H, P, G, N = BATCH, BATCH, 64, 64, 8, 128
     mamba2_verify_triton(_bf(B, T, H, P), _bf(B, T, H), torch.zeros(H), _bf(B, T, G, N), _bf(B, T, G, N),
@@ -108,8 +107,7 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
             out.append((f"{op.__name__} T=4", lambda op=op, bv=bv, warps=warps: op(4, bv, warps)))
         out.append((f"{op.__name__} T=1 default", lambda op=op: op(1)))
     out += [("mamba2 T=4 default", lambda: mamba2(4)), ("mamba2 T=1 default", lambda: mamba2(1))]
-    out += [("kda T=4 closed form", lambda: kda(4, closed_form=True)),  # opt-in forms, not yet timed
-            ("mamba2 T=4 closed form", lambda: mamba2(4, closed_form=True))]
+    out.append(("mamba2 T=4 token by token", lambda: mamba2(4, closed_form=False)))
     for op in ("gdn", "kda", "mamba2"):
         out.append((f"{op} decode default", lambda op=op: decode(op)))
     out += [("conv update T=1 default", lambda: conv_update(1)), ("conv update T=4 default", lambda: conv_update(4))]

@@ -2,9 +2,9 @@
 
 For each batch size, times plain decode (T = 1), the per-token-states baseline (T = 4, every state written),
 and the GDN and KDA verify kernels (T = 4; GDN's history half full, in closed form and token by token; KDA
-with 3 accepted drafts pending, and with none, as at zero acceptance, token by token and in closed form; and
-T = 1, the speculative engine's one-token step), at each (block_v, num_warps), and prints the best tiling per
-kernel and batch next to the default's time. Shapes: GDN 16 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
+with 3 accepted drafts pending, and with none, as at zero acceptance; and T = 1, the speculative engine's
+one-token step), at each (block_v, num_warps), and prints the best tiling per kernel and batch next to the
+default's time. Shapes: GDN 16 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
     PYTHONPATH=. python benchmarks/tune_delta_rule.py
 """
@@ -45,11 +45,10 @@ def cases(batch: int) -> dict:
                 b=torch.zeros(S, T - 1, H, device=DEV), n=torch.full((S,), T - 1, dtype=torch.int32, device=DEV))
     none_pending = torch.zeros_like(pend["n"])
 
-    def kda(pending: torch.Tensor, n: int = T, closed_form: bool = False):
+    def kda(pending: torch.Tensor, n: int = T):
         return lambda bv, w: kda_verify_triton(q[:, :n, :H], k[:, :n], v[:, :n, :H], gk[:, :n], beta[:, :n, :H], kssm,
                                                pend["k"], pend["g"], pend["v"], pend["b"], pending, slots,
-                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
-                                               closed_form=closed_form and bv >= 16)
+                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w)
 
     def gdn(n: int, chunked: bool | None = None):
         return lambda bv, w: gdn_verify_triton(q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], ssm, hist["u"],
@@ -68,8 +67,6 @@ def cases(batch: int) -> dict:
         "gdn verify T=4 stepwise": gdn(T, False),
         "kda verify T=4": kda(pend["n"]),
         "kda verify T=4 n=0": kda(none_pending),
-        "kda verify T=4 closed form": kda(pend["n"], T, True),  # (where a value block has 16 columns or more)
-        "kda verify T=4 n=0 closed form": kda(none_pending, T, True),
         "gdn verify T=1": gdn(1),  # the speculative engine's one-token step
         "kda verify T=1 n=0": kda(none_pending, 1),
     }

@@ -212,13 +212,10 @@ KDA_CASES = [  # T, P, K, V, dtype, l2norm in kernel
     (4, 3, 16, 8, torch.bfloat16, True),
     (3, 2, 16, 16, torch.bfloat16, True),
 ]
-# and in closed form (closed_form=True) where a value block has 16 columns or more, and with T = 1
-CLOSED_CASES = ([c + (False,) for c in KDA_CASES] + [c + (True,) for c in KDA_CASES if c[3] >= 16]
-                + [(1, 3, 16, 16, torch.float32, True, True)])
 
 
-@pytest.mark.parametrize("T,P,K,V,dtype,norm,closed_form", CLOSED_CASES)
-def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, closed_form):
+@pytest.mark.parametrize("T,P,K,V,dtype,norm", KDA_CASES)
+def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
     before = kda_pools(P, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)
@@ -227,7 +224,7 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, closed_form
     o_ref = kda_run(naive_kda_verify, x, ref, slots, **kw)
     o_torch = kda_run(kda_verify, x, torch_p, slots, **kw)
     x_dev = [t.to(DEVICE) for t in x]
-    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), closed_form=closed_form, **kw)
+    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     role_tol = lambda r: dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32)  # noqa: E731

@@ -1,5 +1,4 @@
-"""KDA's verify with pending drafts as two Triton launches (the work split: `ops/delta_rule_verify_triton.py`);
-the first token by token here, or in closed form (`triton_verify_closed.py`)."""
+"""KDA's verify with pending drafts as two Triton launches (the work split: `ops/delta_rule_verify_triton.py`)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -11,7 +10,6 @@ from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
 from ..delta_rule_verify_triton import key_l2norm, pending_row, state_tile, verify_tile_sizes, verify_warps
-from . import triton_verify_closed as closed
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
@@ -137,7 +135,6 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
-    closed_form: bool = False,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -145,8 +142,6 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
-    `closed_form`: the first launch in closed form (`triton_verify_closed.py`), not token by token; the results
-    agree within rounding. Off by default: not yet timed.
     Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -174,17 +169,8 @@ def kda_verify_triton(
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
-    if closed_form:
-        BK, BV = verify_tile_sizes(K, V, block_v or closed.BLOCK_V, B * H, q.device)
-        assert BV >= 16, f"the closed form's products need 16 value columns or more, have {BV}"
-        closed._kda_verify_closed_kernel[(B, H, triton.cdiv(V, BV))](
-            *args, **shapes, R=max(16, triton.next_power_of_2(P + T)), BK=BK, BV=BV,
-            num_warps=num_warps or closed.NUM_WARPS,
-        )
-    else:
-        BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
-        _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
-                                                       num_warps=num_warps or verify_warps(T))
+    BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
+    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV, num_warps=num_warps or verify_warps(T))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
             k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
