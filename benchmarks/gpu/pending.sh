@@ -1,22 +1,22 @@
-# See README.md here: one device call, from the repository root, about 540 s. What session 39 changed and did
-# not time on the GPU (run `SUITE_TIMEOUT=560 bash benchmarks/gpu/suite.sh` in its own call first): Mamba2's
-# and KDA's verify in closed form against token by token (tune_mamba2_verify.py, tune_delta_rule.py), then the
-# MLA key splits (16 keys a split at least, 8 at most) and qwen3_next's shared expert on its own between the
-# one-pair kernels and 64 tokens, seen in kimi_linear's and qwen3_next's graph steps at batch 1 / 16 / 64
-# (step_profile --by-module); into $OUT.
+# See README.md here: one device call, from the repository root, about 540 s. What session 40 changed or still
+# had untimed: Mamba2's verify in closed form by default (its CUDA tests, the nemotron_h graph-step tests and
+# `ops_mamba2.py`, replay against per-token states), the GDN closed-form verify reading its state 64 / 32 key rows
+# at a time (`tune_delta_rule.py`, on the branch gdn-verify-key-blocks: elsewhere those cases are absent and the
+# sweep times the whole-tile form alone), and where kimi_linear's batch-1 graph step spends its GPU time
+# (`step_profile.py --by-module`); into $OUT.
 set -u
 source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-FAMILIES="kimi_linear qwen3_next" build_checkpoints >/dev/null 2>&1 &
-timeout ${M2_CAP:-90} python3 benchmarks/tune_mamba2_verify.py --batches 1 16 64 256 2>&1 | grep -v Warn \
-    | tee $OUT/tune_mamba2_verify.txt
-timeout ${KDA_CAP:-170} python3 benchmarks/tune_delta_rule.py --batches 1 16 64 256 --block-v 16 32 64 \
-    --warps 1 2 4 8 --cases "kda verify T=4" 2>&1 | grep -v Warn | tee $OUT/tune_kda_closed.txt
+FAMILIES="kimi_linear" build_checkpoints >/dev/null 2>&1 &
+timeout ${TEST_CAP:-150} python3 -m pytest -n 8 -p no:cacheprovider -o addopts="" -q \
+    tests/ops/test_mamba2_verify_triton.py tests/ops/test_mamba2_triton.py "tests/engine/test_cuda_graphs.py" \
+    -k "mamba2 or verify or nemotron" 2>&1 | grep -v "Warning\|warn(" | tail -4
+timeout ${MAMBA_CAP:-60} python3 benchmarks/ops_mamba2.py --device cuda --batches 1 16 64 256 --drafts 3 \
+    --json $OUT/ops_mamba2-h100.json 2>&1 | grep -v Warn | tail -12
+timeout ${KB_CAP:-200} python3 benchmarks/tune_delta_rule.py --batches 16 64 256 --block-v 32 64 --warps 2 4 8 \
+    --cases "gdn verify T=4" 2>&1 | grep -v Warn | tee $OUT/tune_key_blocks.txt
 wait
-cap=$(( (575 - SECONDS) / 2 ))
-for f in kimi_linear qwen3_next; do
-  timeout $cap python3 benchmarks/step_profile.py --family $f --size 1b --device cuda --dtype bfloat16 \
-      --batch 1 16 64 --steps 20 --modes graph --by-module --json $OUT/step_profile-$f-graph.json 2>&1 \
-      | grep -v "Warn\|warn\|Loading\|shards" | tail -30
-done
+timeout $((575 - SECONDS)) python3 benchmarks/step_profile.py --family kimi_linear --size 1b --device cuda \
+    --dtype bfloat16 --batch 1 --steps 20 --modes graph --by-module --json $OUT/step_profile-kimi_linear-bs1.json 2>&1 \
+    | grep -v "Warn\|warn\|Loading\|shards" | tail -60
 echo "total ${SECONDS}s"
