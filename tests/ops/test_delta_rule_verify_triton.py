@@ -127,7 +127,7 @@ def gdn_run(fn, x, p: dict, slots: torch.Tensor, **kw) -> torch.Tensor:
 GDN_CASES = [  # T, HIST, K, V, dtype, l2norm in kernel
     (1, 8, 16, 8, torch.float32, True),
     (2, 8, 16, 8, torch.float32, False),  # normalised by the caller, explicit scale
-    (4, 20, 32, 40, torch.float32, True),  # two value blocks (32 + a masked 8), a long history
+    (4, 20, 32, 40, torch.float32, True),  # value blocks with masked columns, a long history
     (1, 8, 16, 8, torch.bfloat16, True),
     (2, 5, 16, 8, torch.bfloat16, True),
     (4, 8, 16, 8, torch.bfloat16, True),
@@ -136,12 +136,15 @@ GDN_CASES = [  # T, HIST, K, V, dtype, l2norm in kernel
 
 
 # Cases with 16 value columns or more and T > 1 run the closed form by default; `chunked=False` runs them token
-# by token as well (the form the others take)
-CHUNKED_CASES = [c + (None,) for c in GDN_CASES] + [c + (False,) for c in GDN_CASES if c[0] > 1 and c[3] >= 16]
+# by token as well (the form the others take), and key_block=16 reads the closed form's state 16 key rows at a time
+# (the default, KEY_BLOCK = 32, reads K <= 32 whole) over two 32-column value blocks where V = 40
+CHUNKED_CASES = ([c + (None, None) for c in GDN_CASES]
+                 + [c + (False, None) for c in GDN_CASES if c[0] > 1 and c[3] >= 16]
+                 + [c + (None, 16) for c in GDN_CASES if c[0] > 1 and c[3] >= 16 and c[2] > 16])
 
 
-@pytest.mark.parametrize("T,hist,K,V,dtype,norm,chunked", CHUNKED_CASES)
-def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked):
+@pytest.mark.parametrize("T,hist,K,V,dtype,norm,chunked,key_block", CHUNKED_CASES)
+def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked, key_block):
     before = gdn_pools(T, hist, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=T, norm_in_kernel=norm)
@@ -150,7 +153,8 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked)
     o_ref = gdn_run(naive_gdn_verify, x, ref, slots, **kw)
     o_torch = gdn_run(gdn_verify, x, torch_p, slots, **kw)
     x_dev = [t.to(DEVICE) for t in x]
-    o = gdn_run(gdn_verify_triton, x_dev, fast, slots.to(DEVICE), chunked=chunked, **kw)
+    o = gdn_run(gdn_verify_triton, x_dev, fast, slots.to(DEVICE), chunked=chunked, key_block=key_block,
+                block_v=32 if key_block else None, **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     written = gdn_written(before, T, hist)

@@ -12,6 +12,7 @@ from torch import Tensor
 from ..delta_rule_triton import gdn_raw_gate, unit_last
 from ..delta_rule_verify_triton import gdn_block_v, key_l2norm, replay_row, state_tile, verify_tile_sizes, verify_warps
 from . import triton_verify_chunked as chunked_form
+from ..triton_support import num_sms
 
 if TYPE_CHECKING:
     from .decode import RawGate
@@ -97,6 +98,12 @@ def _gdn_verify_kernel(
                  mask=writes_shared)
 
 
+def chunked_warps(programs: int, device: torch.device) -> int:
+    """The closed form's warps: NUM_WARPS, doubled where `programs` leave SMs idle (faster at batch 1)."""
+    few = device.type == "cuda" and programs < num_sms(device)
+    return chunked_form.NUM_WARPS * (2 if few else 1)
+
+
 def gdn_verify_triton(
     q: Tensor,
     k: Tensor,
@@ -118,6 +125,7 @@ def gdn_verify_triton(
     *,
     gate: RawGate | None = None,
     chunked: bool | None = None,
+    key_block: int | None = None,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result).
@@ -129,7 +137,9 @@ def gdn_verify_triton(
     `gate` (g and beta None): a, b [B, T, HV] (any strides), A_log, dt_bias [HV]; g and beta are computed
     in the kernel, the same values as `gate.values()`.
     `chunked`: the new tokens in closed form (`triton_verify_chunked.py`; the default for T > 1, and it needs
-    block_v >= 16) or token by token; the results agree within rounding.
+    block_v >= 16) or token by token; the results agree within rounding. `key_block` (closed form): the state
+    read that many key rows at a time (a power of two >= 16, default `KEY_BLOCK`; K or more: all at once),
+    which does not change the result beyond rounding.
     Returns o [B, T, HV, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -164,8 +174,9 @@ def gdn_verify_triton(
         assert BV >= 16, f"the closed form needs 16 value columns or more, have {BV}"
         chunked_form._gdn_verify_chunked_kernel[(B, HV, triton.cdiv(V, BV))](
             *args, **shapes, TP=max(16, triton.next_power_of_2(T)), HP=max(16, triton.next_power_of_2(hist)),
-            BK=BK, BV=BV, TOKEN_PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32",
-            num_warps=num_warps or chunked_form.NUM_WARPS,
+            BK=BK, BV=BV, BKC=min(key_block or chunked_form.KEY_BLOCK, BK),
+            TOKEN_PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32",
+            num_warps=num_warps or chunked_warps(B * HV * triton.cdiv(V, BV), q.device),
         )
         return o
     BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, gdn_block_v(T))

@@ -1,14 +1,17 @@
 """Gated DeltaNet's replay verify of T > 1 new tokens in closed form, one Triton launch: the work split, roles
 and writes of `triton_verify.py` (`ops/delta_rule_verify_triton.py` has the split), with every step a product.
 
-A program (row, value head, value block) loads everything it reads before it writes anything: its state tile,
-the history [0, p) of buffer b, the new tokens' rows. The effective state is one product over the history
-(checkpoint·e^{G_last} + K_histᵀ·(w ⊙ U_hist)), stored when the row folds; the new tokens then come out of
-`_gdn_tokens_chunked` without ever updating the tile. Timed on an H100 against the token-by-token kernel at its
-best tiling (benchmarks/tune_delta_rule.py, us at batch 1 / 16 / 64 / 256, T = 4, HIST 16, history half full):
-7.7 / 36.2 / 126.7 / 470.1 at 32 value columns x 2 warps, against 9.7 / 34.6 / 154.9 / 556.0. The same loads and
-history product with the tokens taken one by one were no faster (150.3 us at batch 64), nor was this kernel's
-form at T = 1 (92.5 / 362.4 us at batch 64 / 256 against 92.5 / 330.8): there the token-by-token kernel stays.
+A program (row, value head, value block) reads the new tokens' rows whole, then its state KEY_BLOCK key rows at
+a time: each block of the effective state (checkpoint·e^{G_last} + K_histᵀ·(w ⊙ U_hist), one product over the
+history [0, p) of buffer b) adds its share to K·h and Q·h, and nothing is written until every block is read; a
+folding row then stores the blocks in a second pass. The new tokens come out of `_gdn_tokens_chunked` without
+ever updating the tile. Timed on an H100 (benchmarks/tune_delta_rule.py, us at batch 1 / 16 / 64 / 256, T = 4,
+HIST 16, history half full): the state read whole at 32 value columns x 2 warps, 7.7 / 36.2 / 126.7 / 470.1,
+against 9.7 / 34.6 / 154.9 / 556.0 token by token at its best tiling; in one later run, 32 key rows at a time at
+64 columns x 2 warps (x 4 where the grid has fewer programs than SMs), 8.4 / 32.7 / 117.0 / 438.0, against the
+whole read's 6.7 / 35.6 / 124.3 / 467.4. The same loads and history product with the tokens taken one by one
+were no faster (150.3 us at batch 64), nor was this kernel's form at T = 1 (92.5 / 362.4 us at batch 64 / 256
+against 92.5 / 330.8): there the token-by-token kernel stays.
 """
 from __future__ import annotations
 
@@ -16,35 +19,24 @@ import triton
 import triton.language as tl
 
 from ..delta_rule_triton import gdn_raw_gate
-from ..delta_rule_verify_triton import l2normed, replay_row, row_squares, state_tile
+from ..delta_rule_verify_triton import replay_row
 from ..token_rows_triton import token_row, token_value
 
-BLOCK_V = 32
-NUM_WARPS = 2
+BLOCK_V = 64
+KEY_BLOCK = 32
+NUM_WARPS = 2  # doubled where the grid has fewer programs than the device has SMs
 
 
 @triton.jit
-def _gdn_tokens_chunked(h, q_all, k_all, v_all, g_all, b_all, q_ss, k_ss, scale, G0, rows, T: tl.constexpr,
-                        L2NORM: tl.constexpr, PRECISION: tl.constexpr):
-    """The T new tokens from state h [BK, BV] in closed form; rows [TP] (TP >= 16, a dot's least size) of
-    q_all, k_all [TP, BK], v_all [TP, BV] and g_all, b_all [TP], zeros past T. With Γ_t = g_0 + … + g_t:
+def _gdn_tokens_chunked(hk, hq, kk, qk, v_all, g_all, b_all, G0, rows, T: tl.constexpr, PRECISION: tl.constexpr):
+    """The T new tokens in closed form from the products of the state h [BK, BV] with their keys and queries,
+    hk = K·h and hq = Q·h [TP, BV], and kk = K·Kᵀ, qk = Q·Kᵀ [TP, TP]; rows [TP] (TP >= 16, a dot's least
+    size) of v_all [TP, BV], g_all and b_all [TP], zeros past T. With Γ_t = g_0 + … + g_t:
       u_t = β_t·(v_t − e^{Γ_t}·hᵀk_t − Σ_{s<t} e^{Γ_t−Γ_s}(k_s·k_t)·u_s)   (solved forward over t)
       o_t = e^{Γ_t}·hᵀq_t + Σ_{s≤t} e^{Γ_t−Γ_s}(k_s·q_t)·u_s
-    the recurrence h_t = e^{g_t}·h_{t−1} + k_t·u_tᵀ, o_t = h_tᵀq_t unrolled. Products on the tensor cores in
-    PRECISION: tf32x3 (fp32's accuracy) for fp32 inputs; tf32 (about 2^-11 a product) for 16-bit inputs, whose
-    o and u are rounded to 16 bits (2^-8) after.
-    -> o, u [TP, BV], the running G [TP] (from G0) and the normalised keys [TP, BK]."""
-    qf = q_all.to(tl.float32)
-    kf = k_all.to(tl.float32)
-    if L2NORM:
-        qf = l2normed(qf, q_ss[:, None], False)
-        kf = l2normed(kf, k_ss[:, None], False)
-    qf = qf * scale
+    the recurrence h_t = e^{g_t}·h_{t−1} + k_t·u_tᵀ, o_t = h_tᵀq_t unrolled. -> o, u [TP, BV] and the running
+    G [TP] (from G0)."""
     gam = tl.cumsum(g_all, 0)
-    hk = tl.dot(kf, h, input_precision=PRECISION)  # row t: (hᵀk_t)ᵀ
-    hq = tl.dot(qf, h, input_precision=PRECISION)
-    kk = tl.dot(kf, tl.trans(kf), input_precision=PRECISION)  # (t, s): k_t·k_s
-    qk = tl.dot(qf, tl.trans(kf), input_precision=PRECISION)  # (t, s): q_t·k_s
     earlier = rows[None, :] <= rows[:, None]  # (t, s): s <= t
     decay = tl.where(earlier, tl.exp(gam[:, None] - gam[None, :]), 0.0)  # e^{Γ_t−Γ_s} where s <= t, else 0
     e_gam = tl.exp(gam)
@@ -55,7 +47,31 @@ def _gdn_tokens_chunked(h, q_all, k_all, v_all, g_all, b_all, q_ss, k_ss, scale,
         u_t = token_row(rhs, rows, t) - tl.sum(token_row(coef, rows, t)[:, None] * u_all, 0)
         u_all = tl.where((rows == t)[:, None], u_t[None, :], u_all)
     o_all = e_gam[:, None] * hq + tl.dot(decay * qk, u_all, input_precision=PRECISION)
-    return o_all, u_all, G0 + gam, kf
+    return o_all, u_all, G0 + gam
+
+
+@triton.jit
+def _normed_rows(ptr, rows, r_ok, kc, kc_ok, s_t, factor, L2NORM: tl.constexpr):
+    """Rows [TP, BKC] of a query or key block at columns kc, fp32, times `factor` [TP] (1 / the row norm,
+    where L2NORM): the values `l2normed` gives the whole rows (x·rsqrt(Σx² + 1e-6) elementwise)."""
+    x = tl.load(ptr + rows[:, None] * s_t + kc[None, :], mask=r_ok[:, None] & kc_ok[None, :], other=0.0)
+    x = x.to(tl.float32)
+    if L2NORM:
+        x = x * factor[:, None]
+    return x
+
+
+@triton.jit
+def _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
+                     s_ss, s_sh, s_sk, s_sv, s_kt, s_kk):
+    """Key block kc of the effective state: checkpoint·e^{G_last} + K_hist[:, kc]ᵀ·(w ⊙ U_hist), [BKC, BV] fp32
+    (one tf32x3 product: fp32's accuracy, as a fold stores it), with its pointers and mask."""
+    tile = kc_ok[:, None] & v_ok[None, :]
+    ptrs = ssm_ptr + s * s_ss + hv * s_sh + kc[:, None] * s_sk + vv[None, :] * s_sv
+    h = tl.load(ptrs, mask=tile & valid, other=0.0).to(tl.float32)
+    k_hist = tl.load(k_row + jj[:, None] * s_kt + kc[None, :] * s_kk, mask=j_ok[:, None] & kc_ok[None, :], other=0.0)
+    h = h * e_last + tl.dot(tl.trans(k_hist.to(tl.float32)), uw, input_precision="tf32x3")
+    return h, ptrs, tile
 
 
 @triton.jit
@@ -71,32 +87,35 @@ def _gdn_verify_chunked_kernel(
     s_bs, s_bb, s_bh, s_bt,
     s_pnat, s_buf,
     T: tl.constexpr, TP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    HIST: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
-    RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr,
+    HIST: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
-    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]."""
+    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]. The state
+    is read BKC key rows at a time (BKC = BK: all at once)."""
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
     s, valid, p, b, fold = replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T, HIST)
-    kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hv, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
+    vv = vb * BV + tl.arange(0, BV)
+    v_ok = vv < V
+    kk = tl.arange(0, BK)
+    k_ok = kk < K
 
-    # Everything the program reads is loaded before anything it writes: the compiler cannot move a load past a
-    # store to memory it may alias, so reads between writes would each cost a round trip to memory.
-    G_row = hG_ptr + s * s_Gs + b * s_Gb + hv * s_Gh
-    u_row = u_ptr + s * s_us + b * s_ub + hv * s_uh
-    k_row = hk_ptr + s * s_ks + b * s_kb + hk * s_kh
-    jj = tl.arange(0, HP)
-    j_ok = jj < p
-    G_hist = tl.load(G_row + jj * s_Gt, mask=j_ok, other=0.0).to(tl.float32)
-    k_hist = tl.load(k_row + jj[:, None] * s_kt + kk[None, :] * s_kk, mask=j_ok[:, None] & k_ok[None, :], other=0.0)
-    u_hist = tl.load(u_row + jj[:, None] * s_ut + vv[None, :] * s_uv, mask=j_ok[:, None] & v_ok[None, :], other=0.0)
+    # the new tokens' rows, whole: their norms, and the [T, T] products of keys and queries
     rows = tl.arange(0, TP)
     r_ok = rows < T
-    q_all = tl.load(q_ptr + row * s_qb + hk * s_qh + rows[:, None] * s_qt + kk[None, :],
-                    mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-    k_all = tl.load(k_ptr + row * s_kib + hk * s_kih + rows[:, None] * s_kit + kk[None, :],
-                    mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+    q_in = q_ptr + row * s_qb + hk * s_qh
+    k_in = k_ptr + row * s_kib + hk * s_kih
+    q_all = _normed_rows(q_in, rows, r_ok, kk, k_ok, s_qt, 1.0, False)
+    k_all = _normed_rows(k_in, rows, r_ok, kk, k_ok, s_kit, 1.0, False)
+    q_rs = tl.rsqrt(tl.sum(q_all * q_all, 1) + 1e-6)  # `l2normed`'s factors (used with L2NORM)
+    k_rs = tl.rsqrt(tl.sum(k_all * k_all, 1) + 1e-6)
+    if L2NORM:
+        q_all = q_all * q_rs[:, None]
+        k_all = k_all * k_rs[:, None]
+    q_all = q_all * scale
+    kkt = tl.dot(k_all, tl.trans(k_all), input_precision=TOKEN_PRECISION)  # (t, s): k_t·k_s
+    qkt = tl.dot(q_all, tl.trans(k_all), input_precision=TOKEN_PRECISION)  # (t, s): q_t·k_s
     v_all = tl.load(v_ptr + row * s_vb + hv * s_vh + rows[:, None] * s_vt + vv[None, :],
                     mask=r_ok[:, None] & v_ok[None, :], other=0.0)
     g_all = tl.load(g_ptr + row * s_gb + hv * s_gh + rows * s_gt, mask=r_ok, other=0.0).to(tl.float32)
@@ -105,20 +124,47 @@ def _gdn_verify_chunked_kernel(
         B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
         neg_A = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
         g_all, b_all = gdn_raw_gate(g_all, b_all, neg_A, tl.load(dtb_ptr + hv).to(tl.float32), B_DTYPE)
-    q_ss = row_squares(q_all)  # the rows' norms (used with L2NORM), the rows normalised where taken out
-    k_ss = row_squares(k_all)
 
-    # effective state: checkpoint plus history [0, p) of buffer b, one product over the history
+    # the history [0, p) of buffer b: its weights, and its u rows scaled by them
+    G_row = hG_ptr + s * s_Gs + b * s_Gb + hv * s_Gh
+    u_row = u_ptr + s * s_us + b * s_ub + hv * s_uh
+    k_row = hk_ptr + s * s_ks + b * s_kb + hk * s_kh
+    jj = tl.arange(0, HP)
+    j_ok = jj < p
+    G_hist = tl.load(G_row + jj * s_Gt, mask=j_ok, other=0.0).to(tl.float32)
+    u_hist = tl.load(u_row + jj[:, None] * s_ut + vv[None, :] * s_uv, mask=j_ok[:, None] & v_ok[None, :], other=0.0)
     G_last = token_value(G_hist, jj, p - 1)  # -0.0 at p = 0
-    w = tl.where(j_ok, tl.exp(G_last - G_hist), 0.0)
-    h = h * tl.exp(G_last)
-    # fp32 accuracy on tensor cores (three tf32 products): h is the checkpoint a fold stores
-    h += tl.dot(tl.trans(k_hist.to(tl.float32)), u_hist.to(tl.float32) * w[:, None], input_precision="tf32x3")
-    tl.store(ssm_tile, h, mask=tile & valid & fold)
+    uw = u_hist.to(tl.float32) * tl.where(j_ok, tl.exp(G_last - G_hist), 0.0)[:, None]
+    e_last = tl.exp(G_last)
+
+    if BKC == BK:  # the whole tile at once, stored where the row folds
+        h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kk, k_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
+                                         s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
+        tl.store(ptrs, h, mask=tile & valid & fold)
+        hkv = tl.dot(k_all, h, input_precision=TOKEN_PRECISION)  # row t: (hᵀk_t)ᵀ
+        hqv = tl.dot(q_all, h, input_precision=TOKEN_PRECISION)
+    else:  # hk = K·h, hq = Q·h BKC key rows at a time, nothing written; a folding row then stores the blocks
+        hkv = tl.zeros([TP, BV], dtype=tl.float32)
+        hqv = tl.zeros([TP, BV], dtype=tl.float32)
+        for c in range(0, BK // BKC):
+            kc = c * BKC + tl.arange(0, BKC)
+            kc_ok = kc < K
+            h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
+                                             s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
+            q_c = _normed_rows(q_in, rows, r_ok, kc, kc_ok, s_qt, q_rs, L2NORM) * scale
+            k_c = _normed_rows(k_in, rows, r_ok, kc, kc_ok, s_kit, k_rs, L2NORM)
+            hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
+            hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
+        if fold:
+            for c in range(0, BK // BKC):
+                kc = c * BKC + tl.arange(0, BKC)
+                kc_ok = kc < K
+                h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last,
+                                                 valid, s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
+                tl.store(ptrs, h, mask=tile & valid)
 
     G = tl.where(fold, 0.0, G_last)
-    o_all, u_all, G_all, k_all = _gdn_tokens_chunked(h, q_all, k_all, v_all, g_all, b_all, q_ss, k_ss, scale, G, rows,
-                                                     T, L2NORM, TOKEN_PRECISION)
+    o_all, u_all, G_all = _gdn_tokens_chunked(hkv, hqv, kkt, qkt, v_all, g_all, b_all, G, rows, T, TOKEN_PRECISION)
 
     # writes: outputs, and history [p, p + T) of buffer b, or [0, T) of buffer 1 - b after a fold
     nb = tl.where(fold, 1 - b, b)
