@@ -1,11 +1,10 @@
 """Tiling sweep for the gated-delta-rule Triton kernels (value columns per program x warps), CUDA graphs.
 
 For each batch size, times plain decode (T = 1), the per-token-states baseline (T = 4, every state written),
-and the GDN and KDA verify kernels (T = 4; GDN's history half full, in closed form (its state 32, 64 or 128 key
-rows at a time) and token by token; KDA
-with 3 accepted drafts pending, and with none, as at zero acceptance; and T = 1, the speculative engine's
-one-token step), at each (block_v, num_warps), and prints the best tiling per kernel and batch next to the
-default's time. Shapes: GDN 16 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
+and the GDN and KDA verify kernels (T = 4; GDN's history half full, in closed form with its state read 32, 64
+or 128 key rows at a time, and token by token; KDA with 3 accepted drafts pending, and with none, as at zero
+acceptance; and T = 1, the speculative engine's one-token step), at each (block_v, num_warps), and prints the
+best tiling per kernel and batch next to the default's time. Shapes: GDN 16 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
     PYTHONPATH=. python benchmarks/tune_delta_rule.py
 """
