@@ -142,9 +142,10 @@ CASES = ["rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-sil
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py
-# prints them all): KDA's one-warp 128 x 32 verify tile spills a little and was the fastest tiling measured;
-# every other default (verify, decode, conv update, routers), none
-SPILL_BUDGET = {"kda T=4 default": 128}
+# prints them all): KDA's one-warp 128 x 32 verify tile and Mamba2's closed-form verify with its history loop
+# in a 2-stage pipeline (12 bytes) spill a little and were the fastest measured; every other default (verify,
+# decode, conv update, routers), none
+SPILL_BUDGET = {"kda T=4 default": 128, "mamba2 T=4 default": 16}
 
 
 @pytest.fixture(scope="module")

@@ -177,6 +177,7 @@ def gdn_verify_triton(
             BK=BK, BV=BV, BKC=min(key_block or chunked_form.KEY_BLOCK, BK),
             TOKEN_PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32",
             num_warps=num_warps or chunked_warps(B * HV * triton.cdiv(V, BV), q.device),
+            num_stages=chunked_form.NUM_STAGES,
         )
         return o
     BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, gdn_block_v(T))
