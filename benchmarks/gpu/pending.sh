@@ -1,22 +1,23 @@
-# See README.md here: one device call, from the repository root, about 540 s. What session 40 changed or still
-# had untimed: Mamba2's verify in closed form by default (its CUDA tests, the nemotron_h graph-step tests and
-# `ops_mamba2.py`, replay against per-token states), the GDN closed-form verify reading its state 64 / 32 key rows
-# at a time (`tune_delta_rule.py`, on the branch gdn-verify-key-blocks: elsewhere those cases are absent and the
-# sweep times the whole-tile form alone), and where kimi_linear's batch-1 graph step spends its GPU time
-# (`step_profile.py --by-module`); into $OUT.
+# See README.md here: one device call, from the repository root, about 560 s, after a call of `suite.sh` (session
+# 40 changed the GDN and Mamba2 verify defaults: key blocks, closed form, pipeline depths). The software-pipeline
+# depth of every kernel that loops over loads (`tune_stages.py`: session 40 found GDN's verify 15% faster at one
+# stage than at Triton's 3), where the batch-1 graph steps of qwen3_next and nemotron_h spend their GPU time
+# (`step_profile.py --by-module`; kimi_linear's was session 40's), and issue 10's Mamba2 8 x 1,024 prefill row
+# against mamba_ssm (.whl/ needs its wheel: README.md here); into $OUT.
 set -u
 source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-FAMILIES="kimi_linear" build_checkpoints >/dev/null 2>&1 &
-timeout ${TEST_CAP:-150} python3 -m pytest -n 8 -p no:cacheprovider -o addopts="" -q \
-    tests/ops/test_mamba2_verify_triton.py tests/ops/test_mamba2_triton.py "tests/engine/test_cuda_graphs.py" \
-    -k "mamba2 or verify or nemotron" 2>&1 | grep -v "Warning\|warn(" | tail -4
-timeout ${MAMBA_CAP:-60} python3 benchmarks/ops_mamba2.py --device cuda --batches 1 16 64 256 --drafts 3 \
-    --json $OUT/ops_mamba2-h100.json 2>&1 | grep -v Warn | tail -12
-timeout ${KB_CAP:-200} python3 benchmarks/tune_delta_rule.py --batches 16 64 256 --block-v 32 64 --warps 2 4 8 \
-    --cases "gdn verify T=4" 2>&1 | grep -v Warn | tee $OUT/tune_key_blocks.txt
+FAMILIES="qwen3_next nemotron_h" build_checkpoints >/dev/null 2>&1 &
+timeout ${STAGES_CAP:-300} python3 benchmarks/tune_stages.py --batches 1 16 64 256 2>&1 | grep -v Warn \
+    | tee $OUT/tune_stages.txt
 wait
-timeout $((575 - SECONDS)) python3 benchmarks/step_profile.py --family kimi_linear --size 1b --device cuda \
-    --dtype bfloat16 --batch 1 --steps 20 --modes graph --by-module --json $OUT/step_profile-kimi_linear-bs1.json 2>&1 \
-    | grep -v "Warn\|warn\|Loading\|shards" | tail -60
+for f in qwen3_next nemotron_h; do
+  timeout ${STEP_CAP:-70} python3 benchmarks/step_profile.py --family $f --size 1b --device cuda --dtype bfloat16 \
+      --batch 1 --steps 20 --modes graph --by-module --json $OUT/step_profile-$f-bs1.json 2>&1 \
+      | grep -v "Warn\|warn\|Loading\|shards" | tail -40
+done
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/mamba_ssm*.whl \
+    >/dev/null 2>&1  # after everything that imports transformers (it would import the wheel's missing extension)
+timeout $((590 - SECONDS)) python3 benchmarks/ops_kernels.py --skip-decode --prefill-ops mamba2 --prefill-shapes 8x1024 \
+    --json $OUT/ops_kernels_prefill-mamba2-8x1024.json 2>&1 | grep -v Warn | tail -4
 echo "total ${SECONDS}s"
