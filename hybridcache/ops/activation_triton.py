@@ -16,13 +16,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl_triton import pdl_entry, pdl_launch
 from .rms_norm_triton import _round, _sigmoid, _silu
 
 BLOCK = 2048
 
 
 @triton.jit
-def _relu2_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def _relu2_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = at < n
     v = tl.maximum(tl.load(x_ptr + at, mask=inside, other=0.0).to(tl.float32), 0.0)
@@ -35,12 +37,13 @@ def relu2_triton(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(x)
     n = x.numel()
     if n:
-        _relu2_kernel[(triton.cdiv(n, BLOCK),)](x, y, n, BLOCK=BLOCK)
+        _relu2_kernel[(triton.cdiv(n, BLOCK),)](x, y, n, BLOCK=BLOCK, **pdl_launch(x))
     return y
 
 
 @triton.jit
-def _silu_mul_kernel(h_ptr, y_ptr, inner, stride_h, BLOCK: tl.constexpr):
+def _silu_mul_kernel(h_ptr, y_ptr, inner, stride_h, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     row = tl.program_id(0).to(tl.int64)
     at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = at < inner
@@ -57,12 +60,14 @@ def silu_mul_triton(h: torch.Tensor, inner: int) -> torch.Tensor:
     assert h.dim() == 2 and h.stride(1) == 1 and h.shape[1] >= 2 * inner, "h [N, >= 2 * inner], unit last stride"
     y = torch.empty(h.shape[0], inner, dtype=h.dtype, device=h.device)
     if y.numel():
-        _silu_mul_kernel[(h.shape[0], triton.cdiv(inner, BLOCK))](h, y, inner, h.stride(0), BLOCK=BLOCK)
+        _silu_mul_kernel[(h.shape[0], triton.cdiv(inner, BLOCK))](h, y, inner, h.stride(0), BLOCK=BLOCK,
+                                                                  **pdl_launch(h))
     return y
 
 
 @triton.jit
-def _sigmoid_gated_add_kernel(base_ptr, x_ptr, g_ptr, y_ptr, width, stride_g, BLOCK: tl.constexpr):
+def _sigmoid_gated_add_kernel(base_ptr, x_ptr, g_ptr, y_ptr, width, stride_g, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     row = tl.program_id(0).to(tl.int64)
     at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = at < width
@@ -82,12 +87,14 @@ def sigmoid_gated_add_triton(base: torch.Tensor, x: torch.Tensor, g: torch.Tenso
     y = torch.empty_like(x)
     if y.numel():
         _sigmoid_gated_add_kernel[(x.shape[0], triton.cdiv(x.shape[1], BLOCK))](base, x, g, y, x.shape[1],
-                                                                                g.stride(0), BLOCK=BLOCK)
+                                                                                g.stride(0), BLOCK=BLOCK,
+                                                                                **pdl_launch(base))
     return y
 
 
 @triton.jit
-def _sigmoid_mul_kernel(x_ptr, g_ptr, y_ptr, width, D, stride_gn, stride_gh, BLOCK: tl.constexpr):
+def _sigmoid_mul_kernel(x_ptr, g_ptr, y_ptr, width, D, stride_gn, stride_gh, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     row = tl.program_id(0).to(tl.int64)
     at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = at < width
@@ -106,5 +113,5 @@ def sigmoid_mul_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(x)
     if y.numel():
         _sigmoid_mul_kernel[(N, triton.cdiv(H * D, BLOCK))](x, gate, y, H * D, D, gate.stride(0), gate.stride(1),
-                                                           BLOCK=BLOCK)
+                                                           BLOCK=BLOCK, **pdl_launch(x))
     return y

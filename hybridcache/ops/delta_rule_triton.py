@@ -29,6 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .delta_rule_verify_triton import key_l2norm
+from .pdl_triton import pdl_entry, pdl_launch
 from .rms_norm_triton import _round, _sigmoid
 from .triton_support import num_sms
 
@@ -81,10 +82,11 @@ def _delta_rule_decode_kernel(
     stride_is, stride_it,
     T: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PER_KEY_GATE: tl.constexpr, HAS_INITIAL: tl.constexpr, L2NORM: tl.constexpr, INTERMEDIATE: tl.constexpr,
-    RAW_GATE: tl.constexpr,
+    RAW_GATE: tl.constexpr, PDL: tl.constexpr,
 ):
     """RAW_GATE: g_ptr and beta_ptr hold the gate's raw inputs, GDN's a, b [B, T, HV] (alog_ptr, dtb_ptr:
     A_log, dt_bias [HV]) or KDA's g_raw [B, T, H, K], b [B, T, H] (A_log [H], dt_bias [H·K])."""
+    pdl_entry(PDL)
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     b = (i_bh // HV).to(tl.int64)
     hv = i_bh % HV
@@ -246,6 +248,6 @@ def delta_rule_decode_triton(
         *((intermediate.stride(0), intermediate.stride(1)) if intermediate is not None else (0, 0)),
         T=T, K=K, V=V, BK=bk, BV=bv, GROUP=HV // H,
         PER_KEY_GATE=per_key, HAS_INITIAL=has_initial is not None, L2NORM=use_qk_l2norm_in_kernel,
-        INTERMEDIATE=intermediate is not None, RAW_GATE=gate is not None, num_warps=warps,
+        INTERMEDIATE=intermediate is not None, RAW_GATE=gate is not None, num_warps=warps, **pdl_launch(q),
     )
     return o

@@ -80,14 +80,6 @@ def l2normed(x, ss, KDA_FORM: tl.constexpr):
 
 
 @triton.jit
-def row_squares(x):
-    """Σx² + 1e-6 of each row of x [rows, BK] (any dtype) in fp32: `l2normed`'s ss for rows kept in their
-    dtype until taken out (`token_rows_triton`)."""
-    xf = x.to(tl.float32)
-    return tl.sum(xf * xf, 1) + 1e-6
-
-
-@triton.jit
 def replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T: tl.constexpr, HIST: tl.constexpr):
     """A GDN verify program's row: (slot clamped to 0, valid, p clamped to [0, HIST], b, fold = p + T > HIST);
     a padding row (slot < 0) reads p = 0."""

@@ -13,13 +13,16 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl_triton import pdl_entry, pdl_launch
+
 BLOCK_C = 256
 
 
 @triton.jit
 def _ngram_kernel(hist_ptr, len_ptr, drafts_ptr, proposed_ptr, W, stride_r,
                   N: tl.constexpr, MIN_N: tl.constexpr, K: tl.constexpr, BLOCK_C: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     row = tl.program_id(0)
     base = hist_ptr + row.to(tl.int64) * stride_r
     L = tl.load(len_ptr + row)
@@ -49,7 +52,8 @@ def _ngram_kernel(hist_ptr, len_ptr, drafts_ptr, proposed_ptr, W, stride_r,
 
 @triton.jit
 def _append_kernel(hist_ptr, len_ptr, tok_ptr, count_ptr, last_ptr, W, stride_r, stride_t, T: tl.constexpr,
-                   BLOCK_T: tl.constexpr):
+                   BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     row = tl.program_id(0)
     base = hist_ptr + row.to(tl.int64) * stride_r
     L = tl.load(len_ptr + row)
@@ -74,7 +78,7 @@ def history_append_triton(history: torch.Tensor, lengths: torch.Tensor, tokens: 
     last = torch.empty(R, dtype=torch.int64, device=history.device)
     if R:
         _append_kernel[(R,)](history, lengths, tokens, counts, last, history.shape[1], history.stride(0),
-                             tokens.stride(0), T=T, BLOCK_T=triton.next_power_of_2(T))
+                             tokens.stride(0), T=T, BLOCK_T=triton.next_power_of_2(T), **pdl_launch(history))
     return last
 
 
@@ -87,5 +91,5 @@ def ngram_propose_triton(history: torch.Tensor, lengths: torch.Tensor, k: int, m
     proposed = torch.empty(R, dtype=torch.int64, device=history.device)
     if R:
         _ngram_kernel[(R,)](history, lengths, drafts, proposed, W, history.stride(0), N=max_n, MIN_N=min_n, K=k,
-                            BLOCK_C=BLOCK_C, BLOCK_K=triton.next_power_of_2(k))
+                            BLOCK_C=BLOCK_C, BLOCK_K=triton.next_power_of_2(k), **pdl_launch(history))
     return drafts, proposed

@@ -7,12 +7,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl_triton import pdl_entry, pdl_launch
+
 BLOCK = 128
 
 
 @triton.jit
 def _accept_kernel(pnat_ptr, buf_ptr, slot_ptr, tokens_ptr, valid_ptr, B, HIST, num_tokens,
-                   PER_ROW_TOKENS: tl.constexpr, BLOCK_B: tl.constexpr):
+                   PER_ROW_TOKENS: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     in_batch = rows < B
     slot = tl.load(slot_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
@@ -40,4 +43,4 @@ def replay_accept_triton(pnat: torch.Tensor, buf_idx: torch.Tensor, slots: torch
     tokens = num_tokens.to(slots.device) if per_row else slots
     _accept_kernel[(triton.cdiv(batch, BLOCK),)](
         pnat, buf_idx, slots, tokens, num_valid.to(slots.device), batch, hist, 0 if per_row else int(num_tokens),
-        PER_ROW_TOKENS=per_row, BLOCK_B=BLOCK)
+        PER_ROW_TOKENS=per_row, BLOCK_B=BLOCK, **pdl_launch(pnat))

@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .pdl_triton import pdl_entry, pdl_launch
+
 PLAIN, GROUP, SILU, SIGMOID = (tl.constexpr(mode) for mode in range(4))  # the kernel's MODE
 MAX_D = 16384  # channels a row: the row's fp32 tile lives in registers (32 a thread per tensor at 16 warps)
 TILE = 2048  # elements a program aims at: several short rows (head_dim 128) share one program
@@ -70,8 +72,9 @@ def _rms_norm_kernel(
     x_ptr, z_ptr, w_ptr, out_ptr, sum_ptr,
     rows, G, stride_xm, stride_xg, stride_zm, stride_zg, eps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-    MODE: tl.constexpr, ZERO_CENTRED: tl.constexpr, MID: tl.constexpr, ADD: tl.constexpr,
+    MODE: tl.constexpr, ZERO_CENTRED: tl.constexpr, MID: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK_D)
     m = (r // G).to(tl.int64)
@@ -136,7 +139,7 @@ def _launch(mode: tl.constexpr, x: Tensor, z: Tensor | None, weight: Tensor, eps
         x3, z3, weight, out, out if summed is None else summed,
         rows, G, x3.stride(0), x3.stride(1), z3.stride(0), z3.stride(1), eps,
         D=D, BLOCK_D=block_d, ROWS=per_program, MODE=mode.value, ZERO_CENTRED=zero_centred, MID=_TL_DTYPE[mid],
-        ADD=summed is not None, num_warps=warps,
+        ADD=summed is not None, num_warps=warps, **pdl_launch(x3),
     )
     return out
 

@@ -11,11 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl_triton import pdl_entry, pdl_launch
+
 BLOCK = 4096
 
 
 @triton.jit
-def _read_kernel(src_ptr, dst_ptr, slot_ptr, initial_ptr, row_size, HAS_INITIAL: tl.constexpr, BLOCK: tl.constexpr):
+def _read_kernel(src_ptr, dst_ptr, slot_ptr, initial_ptr, row_size, HAS_INITIAL: tl.constexpr, BLOCK: tl.constexpr,
+                 PDL: tl.constexpr):
+    pdl_entry(PDL)
     row, block = tl.program_id(0), tl.program_id(1)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     keep = slot >= 0
@@ -28,7 +32,8 @@ def _read_kernel(src_ptr, dst_ptr, slot_ptr, initial_ptr, row_size, HAS_INITIAL:
 
 
 @triton.jit
-def _write_kernel(src_ptr, dst_ptr, slot_ptr, valid_ptr, row_size, BLOCK: tl.constexpr):
+def _write_kernel(src_ptr, dst_ptr, slot_ptr, valid_ptr, row_size, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     row, block = tl.program_id(0), tl.program_id(1)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     if slot >= 0 and tl.load(valid_ptr + row) != 0:
@@ -50,7 +55,8 @@ def read_rows_triton(src: torch.Tensor, slots: torch.Tensor, has_initial: torch.
     if rows and size:
         initial = has_initial.to(src.device) if has_initial is not None else slots
         _read_kernel[(rows, triton.cdiv(size, BLOCK))](src, out, slots, initial, size,
-                                                        HAS_INITIAL=has_initial is not None, BLOCK=BLOCK)
+                                                        HAS_INITIAL=has_initial is not None, BLOCK=BLOCK,
+                                                        **pdl_launch(src))
     return out
 
 
@@ -59,7 +65,8 @@ def write_rows_triton(dst: torch.Tensor, slots: torch.Tensor, values: torch.Tens
     [B, *R] contiguous; rows with a negative slot or `valid` false write nothing. Slots must be distinct."""
     rows, size = slots.shape[0], _row_size(dst)
     if rows and size:
-        _write_kernel[(rows, triton.cdiv(size, BLOCK))](values, dst, slots, valid, size, BLOCK=BLOCK)
+        _write_kernel[(rows, triton.cdiv(size, BLOCK))](values, dst, slots, valid, size, BLOCK=BLOCK,
+                                                        **pdl_launch(values))
 
 
 def rows_fit(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor | None = None) -> bool:

@@ -46,6 +46,22 @@ def test_graph_steps_give_the_eager_tokens(checkpoint, spec):
         assert graphs.num_replays == 0
 
 
+@pytest.mark.parametrize("spec", SPECULATIVE)
+def test_programmatic_dependent_launch_gives_the_same_tokens(checkpoint, spec, monkeypatch):
+    """HYBRIDCACHE_PDL=1 (every Triton kernel launched with PDL, waiting at its entry) changes no token, eager
+    or captured in graphs, and the launches do take PDL."""
+    from hybridcache.ops import pdl_triton
+    _, path = checkpoint
+    kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=4, speculative=SPECULATIVE[spec], page_size=4,
+              max_model_len=128)
+    plain = LLM(path, **kw).generate(PROMPTS, params())
+    monkeypatch.setenv(pdl_triton.ENV, "1")
+    assert pdl_triton.pdl_launch(torch.zeros(1, device="cuda")) == {"PDL": True, "launch_pdl": True}
+    for eager in (True, False):
+        llm = LLM(path, enforce_eager=eager, **kw)
+        assert [o.token_ids for o in llm.generate(PROMPTS, params())] == [o.token_ids for o in plain]
+
+
 def test_speculative_gives_the_plain_greedy_tokens_in_fp32(checkpoint):
     """n-gram speculation (verify steps of 4 tokens a row: the MoE families' experts on the sorted kernels,
     6 rows x 4 x k pairs) gives plain decode's greedy tokens (one-pair-a-program kernels, 6 x k pairs), in fp32

@@ -34,10 +34,14 @@ from hybridcache.ops.attention import triton_mla, triton_paged
 from hybridcache.ops.conv1d import triton_shift
 from hybridcache.ops import activation_triton, ngram_triton, slot_rows_triton
 
-def compile_(fn, sig, consts, num_warps=4):
+def compile_asm(fn, sig, consts, num_warps=4):
+    consts = {"PDL": False, **consts}  # every kernel's programmatic-dependent-launch switch, off unless named
     sig = {**sig, **{n: "constexpr" for n in consts}}
-    asm = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": num_warps}).asm
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "launch_pdl": consts["PDL"]}).asm
+
+def compile_(fn, sig, consts, num_warps=4):
+    asm = compile_asm(fn, sig, consts, num_warps)
     return "cubin" in asm and bool(asm["ptx"])
 
 results = {}
@@ -47,6 +51,11 @@ for name, mode, add in (("plain", 0, False), ("plain-add", 0, True), ("group", 1
                         ("sigmoid", 3, False)):
     results["rms_norm-" + name] = compile_(rms_norm_triton._rms_norm_kernel, norm_sig, {
         "D": 2048, "BLOCK_D": 2048, "ROWS": 1, "MODE": mode, "ZERO_CENTRED": False, "MID": tl.bfloat16, "ADD": add})
+norm_consts = {"D": 2048, "BLOCK_D": 2048, "ROWS": 1, "MODE": 0, "ZERO_CENTRED": False, "MID": tl.bfloat16, "ADD": True}
+gdc = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")  # PDL's entry, in PTX
+pdl_ptx = compile_asm(rms_norm_triton._rms_norm_kernel, norm_sig, {**norm_consts, "PDL": True})["ptx"]
+plain_ptx = compile_asm(rms_norm_triton._rms_norm_kernel, norm_sig, norm_consts)["ptx"]
+results["pdl-entry"] = all(op in pdl_ptx for op in gdc) and not any(op in plain_ptx for op in gdc)
 attn_sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "table_ptr": "*i32", "cached_ptr": "*i32", "cu_ptr": "*i32",
             "out_ptr": "*bf16", "part_ptr": "*fp32", "stat_ptr": "*fp32", "scale_log2": "fp32",
             **{n: "i32" for n in ("stride_qn", "stride_qh", "stride_kp", "stride_kkv", "stride_ks", "stride_kh",
@@ -133,7 +142,7 @@ results["sigmoid_gated_add"] = compile_(activation_triton._sigmoid_gated_add_ker
     {"BLOCK": 2048})
 print(json.dumps({"compiled": results, "spills": spills}))
 '''
-CASES = ["rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
+CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
          "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "mla_attention-verify-default",
          "conv_shift",
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",

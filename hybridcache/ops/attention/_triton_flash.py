@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..pdl_triton import pdl_entry, pdl_launch
 from ..triton_support import interpreting, num_sms
 
 LOG2E = 1.4426950408889634
@@ -102,9 +103,10 @@ def store_rows(acc, m_i, l_i, out_ptr, part_ptr, stat_ptr, token, head, d, valid
 @triton.jit
 def _merge_kernel(
     part_ptr, stat_ptr, out_ptr, stride_on, stride_oh, num_tokens, num_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program per (token, query head): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s."""
+    pdl_entry(PDL)
     n, h = tl.program_id(0), tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
@@ -161,7 +163,7 @@ def merge_splits(part: Tensor, stat: Tensor, out: Tensor) -> None:
     num_splits, num_tokens, heads, dim = part.shape
     _merge_kernel[(num_tokens, heads)](
         part, stat, out, out.stride(0), out.stride(1), num_tokens, heads,
-        HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim), NUM_SPLITS=num_splits,
+        HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim), NUM_SPLITS=num_splits, **pdl_launch(part),
     )
 
 

@@ -25,6 +25,7 @@ from ._triton_flash import (
     LOG2E, dot_modes, find_block, key_pages, key_range, merge_splits, plan_grid, softmax_step, split_buffers,
     store_rows,
 )
+from ..pdl_triton import pdl_entry, pdl_launch
 
 MAX_TILE_ROWS = 32  # BLOCK_T * H query rows per program: the fp32 accumulator is [rows, R]
 # Keys a loop step, and the key splits. A step's chain (its keys' loads, the score dot over R + Dr = 576
@@ -50,8 +51,9 @@ def _mla_kernel(
     PAGE_SIZE: tl.constexpr, HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_DR: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     pid, split = tl.program_id(0), tl.program_id(1)
 
     row, block, start, count, cached = find_block(pid, cu_ptr, cached_ptr, num_rows, BLOCK_T, BLOCK_B)
@@ -151,7 +153,7 @@ def mla_attend_triton(
         BLOCK_T=block_t, BLOCK_M=max(16, triton.next_power_of_2(block_t * heads)), BLOCK_N=block_n,
         BLOCK_B=max(16, triton.next_power_of_2(num_rows)), NUM_SPLITS=num_splits, **dot_modes(latent_pages.dtype),
         num_warps=num_warps or (8 if rank >= 256 else 4),  # the [rows, R] fp32 accumulator over more threads
-        **({} if num_stages is None else {"num_stages": num_stages}),
+        **({} if num_stages is None else {"num_stages": num_stages}), **pdl_launch(q_lat),
     )
     merge_splits(part, stat, out)
     return out

@@ -16,14 +16,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..pdl_triton import pdl_entry, pdl_launch
+
 
 @triton.jit
 def _norm_rope_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, freq_ptr, qo_ptr, ko_ptr,
     stride_qn, stride_qh, stride_kn, stride_kh, eps,
     Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROTARY: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     n, h = tl.program_id(0), tl.program_id(1)
     is_q = h < Q_HEADS
     hk = tl.maximum(h - Q_HEADS, 0)
@@ -72,6 +75,6 @@ def norm_rope_triton(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, e
     _norm_rope_kernel[(n, hq + hkv)](
         q, k, q_weight, k_weight, positions, inv_freq, q_out, k_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), eps,
-        Q_HEADS=hq, K_HEADS=hkv, HEAD_DIM=dh, ROTARY=rotary_dim, BLOCK_D=triton.next_power_of_2(dh),
+        Q_HEADS=hq, K_HEADS=hkv, HEAD_DIM=dh, ROTARY=rotary_dim, BLOCK_D=triton.next_power_of_2(dh), **pdl_launch(q),
     )
     return q_out, k_out

@@ -23,6 +23,7 @@ from ._triton_flash import (
     LOG2E, dot_modes, find_block, key_pages, key_range, merge_splits, plan_grid, softmax_step, split_buffers,
     store_rows,
 )
+from ..pdl_triton import pdl_entry, pdl_launch
 
 MAX_TILE_ROWS = 64  # BLOCK_T * G query rows per program, bounded to keep the fp32 accumulator in registers
 
@@ -38,8 +39,9 @@ def _attend_kernel(
     num_rows, table_width, num_tokens,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     pid, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     num_heads = GROUP * tl.num_programs(1)
     row, block, start, count, cached = find_block(pid, cu_ptr, cached_ptr, num_rows, BLOCK_T, BLOCK_B)
@@ -124,6 +126,7 @@ def attend_kv_pages_triton(
         PAGE_SIZE=page_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_T=block_t, BLOCK_M=max(16, triton.next_power_of_2(block_t * group)), BLOCK_N=block_n,
         BLOCK_B=max(16, triton.next_power_of_2(num_rows)), NUM_SPLITS=num_splits, **dot_modes(kv.dtype),
+        **pdl_launch(q),
     )
     merge_splits(part, stat, out)
     return out

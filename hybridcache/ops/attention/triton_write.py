@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..pdl_triton import pdl_entry, pdl_launch
+
 MAX_BLOCK = 1024  # elements a program moves per loop step
 
 
@@ -24,8 +26,9 @@ def _write_pair_kernel(
     a_ptr, b_ptr, dst_ptr, table_ptr, cached_ptr, cu_ptr,
     stride_a, stride_b, stride_dp, stride_ds, b_offset, stride_tb, num_rows, table_width,
     WIDTH_A: tl.constexpr, WIDTH_B: tl.constexpr, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     n = tl.program_id(0)
     rows = tl.arange(0, BLOCK_B)
     ends = tl.load(cu_ptr + rows + 1, mask=rows < num_rows, other=0)
@@ -74,7 +77,7 @@ def write_pair_triton(pages: Tensor, a: Tensor, b: Tensor, b_offset: int, page_t
         a.stride(0), b.stride(0), pages.stride(0), pages.stride(1), b_offset, page_table.stride(0),
         num_rows, page_table.shape[1],
         WIDTH_A=a.shape[1], WIDTH_B=b.shape[1], BLOCK=min(MAX_BLOCK, triton.next_power_of_2(width)),
-        BLOCK_B=max(16, triton.next_power_of_2(num_rows)), PAGE_SIZE=pages.shape[1],
+        BLOCK_B=max(16, triton.next_power_of_2(num_rows)), PAGE_SIZE=pages.shape[1], **pdl_launch(a),
     )
 
 

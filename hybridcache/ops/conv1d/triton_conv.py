@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..pdl_triton import pdl_entry, pdl_launch
 from ..triton_support import num_sms
 
 MIN_BLOCK_C = 32
@@ -59,8 +60,9 @@ def _update_kernel(
     stride_yb, stride_yt,
     channels,
     WIDTH: tl.constexpr, STEPS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_J: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    BLOCK_J: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     W: tl.constexpr = WIDTH - 1
     KEEP: tl.constexpr = W + STEPS - 1  # columns written back: seq[:, 1:]
     row, cblock = tl.program_id(0), tl.program_id(1)
@@ -101,8 +103,9 @@ def _prefill_kernel(
     stride_yn,
     num_tokens, num_rows, channels,
     WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     W: tl.constexpr = WIDTH - 1
     tblock, cblock = tl.program_id(0), tl.program_id(1)
     n = tblock * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -146,9 +149,10 @@ def _prefill_window_kernel(
     stride_xn, stride_xc,
     stride_ss, stride_sc, stride_sj,
     channels,
-    W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+    W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
 ):
     """conv[slot, :, :W] = the row's last W inputs (cat(window or zeros, x_row)[:, -W:])."""
+    pdl_entry(PDL)
     row, cblock = tl.program_id(0), tl.program_id(1)
     slot = tl.load(slots_ptr + row).to(tl.int64)
     live = slot >= 0
@@ -221,7 +225,7 @@ def causal_conv1d_update_triton(
         channels,
         WIDTH=width, STEPS=steps, BLOCK_C=block_c, BLOCK_T=triton.next_power_of_2(steps),
         BLOCK_J=triton.next_power_of_2(max(1, w + steps - 1)), HAS_BIAS=bias is not None, SILU=silu,
-        num_warps=4,
+        num_warps=4, **pdl_launch(x),
     )
     return y
 
@@ -271,7 +275,7 @@ def causal_conv1d_prefill_triton(
             num_tokens, batch, channels,
             WIDTH=width, BLOCK_T=block_t, BLOCK_C=block_c, SEARCH_STEPS=max(0, (batch - 1).bit_length()),
             HAS_BIAS=bias is not None, SILU=silu,
-            num_warps=4,
+            num_warps=4, **pdl_launch(x),
         )
     if w > 0:
         _prefill_window_kernel[(batch, triton.cdiv(channels, block_c))](
@@ -280,6 +284,6 @@ def causal_conv1d_prefill_triton(
             *strides,
             channels,
             W=w, BLOCK_W=triton.next_power_of_2(w), BLOCK_C=block_c,
-            num_warps=4,
+            num_warps=4, **pdl_launch(x),
         )
     return y

@@ -9,13 +9,16 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl_triton import pdl_entry, pdl_launch
+
 MAX_BLOCK_C = 256
 
 
 @triton.jit
 def _shift_kernel(conv_ptr, slot_ptr, valid_ptr, channels,
                   stride_l, stride_s, stride_c, stride_j,
-                  W: tl.constexpr, W_POW2: tl.constexpr, BLOCK_C: tl.constexpr):
+                  W: tl.constexpr, W_POW2: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     row, layer, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     v = tl.load(valid_ptr + row).to(tl.int64)
@@ -39,4 +42,4 @@ def shift_conv_window_triton(conv: torch.Tensor, slots: torch.Tensor, num_valid:
     block = min(MAX_BLOCK_C, triton.next_power_of_2(channels))
     grid = (rows, layers, triton.cdiv(channels, block))
     _shift_kernel[grid](conv, slots, num_valid.to(slots.device), channels, *conv.stride(),
-                        W=width, W_POW2=triton.next_power_of_2(width), BLOCK_C=block)
+                        W=width, W_POW2=triton.next_power_of_2(width), BLOCK_C=block, **pdl_launch(conv))

@@ -11,8 +11,9 @@ from torch import Tensor
 
 from ..delta_rule_triton import gdn_raw_gate, unit_last
 from ..delta_rule_verify_triton import gdn_block_v, key_l2norm, replay_row, state_tile, verify_tile_sizes, verify_warps
-from . import triton_verify_chunked as chunked_form
+from ..pdl_triton import pdl_entry, pdl_launch
 from ..triton_support import num_sms
+from . import triton_verify_chunked as chunked_form
 
 if TYPE_CHECKING:
     from .decode import RawGate
@@ -31,10 +32,11 @@ def _gdn_verify_kernel(
     s_bs, s_bb, s_bh, s_bt,
     s_pnat, s_buf,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HIST: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PDL: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]."""
+    pdl_entry(PDL)
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
     s, valid, p, b, fold = replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T, HIST)
@@ -177,10 +179,10 @@ def gdn_verify_triton(
             BK=BK, BV=BV, BKC=min(key_block or chunked_form.KEY_BLOCK, BK),
             TOKEN_PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32",
             num_warps=num_warps or chunked_warps(B * HV * triton.cdiv(V, BV), q.device),
-            num_stages=chunked_form.NUM_STAGES,
+            num_stages=chunked_form.NUM_STAGES, **pdl_launch(q),
         )
         return o
     BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, gdn_block_v(T))
     _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
-                                                   num_warps=num_warps or verify_warps(T))
+                                                   num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     return o

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..delta_rule_triton import gdn_raw_gate
 from ..delta_rule_verify_triton import replay_row
+from ..pdl_triton import pdl_entry
 from ..token_rows_triton import token_row, token_value
 
 BLOCK_V = 64
@@ -89,11 +90,12 @@ def _gdn_verify_chunked_kernel(
     s_pnat, s_buf,
     T: tl.constexpr, TP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     HIST: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr,
+    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]. The state
     is read BKC key rows at a time (BKC = BK: all at once)."""
+    pdl_entry(PDL)
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
     s, valid, p, b, fold = replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T, HIST)

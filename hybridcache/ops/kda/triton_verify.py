@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
 from ..delta_rule_verify_triton import key_l2norm, pending_row, state_tile, verify_tile_sizes, verify_warps
+from ..pdl_triton import pdl_entry, pdl_launch
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
@@ -28,10 +29,11 @@ def _kda_verify_kernel(
     s_bs, s_bp, s_bh,
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PDL: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]."""
+    pdl_entry(PDL)
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
     kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
@@ -82,10 +84,11 @@ def _kda_pending_kernel(
     s_vs, s_vp, s_vh, s_vv,
     s_bs, s_bp, s_bh,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
-    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
+    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PDL: tl.constexpr,
 ):
     """pend_*[slot, :T−1] <- new tokens 1..T−1 (keys normalised, and with RAW_GATE g and β computed, as in the
     verify kernel)."""
+    pdl_entry(PDL)
     row, hd = tl.program_id(0).to(tl.int64), tl.program_id(1)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     valid = slot >= 0
@@ -170,13 +173,14 @@ def kda_verify_triton(
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
-    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV, num_warps=num_warps or verify_warps(T))
+    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
+                                                   num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
             k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
             *inputs[3:],
             *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(),
             T=T, H=H, K=K, V=V, BK=BK, BVF=triton.next_power_of_2(V), L2NORM=use_qk_l2norm_in_kernel,
-            RAW_GATE=gate is not None,
+            RAW_GATE=gate is not None, **pdl_launch(k),
         )
     return o

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_dims
 from hybridcache.ops.mamba2.triton_verify import softplus
+from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 from hybridcache.ops.triton_support import num_sms
 
 TILE = 2048  # fp32 state entries per program before the grid-filling rule shrinks BLOCK_P
@@ -46,8 +47,9 @@ def _decode_kernel(
     stride_yb, stride_yt, stride_yh,
     head_dim, dstate, heads_per_group,
     STEPS: tl.constexpr, INTER: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     row, head, pblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row64 = row.to(tl.int64)
     slot = tl.load(slots_ptr + row).to(tl.int64)
@@ -129,7 +131,7 @@ def _launch(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm: Tensor,
         head_dim, dstate, reps,
         STEPS=steps, INTER=inter is not None,
         BLOCK_P=block_p, BLOCK_N=triton.next_power_of_2(dstate), HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
-        num_warps=4,
+        num_warps=4, **pdl_launch(x),
     )
 
 

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit
 from hybridcache.ops.mamba2.triton_verify import softplus
+from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 
 BLOCK_T = 32
 
@@ -29,8 +30,9 @@ def _inputs_kernel(
     x_ptr, dt_ptr, A_ptr, bias_ptr, B_ptr, C_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
     dt_lo, dt_hi, num_tokens, heads, head_dim, dstate, heads_per_group,
     sx_t, sx_h, sd_t, sd_h, sB_t, sB_g, sC_t, sC_g,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     tblock, head = tl.program_id(0), tl.program_id(1)
     group = head // heads_per_group
     t = (tblock * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -59,8 +61,9 @@ def _inputs_kernel(
 @triton.jit
 def _output_kernel(
     o_ptr, x_ptr, D_ptr, y_ptr, num_tokens, heads, head_dim, so_t, so_h, sx_t, sx_h,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     tblock, head = tl.program_id(0), tl.program_id(1)
     t = (tblock * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     p = tl.arange(0, BLOCK_P)
@@ -102,7 +105,7 @@ def ssd_inputs_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, dt
         num_tokens, heads, head_dim, dstate, heads // groups,
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         BLOCK_T=BLOCK_T, BLOCK_P=triton.next_power_of_2(head_dim), BLOCK_N=triton.next_power_of_2(dstate),
-        HAS_BIAS=dt_bias is not None, num_warps=4,
+        HAS_BIAS=dt_bias is not None, num_warps=4, **pdl_launch(x),
     )
     return q, k, v, g
 
@@ -117,6 +120,6 @@ def ssd_output_triton(o: Tensor, x: Tensor, D: Tensor) -> Tensor:
         return y
     _output_kernel[(triton.cdiv(num_tokens, BLOCK_T), heads)](
         o, x, D.contiguous(), y, num_tokens, heads, head_dim, o.stride(0), o.stride(1), x.stride(0), x.stride(1),
-        BLOCK_T=BLOCK_T, BLOCK_P=triton.next_power_of_2(head_dim), num_warps=4,
+        BLOCK_T=BLOCK_T, BLOCK_P=triton.next_power_of_2(head_dim), num_warps=4, **pdl_launch(o),
     )
     return y

@@ -31,6 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_dims, check_steps
+from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 from hybridcache.ops.token_rows_triton import token_row, token_value
 from hybridcache.ops.triton_support import num_sms
 
@@ -84,8 +85,9 @@ def _verify_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, TP: tl.constexpr, CLOSED_FORM: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_entry(PDL)
     row, head, pblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     group = head // REPS
     slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
@@ -256,6 +258,6 @@ def mamba2_verify_triton(
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
         TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
-        num_stages=NUM_STAGES,
+        num_stages=NUM_STAGES, **pdl_launch(x),
     )
     return y

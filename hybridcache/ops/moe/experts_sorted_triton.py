@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..pdl_triton import pdl_entry, pdl_launch
 from ..rms_norm_triton import _TL_DTYPE, _round, _sigmoid
 from ..triton_dot import dot, dot_args
 from ..triton_support import num_sms
@@ -76,9 +77,10 @@ def _block(ends_ptr, order_ptr, E, ROWS, E_POW2: tl.constexpr, BLOCK_M: tl.const
 
 @triton.jit
 def _sort_pairs_kernel(index_ptr, order_ptr, ends_ptr, P, E, K: tl.constexpr, M: tl.constexpr,
-                       P_POW2: tl.constexpr, E_POW2: tl.constexpr):
+                       P_POW2: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr):
     """One program: the P pairs sorted by (expert, pair) as one key, and each expert's run end. With M shared
     parts, pair K + s of each token (p % (K + M) == K + s) is expert E + s's, after the routed ones."""
+    pdl_entry(PDL)
     p = tl.arange(0, P_POW2)
     live = p < P
     KP: tl.constexpr = K + M
@@ -98,7 +100,8 @@ def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, shared_gate_
                       h_ptr, logit_ptr, E, stride_xn, stride_we, stride_wi, stride_si, K: tl.constexpr,
                       I: tl.constexpr, D: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, M: tl.constexpr,
                       LOGIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, E_POW2: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     e, live, pair, cols, col_ok = _block(ends_ptr, order_ptr, E + M, I, E_POW2, BLOCK_M, BLOCK_N)
     if e >= E + M:
         return
@@ -141,7 +144,8 @@ def _sorted_up_kernel(x_ptr, order_ptr, ends_ptr, gate_ptr, up_ptr, shared_gate_
 def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, shared_down_ptr, y_ptr, part_ptr, E,
                         stride_we, stride_wd, stride_sd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
                         M: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, E_POW2: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     e, live, pair, cols, col_ok = _block(ends_ptr, order_ptr, E + M, D, E_POW2, BLOCK_M, BLOCK_N)
     if e >= E + M:  # surplus
         return
@@ -177,9 +181,10 @@ def _sorted_down_kernel(h_ptr, order_ptr, ends_ptr, weight_ptr, down_ptr, shared
 
 @triton.jit
 def _sorted_sum_kernel(y_ptr, part_ptr, logit_ptr, out_ptr, D: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
-                       LOGIT: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr):
+                       LOGIT: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """out[n] = y's rows n·(K + M) + j for j < K (the routed pairs), then the shared expert's M partials of
     token n summed, in W as its GEMM's output, scaled by 1 or sigmoid(logit[n]) in W, added in O."""
+    pdl_entry(PDL)
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < D
@@ -211,7 +216,8 @@ def sort_pairs_triton(index: Tensor, num_experts: int, shared: int = 0) -> tuple
     ends = torch.empty(num_experts + shared, device=index.device, dtype=torch.int32)
     _sort_pairs_kernel[(1,)](index.contiguous(), order, ends, P, num_experts, K=K, M=shared,
                              P_POW2=max(2, triton.next_power_of_2(P)),
-                             E_POW2=max(2, triton.next_power_of_2(num_experts + shared)), num_warps=4)
+                             E_POW2=max(2, triton.next_power_of_2(num_experts + shared)), num_warps=4,
+                             **pdl_launch(order))
     return order, ends
 
 
@@ -267,15 +273,15 @@ def sorted_experts_triton(x: Tensor, index: Tensor, weight: Tensor, order: Tenso
         x, order, ends, up if gate is None else gate, up, s.gate, s.up, s.logit_row, h, s.logits, E, x.stride(0),
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
         LOGIT=logit, **dots, E_POW2=e_pow2, BLOCK_M=bm, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=num_warps)
+        BLOCK_K=block_k, num_warps=num_warps, **pdl_launch(x))
     y = torch.empty(P, D, device=x.device, dtype=out_dtype)  # the shared expert's rows unused
     part = torch.empty(N * s.parts, D, device=x.device, dtype=torch.float32) if s.parts else y
     bm, block_n, block_k = tiles or _tiles(P, E + s.parts, D, I, x.device)
     _sorted_down_kernel[(triton.cdiv(P, bm) + E + s.parts, triton.cdiv(D, block_n))](
         h, order, ends, weight, down, s.down, y, part, E, down.stride(0), down.stride(1), s.stride_down,
         K=K, I=I, D=D, M=s.parts, **dots, E_POW2=e_pow2, BLOCK_M=bm,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, **pdl_launch(h))
     block = min(1024, triton.next_power_of_2(D))
     _sorted_sum_kernel[(N, triton.cdiv(D, block))](y, part, s.logits, out, D=D, K=K, M=s.parts, LOGIT=logit,
-                                                  W=_TL_DTYPE[x.dtype], BLOCK=block, num_warps=4)
+                                                  W=_TL_DTYPE[x.dtype], BLOCK=block, num_warps=4, **pdl_launch(y))
     return out

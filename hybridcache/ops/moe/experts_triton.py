@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..pdl_triton import pdl_entry, pdl_launch
 from ..rms_norm_triton import _round, _sigmoid
 from ..triton_support import num_sms
 from . import SharedExpert
@@ -65,7 +66,8 @@ def activation(v, ACT: tl.constexpr):
 def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_ptr, logit_w_ptr, h_ptr, logit_ptr, P,
                stride_xn, stride_we, stride_wi, stride_si, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
                ACT: tl.constexpr, GATED: tl.constexpr, M: tl.constexpr, LOGIT: tl.constexpr,
-               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
+               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, PDL: tl.constexpr):
+    pdl_entry(PDL)
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BLOCK_P] pairs
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     live = p < P
@@ -131,7 +133,9 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
 @triton.jit
 def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_ptr, out_ptr, N, stride_we,
                  stride_wd, stride_sd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, M: tl.constexpr,
-                 LOGIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr):
+                 LOGIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr,
+                 PDL: tl.constexpr):
+    pdl_entry(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] tokens
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     live = n < N
@@ -263,11 +267,12 @@ def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, d
     _up_kernel[(triton.cdiv(pairs, block), triton.cdiv(I, rows))](
         x, index, up if gate is None else gate, up, s.gate, s.up, s.logit_row, h, s.logits, pairs, x.stride(0),
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
-        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps)
+        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps, **pdl_launch(x))
     (block, rows, inner), warps = _launch(tiles, down_launch, N, D, I, x.device)
     _down_kernel[(triton.cdiv(N, block), triton.cdiv(D, rows))](
         h, index, weight, down, s.down, s.logits, out, N, down.stride(0), down.stride(1), s.stride_down,
-        K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps)
+        K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps,
+        **pdl_launch(h))
     return out
 
 

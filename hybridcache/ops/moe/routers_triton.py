@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..pdl_triton import pdl_entry, pdl_launch
 from ..rms_norm_triton import _round
 from . import ROUTER_MAX_EXPERTS
 
@@ -58,7 +59,9 @@ def _logits(x_ptr, w_ptr, n, N, D, stride_xn, expert, real,
 @triton.jit
 def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_n,
                          E: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, FROM_X: tl.constexpr,
-                         ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+                         ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl_entry(PDL)
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK_E)[None, :]
     valid = (n < N)[:, None] & (c < E)
@@ -97,7 +100,9 @@ def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_
 def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D, stride_n, scaling,
                        G: tl.constexpr, EG: tl.constexpr, TOPG: tl.constexpr, K: tl.constexpr,
                        NORM: tl.constexpr, FROM_X: tl.constexpr, ROWS: tl.constexpr, BLOCK_G: tl.constexpr,
-                       BLOCK_EG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+                       BLOCK_EG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl_entry(PDL)
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.arange(0, BLOCK_G)
     c = tl.arange(0, BLOCK_EG)
@@ -194,7 +199,8 @@ def softmax_topk_triton(logits: Tensor, k: int, renormalise: bool,
     if N:
         _softmax_topk_kernel[grid](rows_in, w, index, out, N, D, rows_in.stride(0), E=E, K=k, NORM=renormalise,
                                    FROM_X=weight is not None, ROWS=rows, BLOCK_E=block,
-                                   BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d, num_warps=warps)
+                                   BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d, num_warps=warps,
+                                   **pdl_launch(rows_in))
     return index, out
 
 
@@ -217,5 +223,6 @@ def group_topk_triton(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_g
         _group_topk_kernel[grid](rows_in, w, bias, index, out, N, D, rows_in.stride(0), float(scaling),
                                  G=n_group, EG=E // n_group, TOPG=topk_group, K=k, NORM=renormalise,
                                  FROM_X=weight is not None, ROWS=rows, BLOCK_G=block_g, BLOCK_EG=block_eg,
-                                 BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d, num_warps=warps)
+                                 BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d, num_warps=warps,
+                                 **pdl_launch(rows_in))
     return index, out

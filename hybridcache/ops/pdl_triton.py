@@ -1,0 +1,42 @@
+"""Programmatic dependent launch (PDL, compute capability 9.0 and up) for every Triton kernel here, off unless
+HYBRIDCACHE_PDL=1.
+
+A launch with PDL may be scheduled while the kernel before it in the stream still runs; small decode kernels
+(a batch-1 step launches about 150, most of them a few microseconds long) then overlap their launch and ramp-up
+with their predecessor's tail. Each kernel takes `PDL: tl.constexpr` and begins with `pdl_entry(PDL)`: wait for
+every grid before it to finish and its writes to be visible (before any load), then let the next launch be
+scheduled. Waiting first keeps stream order exact whatever precedes (a cuBLAS GEMM or torch kernel triggers at
+its end), so the results are those of plain launches, bit for bit. Captured CUDA graphs keep the programmatic
+edges. `pdl_launch(t)` gives the launch options: PDL and launch_pdl on, or PDL off.
+"""
+from __future__ import annotations
+
+import os
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+ENV = "HYBRIDCACHE_PDL"
+
+
+@triton.jit
+def pdl_entry(PDL: tl.constexpr):
+    """A kernel's first statement: under PDL, wait for the grids before it, then release the next launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+def pdl_launch(t: torch.Tensor) -> dict[str, bool]:
+    """Launch options of a kernel on `t`'s device: PDL there where HYBRIDCACHE_PDL=1 and the device is CUDA of
+    compute capability 9.0 or more (read at each launch, so a benchmark can time both in one process)."""
+    on = t.is_cuda and os.environ.get(ENV) == "1" and _capability(t.device.index or 0) >= 9
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@cache
+def _capability(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
