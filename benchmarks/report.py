@@ -3,7 +3,7 @@ figure beside the command that produced it, and matplotlib plots under docs/img/
 
   engine_throughput.png   tokens/s against batch size, hybridcache vs transformers, one panel per family
   swap_vs_reprefill.png   resume by swap vs by re-prefill against context length
-  spec_verify.png         speculative verify, replay vs per-token states, against batch size (Mamba2, GDN)
+  spec_verify.png         speculative verify, replay vs per-token states, against batch size (Mamba2, GDN, KDA)
   kernels_decode.png      recurrent decode kernels' GB/s against batch size, ours vs fla / mamba_ssm vs the roofline
 
     .venv/bin/pip install -e '.[bench]'                                   # matplotlib, once
@@ -114,16 +114,21 @@ def swap_section(files: list[dict], img: str | None) -> list[str]:
 def ops_section(files: list[dict], img: str | None) -> list[str]:
     out = ["## Speculative verify: replay vs per-token states", "",
            "One layer's verify step (verify + accept) of k drafts: replay (checkpoint + history, what hybridcache "
-           "keeps) against per-token intermediate states (k + 1 states written, the accepted one copied back), and "
+           "keeps; KDA: checkpoint + pending drafts) against per-token intermediate states (k + 1 states written, the accepted one copied back), and "
            "a plain decode step. ms per call, the median of runs of many calls (CUDA graph replays on CUDA); GB/s = "
            "the least bytes each approach must touch / time.", ""]
     if img:
         out += [f"![replay vs per-token states against batch size]({img}/spec_verify.png)", ""]
     for data in files:
         p = data["params"]
-        shape = (f"{p['heads']} heads x {p['head_dim']} x {p['state']} state, {p['groups']} groups"
-                 if p["op"] == "mamba2" else f"H={p['heads']}, HV={p['value_heads']}, K=V={p['head_dim']}")
-        out += [f"### {p['op']} ({shape}, {p['dtype']}, HIST {p['hist']}, median of {p['repeats']} runs of "
+        if p["op"] == "mamba2":
+            shape = f"{p['heads']} heads x {p['head_dim']} x {p['state']} state, {p['groups']} groups"
+        elif p["op"] == "kda":
+            shape = f"H={p['heads']}, K=V={p['head_dim']}"
+        else:
+            shape = f"H={p['heads']}, HV={p['value_heads']}, K=V={p['head_dim']}"
+        replayed = "pending drafts" if p["op"] == "kda" else f"HIST {p['hist']}"
+        out += [f"### {p['op']} ({shape}, {p['dtype']}, {replayed}, median of {p['repeats']} runs of "
                 f"{p['iters']} calls)", ""]
         out += provenance(data) + [""]
         if "copy_gbs" in data.get("extra", {}):
@@ -333,7 +338,7 @@ def markdown(groups: dict[str, list[dict]], data_dir: str, img: str | None, plot
     for bench, files in groups.items():
         if bench in sections:
             out += sections[bench](files, img if plots_made else None)
-    ops = groups.get("ops_mamba2", []) + groups.get("ops_gdn", [])
+    ops = groups.get("ops_mamba2", []) + groups.get("ops_gdn", []) + groups.get("ops_kda", [])
     if ops:
         out += ops_section(ops, img if plots_made else None)
     if groups.get("step_profile"):

@@ -51,7 +51,7 @@ def plot_all(groups: dict[str, list[dict]], img_dir: Path) -> None:
                    title=f"resume one request: {p['family']} {p['size']} {p['dtype']}" + machine_note(data))
             log_axes(ax, ctx)
         save(fig, img_dir / "swap_vs_reprefill.png")
-    ops = groups.get("ops_mamba2", []) + groups.get("ops_gdn", [])
+    ops = groups.get("ops_mamba2", []) + groups.get("ops_gdn", []) + groups.get("ops_kda", [])
     if ops:
         fig, axes = plt.subplots(1, len(ops), figsize=(5.5 * len(ops), 4.2), squeeze=False)
         for ax, data in zip(axes[0], ops):

@@ -1,5 +1,6 @@
 # See README.md here: one device call, from the repository root, about 560 s, after a call of `suite.sh` (session
-# 40 changed the GDN and Mamba2 verify defaults: key blocks, closed form, pipeline depths). The software-pipeline
+# 40 changed the GDN and Mamba2 verify defaults: key blocks, closed form, pipeline depths). KDA's verify against
+# per-token states (`ops_kda.py`, new: its GB/s against the copy for issue 10's 70%), the software-pipeline
 # depth of every kernel that loops over loads (`tune_stages.py`: session 40 found GDN's verify 15% faster at one
 # stage than at Triton's 3), where the batch-1 graph steps of qwen3_next and nemotron_h spend their GPU time
 # (`step_profile.py --by-module`; kimi_linear's was session 40's), and issue 10's Mamba2 8 x 1,024 prefill row
@@ -8,7 +9,9 @@ set -u
 source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 FAMILIES="qwen3_next nemotron_h" build_checkpoints >/dev/null 2>&1 &
-timeout ${STAGES_CAP:-300} python3 benchmarks/tune_stages.py --batches 1 16 64 256 2>&1 | grep -v Warn \
+timeout ${KDA_CAP:-60} python3 benchmarks/ops_kda.py --device cuda --batches 1 16 64 256 --drafts 3 \
+    --json $OUT/ops_kda.json 2>&1 | grep -v Warn | tail -6
+timeout ${STAGES_CAP:-260} python3 benchmarks/tune_stages.py --batches 1 16 64 256 2>&1 | grep -v Warn \
     | tee $OUT/tune_stages.txt
 wait
 for f in qwen3_next nemotron_h; do
