@@ -107,58 +107,86 @@ def bench_case(B: int, k: int, H: int, HV: int, D: int, hist: int, act: torch.dt
     return tuple(timed(graphed(fn, dev, use_graph), dev, iters, repeats) for fn in (replay, intermediate, decode))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def verify_args(doc: str, drafts: list[int]) -> argparse.ArgumentParser:
+    """The arguments of a delta-rule verify benchmark (this one, ops_kda.py): device, size, batches, drafts,
+    iters, repeats, no-graph, json."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--size", choices=["tiny", "full"], help="head shapes (default: full on cuda, tiny on cpu)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
-    ap.add_argument("--drafts", type=int, nargs="+", default=[3, 7])
+    ap.add_argument("--drafts", type=int, nargs="+", default=drafts)
+    ap.add_argument("--iters", type=int, help="calls per timed run (default 50 on cuda, 10 on cpu)")
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per figure (the median is reported)")
+    ap.add_argument("--no-graph", action="store_true", help="CUDA: time eager launches, not graph replays")
+    add_json_arg(ap)
+    return ap
+
+
+def run_settings(args: argparse.Namespace) -> tuple[str, bool, int, torch.dtype, bool]:
+    """(device, full shapes, calls per timed run, activation dtype, graphs) from `verify_args`' arguments: on
+    CUDA full shapes, 50 calls, bf16, graphs (unless --no-graph); on the CPU tiny shapes, 10 calls, fp32."""
+    dev = args.device
+    gpu = dev == "cuda"
+    full = (args.size or ("full" if gpu else "tiny")) == "full"
+    act = torch.bfloat16 if gpu else torch.float32
+    return dev, full, args.iters or (50 if gpu else 10), act, gpu and not args.no_graph
+
+
+TABLE_HEADER = (f"{'B':>4} {'k':>2} {'replay ms':>10} {'inter ms':>9} {'ratio':>6} {'replay GB/s':>12}"
+                f" {'inter GB/s':>11} {'decode ms':>10} {'replay B/req':>13} {'inter B/req':>12}")
+
+
+def start_table(rec: Record, dev: str, shapes: str, act: torch.dtype, use_graph: bool, repeats: int,
+                iters: int) -> None:
+    """The device's copy bandwidth into the record, then the run's heading and TABLE_HEADER printed."""
+    bw = copy_bandwidth(dev, (256 if dev == "cuda" else 64) << 20)
+    rec.extra("copy_gbs", bw)
+    print(f"device {dev}  {shapes}  activations {act}  copy bandwidth {bw:.0f} GB/s  graphs={use_graph}; "
+          f"median of {repeats} runs of {iters} calls")
+    print(TABLE_HEADER)
+
+
+def table_row(rec: Record, op: str, dev: str, B: int, k: int, secs: tuple[float, float, float], replay_bytes: float,
+              inter_bytes: float, replay_state: int, inter_state: int) -> None:
+    """One (batch, k) case into the record and printed under TABLE_HEADER; secs: replay, per-token, decode."""
+    s_r, s_i, s_d = secs
+    rec.add(op=op, device=dev, batch=B, k=k, replay_ms=s_r * 1e3, inter_ms=s_i * 1e3, decode_ms=s_d * 1e3,
+            ratio=s_i / s_r, replay_gbs=replay_bytes / s_r / 1e9, inter_gbs=inter_bytes / s_i / 1e9,
+            replay_state_bytes=replay_state, inter_state_bytes=inter_state)
+    print(f"{B:>4} {k:>2} {s_r * 1e3:>10.3f} {s_i * 1e3:>9.3f} {s_i / s_r:>5.2f}x {replay_bytes / s_r / 1e9:>12.1f}"
+          f" {inter_bytes / s_i / 1e9:>11.1f} {s_d * 1e3:>10.3f} {replay_state:>13,} {inter_state:>12,}")
+
+
+def main() -> None:
+    ap = verify_args(__doc__, [3, 7])
     ap.add_argument("--heads", type=int, help="key heads H (default 16 full, 2 tiny)")
     ap.add_argument("--value-heads", type=int, help="value heads HV (default 32 full, 4 tiny)")
     ap.add_argument("--head-dim", type=int, help="K = V (default 128 full, 64 tiny)")
     ap.add_argument("--hist", type=int, default=16)
-    ap.add_argument("--iters", type=int, help="calls per timed run (default 50 on cuda, 10 on cpu)")
-    ap.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per figure (the median is reported)")
-    ap.add_argument("--no-graph", action="store_true", help="CUDA: time eager launches, not graph replays")
     ap.add_argument("--profile", action="store_true", help="print the top kernels of each approach per case")
-    add_json_arg(ap)
     args = ap.parse_args()
-    dev, gpu = args.device, args.device == "cuda"
-    full = (args.size or ("full" if gpu else "tiny")) == "full"
+    dev, full, iters, act, use_graph = run_settings(args)
     H = args.heads or (16 if full else 2)
     HV = args.value_heads or (32 if full else 4)
     D = args.head_dim or (128 if full else 64)
-    iters = args.iters or (50 if gpu else 10)
-    act = torch.bfloat16 if gpu else torch.float32
     act_bytes = torch.finfo(act).bits // 8
-    use_graph = gpu and not args.no_graph
     rec = Record(args.json, "ops_gdn", dev, dict(
         op="gdn", device=dev, batches=args.batches, drafts=args.drafts, heads=H, value_heads=HV, head_dim=D,
         hist=args.hist, dtype=str(act), iters=iters, repeats=args.repeats, graphs=use_graph))
-    bw = copy_bandwidth(dev, (256 if gpu else 64) << 20)
-    rec.extra("copy_gbs", bw)
-    print(f"device {dev}  H={H} HV={HV} K=V={D}  activations {act}  HIST>={args.hist}  copy bandwidth {bw:.0f} GB/s"
-          f"  graphs={use_graph}; median of {args.repeats} runs of {iters} calls")
-    print(f"{'B':>4} {'k':>2} {'replay ms':>10} {'inter ms':>9} {'ratio':>6} {'replay GB/s':>12} {'inter GB/s':>11}"
-          f" {'decode ms':>10} {'replay B/req':>13} {'inter B/req':>12}")
+    start_table(rec, dev, f"H={H} HV={HV} K=V={D}  HIST>={args.hist}", act, use_graph, args.repeats, iters)
     state_bytes = HV * D * D * 4
     for k in args.drafts:
         T, hist = k + 1, max(args.hist, k + 1)
         hist_bytes = 2 * hist * (HV * D * act_bytes + H * D * act_bytes + 2 * HV * 4) + 8
         for B in args.batches:
-            s_r, s_i, s_d = bench_case(B, k, H, HV, D, hist, act, dev, iters, use_graph, args.profile, args.repeats)
+            secs = bench_case(B, k, H, HV, D, hist, act, dev, iters, use_graph, args.profile, args.repeats)
             # least traffic each approach needs: replay reads the checkpoint and history, writes T history
             # entries and folds about once per HIST / mean-accept steps; intermediate reads the state, writes
             # T states, reads the accepted one and writes it back
             fold_rate = ((T + 1) / 2) / (hist - T + 1)
             replay_bytes = B * (state_bytes * (1 + 2 * fold_rate) + hist_bytes / 2)
-            inter_bytes = B * state_bytes * (T + 3)
-            rec.add(op="gdn", device=dev, batch=B, k=k, replay_ms=s_r * 1e3, inter_ms=s_i * 1e3, decode_ms=s_d * 1e3,
-                    ratio=s_i / s_r, replay_gbs=replay_bytes / s_r / 1e9, inter_gbs=inter_bytes / s_i / 1e9,
-                    replay_state_bytes=state_bytes + hist_bytes, inter_state_bytes=state_bytes * (T + 1))
-            print(f"{B:>4} {k:>2} {s_r * 1e3:>10.3f} {s_i * 1e3:>9.3f} {s_i / s_r:>5.2f}x {replay_bytes / s_r / 1e9:>12.1f}"
-                  f" {inter_bytes / s_i / 1e9:>11.1f} {s_d * 1e3:>10.3f} {state_bytes + hist_bytes:>13,}"
-                  f" {state_bytes * (T + 1):>12,}")
+            table_row(rec, "gdn", dev, B, k, secs, replay_bytes, B * state_bytes * (T + 3), state_bytes + hist_bytes,
+                      state_bytes * (T + 1))
     rec.close()
 
 

@@ -12,13 +12,11 @@ replays. Shapes: Kimi Linear's (16 heads, K = V = 128, bf16) on CUDA; tiny on th
 Each figure is the median of --repeats runs (default 5) of --iters calls, after warm-up calls at the same
 shapes; CUDA events on CUDA. `--json PATH` writes the rows (the same fields as ops_gdn.py's).
 """
-import argparse
-
 import torch
 
-from benchmarks.ops_gdn import copy_bandwidth
+from benchmarks.ops_gdn import run_settings, start_table, table_row, verify_args
 from benchmarks.ops_mamba2 import timed
-from benchmarks.record import Record, add_json_arg
+from benchmarks.record import Record
 from benchmarks.timing import REPEATS, graphed
 from hybridcache.ops.kda import kda_accept, kda_decode, kda_verify
 from hybridcache.ops.kda.block import prepare_qk
@@ -81,51 +79,27 @@ def bench_case(B: int, drafts: int, H: int, D: int, act: torch.dtype, dev: str, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--size", choices=["tiny", "full"], help="head shapes (default: full on cuda, tiny on cpu)")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
-    ap.add_argument("--drafts", type=int, nargs="+", default=[3])
-    ap.add_argument("--iters", type=int, help="calls per timed run (default 50 on cuda, 5 on cpu)")
-    ap.add_argument("--repeats", type=int, default=REPEATS, help="timed runs per figure (the median is reported)")
-    ap.add_argument("--no-graph", action="store_true", help="CUDA: time eager launches, not graph replays")
-    add_json_arg(ap)
-    args = ap.parse_args()
-    dev, gpu = args.device, args.device == "cuda"
-    full = (args.size or ("full" if gpu else "tiny")) == "full"
+    args = verify_args(__doc__, [3]).parse_args()
+    dev, full, iters, act, use_graph = run_settings(args)
     H, D = (16, 128) if full else (2, 32)
-    iters = args.iters or (50 if gpu else 5)
-    act = torch.bfloat16 if gpu else torch.float32
     act_bytes = torch.finfo(act).bits // 8
-    use_graph = gpu and not args.no_graph
     rec = Record(args.json, "ops_kda", dev, dict(op="kda", device=dev, batches=args.batches, drafts=args.drafts,
                                                  heads=H, head_dim=D, dtype=str(act), iters=iters,
                                                  repeats=args.repeats, graphs=use_graph))
-    bw = copy_bandwidth(dev, (256 if gpu else 64) << 20)
-    rec.extra("copy_gbs", bw)
-    print(f"device {dev}  H={H} K=V={D}  activations {act}  copy bandwidth {bw:.0f} GB/s  graphs={use_graph}; "
-          f"median of {args.repeats} runs of {iters} calls")
-    print(f"{'B':>4} {'k':>2} {'replay ms':>10} {'inter ms':>9} {'ratio':>6} {'replay GB/s':>12} {'inter GB/s':>11}"
-          f" {'decode ms':>10} {'replay B/req':>13} {'inter B/req':>12}")
+    start_table(rec, dev, f"H={H} K=V={D}", act, use_graph, args.repeats, iters)
     state_bytes = H * D * D * 4
     for drafts in args.drafts:
         T = drafts + 1
         draft_bytes = H * (2 * D * act_bytes + D * 4 + 4)  # a pending draft: k, v in act, g fp32, beta fp32
         pending_bytes = drafts * draft_bytes
         for B in args.batches:
-            s_r, s_i, s_d = bench_case(B, drafts, H, D, act, dev, iters, use_graph, args.repeats)
+            secs = bench_case(B, drafts, H, D, act, dev, iters, use_graph, args.repeats)
             # least traffic: replay reads and writes the state, reads about half its pending drafts (pend_n
             # uniform over 0..k) and writes T - 1; per-token reads the state, writes T states, reads the
             # accepted one and writes it back
             replay_bytes = B * (2 * state_bytes + pending_bytes / 2 + (T - 1) * draft_bytes)
-            inter_bytes = B * state_bytes * (T + 3)
-            rec.add(op="kda", device=dev, batch=B, k=drafts, replay_ms=s_r * 1e3, inter_ms=s_i * 1e3,
-                    decode_ms=s_d * 1e3, ratio=s_i / s_r, replay_gbs=replay_bytes / s_r / 1e9,
-                    inter_gbs=inter_bytes / s_i / 1e9, replay_state_bytes=state_bytes + pending_bytes,
-                    inter_state_bytes=state_bytes * (T + 1))
-            print(f"{B:>4} {drafts:>2} {s_r * 1e3:>10.3f} {s_i * 1e3:>9.3f} {s_i / s_r:>5.2f}x"
-                  f" {replay_bytes / s_r / 1e9:>12.1f} {inter_bytes / s_i / 1e9:>11.1f} {s_d * 1e3:>10.3f}"
-                  f" {state_bytes + pending_bytes:>13,} {state_bytes * (T + 1):>12,}")
+            table_row(rec, "kda", dev, B, drafts, secs, replay_bytes, B * state_bytes * (T + 3),
+                      state_bytes + pending_bytes, state_bytes * (T + 1))
     rec.close()
 
 
