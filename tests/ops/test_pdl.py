@@ -25,3 +25,40 @@ def test_cuda_launches_take_pdl_only_when_asked(monkeypatch):
     monkeypatch.setenv(pdl_triton.ENV, "1")
     on = torch.cuda.get_device_capability()[0] >= 9
     assert pdl_triton.pdl_launch(t) == ({"PDL": True, "launch_pdl": True} if on else {"PDL": False})
+
+
+def _kernels_and_launches() -> tuple[dict, list]:
+    """Every `@triton.jit` function of hybridcache/ by name (its def), and every launch `name[grid](...)`."""
+    import ast
+    from pathlib import Path
+
+    root = Path(pdl_triton.__file__).resolve().parents[1]
+    jitted, launches = {}, []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+                jitted[node.name] = node
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+                base = node.func.value
+                name = getattr(base, "id", None) or getattr(base, "attr", None)
+                if name and name.endswith("_kernel"):
+                    launches.append((f"{path.name}:{node.lineno}", name, node))
+    return jitted, launches
+
+
+def test_every_launched_kernel_waits_at_its_entry_and_every_launch_asks():
+    """Under PDL a kernel may start before its predecessor ends: each launched kernel must take PDL and wait
+    first (`pdl_entry(PDL)` before anything else), and each launch must pass `pdl_launch(...)`, or the switch
+    would race (a kernel launched early that reads before waiting) or silently leave kernels out."""
+    import ast
+
+    jitted, launches = _kernels_and_launches()
+    assert len(launches) >= 30, f"found only {len(launches)} launches: the scan is broken"
+    for where, name, call in launches:
+        kernel = jitted[name]
+        assert any(a.arg == "PDL" for a in kernel.args.args), f"{name} takes no PDL"
+        docstring = isinstance(kernel.body[0], ast.Expr) and isinstance(kernel.body[0].value, ast.Constant)
+        body = kernel.body[1:] if docstring else kernel.body
+        assert ast.unparse(body[0]) == "pdl_entry(PDL)", f"{name} does not begin with pdl_entry(PDL)"
+        asks = [k for k in call.keywords if k.arg is None and "pdl_launch" in ast.unparse(k.value)]
+        assert asks, f"{where}: the launch of {name} does not pass **pdl_launch(...)"
