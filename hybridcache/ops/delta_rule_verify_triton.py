@@ -68,15 +68,9 @@ def gdn_block_v(tokens: int) -> int:
 @triton.jit
 def key_l2norm(x, KDA_FORM: tl.constexpr):
     """`x·rsqrt(Σx² + 1e-6)` (gdn/block.py) or `x / sqrt(Σx² + 1e-6)` (kda/block.py); padding lanes are 0."""
-    return l2normed(x, tl.sum(x * x, 0) + 1e-6, KDA_FORM)
-
-
-@triton.jit
-def l2normed(x, ss, KDA_FORM: tl.constexpr):
-    """`key_l2norm` of x [BK] fp32, or of rows x [rows, BK] with ss [rows, 1], given ss = Σx² + 1e-6."""
     if KDA_FORM:
-        return x / tl.sqrt(ss)
-    return x * tl.rsqrt(ss)
+        return x / tl.sqrt(tl.sum(x * x, 0) + 1e-6)
+    return x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)
 
 
 @triton.jit

@@ -7,7 +7,7 @@ with their predecessor's tail. Each kernel takes `PDL: tl.constexpr` and begins 
 every grid before it to finish and its writes to be visible (before any load), then let the next launch be
 scheduled. Waiting first keeps stream order exact whatever precedes (a cuBLAS GEMM or torch kernel triggers at
 its end), so the results are those of plain launches, bit for bit. Captured CUDA graphs keep the programmatic
-edges. `pdl_launch(t)` gives the launch options: PDL and launch_pdl on, or PDL off.
+edges. `pdl_launch(t)` gives the launch options: PDL and launch_pdl on, or PDL off; tests switch `ENABLED`.
 """
 from __future__ import annotations
 
@@ -30,11 +30,14 @@ def pdl_entry(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+ENABLED = os.environ.get(ENV) == "1"  # read once: a launch checks a flag (an environment lookup costs ~0.7 us)
+ON, OFF = {"PDL": True, "launch_pdl": True}, {"PDL": False}
+
+
 def pdl_launch(t: torch.Tensor) -> dict[str, bool]:
-    """Launch options of a kernel on `t`'s device: PDL there where HYBRIDCACHE_PDL=1 and the device is CUDA of
-    compute capability 9.0 or more (read at each launch, so a benchmark can time both in one process)."""
-    on = t.is_cuda and os.environ.get(ENV) == "1" and _capability(t.device.index or 0) >= 9
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    """Launch options of a kernel on `t`'s device: PDL there where ENABLED (HYBRIDCACHE_PDL=1 when this module
+    was imported) and the device is CUDA of compute capability 9.0 or more; not to be mutated."""
+    return ON if ENABLED and t.is_cuda and _capability(t.device.index or 0) >= 9 else OFF
 
 
 @cache

@@ -8,21 +8,34 @@ import torch
 pdl_triton = pytest.importorskip("hybridcache.ops.pdl_triton", reason="triton is not installed")
 
 
-@pytest.mark.parametrize("env", [None, "0", "1"])
-def test_cpu_tensors_never_launch_with_pdl(env, monkeypatch):
-    if env is None:
-        monkeypatch.delenv(pdl_triton.ENV, raising=False)
-    else:
-        monkeypatch.setenv(pdl_triton.ENV, env)
+@pytest.mark.parametrize("env,enabled", [(None, False), ("0", False), ("1", True)])
+def test_the_variable_is_read_when_the_module_is_imported(env, enabled):
+    """HYBRIDCACHE_PDL=1, and nothing else, switches PDL on (read once, in a fresh interpreter here)."""
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != pdl_triton.ENV}
+    if env is not None:
+        environ[pdl_triton.ENV] = env
+    run = subprocess.run([sys.executable, "-c", "from hybridcache.ops import pdl_triton; print(pdl_triton.ENABLED)"],
+                         env=environ, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == str(enabled)
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_cpu_tensors_never_launch_with_pdl(enabled, monkeypatch):
+    monkeypatch.setattr(pdl_triton, "ENABLED", enabled)
     assert pdl_triton.pdl_launch(torch.zeros(2)) == {"PDL": False}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_launches_take_pdl_only_when_asked(monkeypatch):
     t = torch.zeros(2, device="cuda")
-    monkeypatch.delenv(pdl_triton.ENV, raising=False)
+    monkeypatch.setattr(pdl_triton, "ENABLED", False)
     assert pdl_triton.pdl_launch(t) == {"PDL": False}
-    monkeypatch.setenv(pdl_triton.ENV, "1")
+    monkeypatch.setattr(pdl_triton, "ENABLED", True)
     on = torch.cuda.get_device_capability()[0] >= 9
     assert pdl_triton.pdl_launch(t) == ({"PDL": True, "launch_pdl": True} if on else {"PDL": False})
 

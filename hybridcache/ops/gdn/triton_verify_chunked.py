@@ -6,10 +6,11 @@ a time: each block of the effective state (checkpoint·e^{G_last} + K_histᵀ·(
 history [0, p) of buffer b) adds its share to K·h and Q·h, and nothing is written until every block is read; a
 folding row then stores the blocks in a second pass. The new tokens come out of `_gdn_tokens_chunked` without
 ever updating the tile. Timed on an H100 (benchmarks/tune_delta_rule.py, us at batch 1 / 16 / 64 / 256, T = 4,
-HIST 16, history half full): the state read whole at 32 value columns x 2 warps, 7.7 / 36.2 / 126.7 / 470.1,
-against 9.7 / 34.6 / 154.9 / 556.0 token by token at its best tiling; in one later run, 32 key rows at a time at
-64 columns x 2 warps (x 4 where the grid has fewer programs than SMs), 8.4 / 32.7 / 117.0 / 438.0, against the
-whole read's 6.7 / 35.6 / 124.3 / 467.4. The same loads and history product with the tokens taken one by one
+HIST 16, history half full): an earlier form that read the state whole and stored it inline, at 32 value
+columns x 2 warps, 7.7 / 36.2 / 126.7 / 470.1, against 9.7 / 34.6 / 154.9 / 556.0 token by token at its best
+tiling; in one later run, 32 key rows at a time at 64 columns x 2 warps (x 4 where the grid has fewer programs
+than SMs), 8.4 / 32.7 / 117.0 / 438.0, against the whole read's 7.6 / 35.6 / 124.3 / 467.4 (6.7 at batch 1
+with 4 warps); then at one pipeline stage (NUM_STAGES) 27.0 / 103.0 / 381.6 from batch 16. The same loads and history product with the tokens taken one by one
 were no faster (150.3 us at batch 64), nor was this kernel's form at T = 1 (92.5 / 362.4 us at batch 64 / 256
 against 92.5 / 330.8): there the token-by-token kernel stays.
 """
@@ -55,7 +56,7 @@ def _gdn_tokens_chunked(hk, hq, kk, qk, v_all, g_all, b_all, G0, rows, T: tl.con
 @triton.jit
 def _normed_rows(ptr, rows, r_ok, kc, kc_ok, s_t, factor, L2NORM: tl.constexpr):
     """Rows [TP, BKC] of a query or key block at columns kc, fp32, times `factor` [TP] (1 / the row norm,
-    where L2NORM): the values `l2normed` gives the whole rows (x·rsqrt(Σx² + 1e-6) elementwise)."""
+    where L2NORM): the values `key_l2norm` gives each whole row (x·rsqrt(Σx² + 1e-6) elementwise)."""
     x = tl.load(ptr + rows[:, None] * s_t + kc[None, :], mask=r_ok[:, None] & kc_ok[None, :], other=0.0)
     x = x.to(tl.float32)
     if L2NORM:
@@ -94,7 +95,7 @@ def _gdn_verify_chunked_kernel(
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]. The state
-    is read BKC key rows at a time (BKC = BK: all at once)."""
+    is read BKC key rows at a time (BKC = BK: one block)."""
     pdl_entry(PDL)
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
@@ -111,7 +112,7 @@ def _gdn_verify_chunked_kernel(
     k_in = k_ptr + row * s_kib + hk * s_kih
     q_all = _normed_rows(q_in, rows, r_ok, kk, k_ok, s_qt, 1.0, False)
     k_all = _normed_rows(k_in, rows, r_ok, kk, k_ok, s_kit, 1.0, False)
-    q_rs = tl.rsqrt(tl.sum(q_all * q_all, 1) + 1e-6)  # `l2normed`'s factors (used with L2NORM)
+    q_rs = tl.rsqrt(tl.sum(q_all * q_all, 1) + 1e-6)  # `key_l2norm`'s factors (used with L2NORM)
     k_rs = tl.rsqrt(tl.sum(k_all * k_all, 1) + 1e-6)
     if L2NORM:
         q_all = q_all * q_rs[:, None]
@@ -140,31 +141,26 @@ def _gdn_verify_chunked_kernel(
     uw = u_hist.to(tl.float32) * tl.where(j_ok, tl.exp(G_last - G_hist), 0.0)[:, None]
     e_last = tl.exp(G_last)
 
-    if BKC == BK:  # the whole tile at once, stored where the row folds
-        h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kk, k_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
+    # hk = K·h and hq = Q·h, BKC key rows of the effective state at a time (the rows' q and k columns reloaded,
+    # as register tensors cannot be sliced), nothing written; a folding row then stores the blocks
+    hkv = tl.zeros([TP, BV], dtype=tl.float32)
+    hqv = tl.zeros([TP, BV], dtype=tl.float32)
+    for c in range(0, BK // BKC):
+        kc = c * BKC + tl.arange(0, BKC)
+        kc_ok = kc < K
+        h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
                                          s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
-        tl.store(ptrs, h, mask=tile & valid & fold)
-        hkv = tl.dot(k_all, h, input_precision=TOKEN_PRECISION)  # row t: (hᵀk_t)ᵀ
-        hqv = tl.dot(q_all, h, input_precision=TOKEN_PRECISION)
-    else:  # hk = K·h, hq = Q·h BKC key rows at a time, nothing written; a folding row then stores the blocks
-        hkv = tl.zeros([TP, BV], dtype=tl.float32)
-        hqv = tl.zeros([TP, BV], dtype=tl.float32)
+        q_c = _normed_rows(q_in, rows, r_ok, kc, kc_ok, s_qt, q_rs, L2NORM) * scale
+        k_c = _normed_rows(k_in, rows, r_ok, kc, kc_ok, s_kit, k_rs, L2NORM)
+        hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
+        hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
+    if fold:
         for c in range(0, BK // BKC):
             kc = c * BKC + tl.arange(0, BKC)
             kc_ok = kc < K
             h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
                                              s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
-            q_c = _normed_rows(q_in, rows, r_ok, kc, kc_ok, s_qt, q_rs, L2NORM) * scale
-            k_c = _normed_rows(k_in, rows, r_ok, kc, kc_ok, s_kit, k_rs, L2NORM)
-            hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
-            hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
-        if fold:
-            for c in range(0, BK // BKC):
-                kc = c * BKC + tl.arange(0, BKC)
-                kc_ok = kc < K
-                h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last,
-                                                 valid, s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
-                tl.store(ptrs, h, mask=tile & valid)
+            tl.store(ptrs, h, mask=tile & valid)
 
     G = tl.where(fold, 0.0, G_last)
     o_all, u_all, G_all = _gdn_tokens_chunked(hkv, hqv, kkt, qkt, v_all, g_all, b_all, G, rows, T, TOKEN_PRECISION)

@@ -38,7 +38,9 @@ from hybridcache.ops.triton_support import num_sms
 MAX_TILE = 4096  # fp32 state elements a program holds token by token: 32 registers a thread at 4 warps
 CLOSED_TILE = 8192  # in closed form, which holds no per-token copies of the tile (fastest measured, H100)
 BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
-NUM_STAGES = 2  # the history loop's software pipeline (H100, batch 64: 1 stage 367 us, 2 106, Triton's 3 111)
+# the closed form's history-loop pipeline (H100, batch 64: 1 stage 367 us, 2 106, Triton's 3 111); the
+# token-by-token form keeps Triton's (not timed otherwise)
+NUM_STAGES = 2
 
 
 @triton.jit
@@ -258,6 +260,6 @@ def mamba2_verify_triton(
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
         TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
-        num_stages=NUM_STAGES, **pdl_launch(x),
+        **({"num_stages": NUM_STAGES} if closed_form else {}), **pdl_launch(x),
     )
     return y
