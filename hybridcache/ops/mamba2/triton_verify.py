@@ -41,6 +41,7 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 # the closed form's history-loop pipeline (H100, batch 64: 1 stage 367 us, 2 106, Triton's 3 111); the
 # token-by-token form keeps Triton's (not timed otherwise)
 NUM_STAGES = 2
+HIST_PRODUCTS = False  # closed form: the history's share as products with the new C rows (h_eff formed to fold)
 
 
 @triton.jit
@@ -53,15 +54,14 @@ def softplus(v):
 
 
 @triton.jit
-def _tokens_closed_form(h, xs_new, bs_new, cs_new, dtp, a, tt, PRECISION: tl.constexpr):
-    """The new tokens' y from state h [BLOCK_P, N] at once, without updating h: with c_t = Σ_{s<=t} dt_s·A,
+def _tokens_closed_form(ch, cf, xs_new, bs_new, dtp, a, tt, PRECISION: tl.constexpr):
+    """The new tokens' y at once from ch = C·hᵀ [TP, BLOCK_P] (C_t·h[p] for the state h they start from),
+    without updating h: with c_t = Σ_{s<=t} dt_s·A,
         y_t = e^{c_t}·h·C_t + Σ_{s<=t} e^{c_t − c_s}·(C_t·B_s)·dt_s·x_s     (D·x_t not included)
-    the recurrence unrolled; rows tt [TP] (TP >= 16, a dot's least size) of xs_new [TP, BLOCK_P], bs_new,
-    cs_new [TP, N] (zero past T) and the processed dtp [TP]. Products on the tensor cores in PRECISION.
+    the recurrence unrolled; rows tt [TP] (TP >= 16, a dot's least size) of xs_new [TP, BLOCK_P], bs_new [TP, N],
+    cf [TP, N] fp32 (zero past T) and the processed dtp [TP]. Products on the tensor cores in PRECISION.
     -> y [TP, BLOCK_P] fp32 and c [TP] (from 0)."""
     c = tl.cumsum(dtp * a, 0)
-    cf = cs_new.to(tl.float32)
-    ch = tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): C_t·h[p]
     cb = tl.dot(cf, tl.trans(bs_new.to(tl.float32)), input_precision=PRECISION)  # (t, s): C_t·B_s
     decay = tl.where(tt[None, :] <= tt[:, None], tl.exp(c[:, None] - c[None, :]), 0.0)
     y = tl.exp(c)[:, None] * ch + tl.dot(decay * cb * dtp[None, :], xs_new.to(tl.float32), input_precision=PRECISION)
@@ -87,7 +87,7 @@ def _verify_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, TP: tl.constexpr, CLOSED_FORM: tl.constexpr,
-    PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, HIST_PRODUCTS: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_entry(PDL)
     row, head, pblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -124,7 +124,12 @@ def _verify_kernel(
     rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
     rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
     c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
+    # With HIST_PRODUCTS (closed form) the new tokens take the history's share as products with their C rows,
+    # C·h_effᵀ = e^{c_last}·C·hᵀ + (C·B_histᵀ ⊙ w)·X_histᵀ, and only a folding row forms h_eff (in fp32).
+    products: tl.constexpr = HIST_PRODUCTS and CLOSED_FORM
+    cf = cs_new.to(tl.float32)
     acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    ch_hist = tl.zeros([TP, BLOCK_P], tl.float32)
     for j0 in range(0, count, BLOCK_H):
         j = j0 + tl.arange(0, BLOCK_H)
         j_ok = j < count
@@ -133,9 +138,22 @@ def _verify_kernel(
         w = tl.where(j_ok, tl.exp(c_last - c) * d, 0.0)
         xs = tl.load(rx_row + j[None, :] * rx_t + pp[:, None] * rx_p, mask=p_ok[:, None] & j_ok[None, :], other=0.0)
         bs = tl.load(rb_row + j[:, None] * rb_t + nn[None, :] * rb_n, mask=j_ok[:, None] & n_ok[None, :], other=0.0)
-        acc += tl.dot(xs.to(tl.float32) * w[None, :], bs.to(tl.float32), input_precision="ieee")
-    h = h * tl.exp(c_last) + acc
-    tl.store(ssm_tile, h, mask=tile_ok & fold)
+        xw = xs.to(tl.float32) * w[None, :]  # [BLOCK_P, BLOCK_H]
+        if products:
+            cb_hist = tl.dot(cf, tl.trans(bs.to(tl.float32)), input_precision=PRECISION)  # (t, j): C_t·B_j
+            ch_hist = tl.dot(cb_hist, tl.trans(xw), acc=ch_hist, input_precision=PRECISION)
+            if fold:
+                acc += tl.dot(xw, bs.to(tl.float32), input_precision="ieee")
+        else:
+            acc += tl.dot(xw, bs.to(tl.float32), input_precision="ieee")
+    e_last = tl.exp(c_last)
+    tl.store(ssm_tile, h * e_last + acc, mask=tile_ok & fold)
+    if products:
+        ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION) + ch_hist
+    else:
+        h = h * e_last + acc
+        if CLOSED_FORM:
+            ch = tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): C_t·h[p]
 
     # The new tokens, one after another; appended at [start, start + T) of buffer `target`.
     target = tl.where(fold, 1 - buf, buf)
@@ -153,7 +171,7 @@ def _verify_kernel(
         if HAS_BIAS:
             raw += tl.load(bias_ptr + head).to(tl.float32)
         dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)  # rows past T add nothing: their B is 0
-        y, c = _tokens_closed_form(h, xs_new, bs_new, cs_new, dtp, a, tt, PRECISION)
+        y, c = _tokens_closed_form(ch, cf, xs_new, bs_new, dtp, a, tt, PRECISION)
         if HAS_D:
             y += tl.load(D_ptr + head).to(tl.float32) * xs_new.to(tl.float32)
         tp = t_ok[:, None] & p_ok[None, :]
@@ -218,6 +236,7 @@ def mamba2_verify_triton(
     dt_limit: DtLimit = NO_LIMIT,
     block_p: int | None = None,
     closed_form: bool | None = None,
+    hist_products: bool | None = None,
 ) -> Tensor:
     """Replay verify in one launch; same arguments, writes and result as `replay.mamba2_verify`.
 
@@ -260,6 +279,7 @@ def mamba2_verify_triton(
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
         TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
+        HIST_PRODUCTS=HIST_PRODUCTS if hist_products is None else hist_products,
         **({"num_stages": NUM_STAGES} if closed_form else {}), **pdl_launch(x),
     )
     return y
