@@ -69,6 +69,21 @@ def _tokens_closed_form(ch, cf, xs_new, bs_new, dtp, a, tt, PRECISION: tl.conste
 
 
 @triton.jit
+def _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count, c_last, pp, p_ok,
+                   nn, n_ok, BLOCK_H: tl.constexpr):
+    """History tokens [j0, j0 + BLOCK_H) of a buffer, masked at `count`: x weighted by w_j = e^{c_last − c_j}·dt_j
+    [BLOCK_P, BLOCK_H] and B [BLOCK_H, N], fp32 (zeros past count; loads masked, never multiplied by zero)."""
+    j = j0 + tl.arange(0, BLOCK_H)
+    j_ok = j < count
+    c = tl.load(rc_row + j * rc_t, mask=j_ok, other=0.0).to(tl.float32)
+    d = tl.load(rd_row + j * rd_t, mask=j_ok, other=0.0).to(tl.float32)
+    w = tl.where(j_ok, tl.exp(c_last - c) * d, 0.0)
+    xs = tl.load(rx_row + j[None, :] * rx_t + pp[:, None] * rx_p, mask=p_ok[:, None] & j_ok[None, :], other=0.0)
+    bs = tl.load(rb_row + j[:, None] * rb_t + nn[None, :] * rb_n, mask=j_ok[:, None] & n_ok[None, :], other=0.0)
+    return xs.to(tl.float32) * w[None, :], bs.to(tl.float32)
+
+
+@triton.jit
 def _verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr,
     ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, y_ptr,
@@ -125,33 +140,33 @@ def _verify_kernel(
     rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
     c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
     # With HIST_PRODUCTS (closed form) the new tokens take the history's share as products with their C rows,
-    # C·h_effᵀ = e^{c_last}·C·hᵀ + (C·B_histᵀ ⊙ w)·X_histᵀ, and only a folding row forms h_eff (in fp32).
-    products: tl.constexpr = HIST_PRODUCTS and CLOSED_FORM
-    cf = cs_new.to(tl.float32)
-    acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
-    ch_hist = tl.zeros([TP, BLOCK_P], tl.float32)
-    for j0 in range(0, count, BLOCK_H):
-        j = j0 + tl.arange(0, BLOCK_H)
-        j_ok = j < count
-        c = tl.load(rc_row + j * rc_t, mask=j_ok, other=0.0).to(tl.float32)
-        d = tl.load(rd_row + j * rd_t, mask=j_ok, other=0.0).to(tl.float32)
-        w = tl.where(j_ok, tl.exp(c_last - c) * d, 0.0)
-        xs = tl.load(rx_row + j[None, :] * rx_t + pp[:, None] * rx_p, mask=p_ok[:, None] & j_ok[None, :], other=0.0)
-        bs = tl.load(rb_row + j[:, None] * rb_t + nn[None, :] * rb_n, mask=j_ok[:, None] & n_ok[None, :], other=0.0)
-        xw = xs.to(tl.float32) * w[None, :]  # [BLOCK_P, BLOCK_H]
-        if products:
-            cb_hist = tl.dot(cf, tl.trans(bs.to(tl.float32)), input_precision=PRECISION)  # (t, j): C_t·B_j
-            ch_hist = tl.dot(cb_hist, tl.trans(xw), acc=ch_hist, input_precision=PRECISION)
-            if fold:
-                acc += tl.dot(xw, bs.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(xw, bs.to(tl.float32), input_precision="ieee")
+    # C·h_effᵀ = e^{c_last}·C·hᵀ + (C·B_histᵀ ⊙ w)·X_histᵀ, and only a folding row forms h_eff (in fp32, in a
+    # second pass that reads its tile again: the tile is not held while the products run).
     e_last = tl.exp(c_last)
-    tl.store(ssm_tile, h * e_last + acc, mask=tile_ok & fold)
-    if products:
-        ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION) + ch_hist
+    cf = cs_new.to(tl.float32)
+    if HIST_PRODUCTS and CLOSED_FORM:
+        ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
+        for j0 in range(0, count, BLOCK_H):
+            xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
+                                    c_last, pp, p_ok, nn, n_ok, BLOCK_H)
+            cb_hist = tl.dot(cf, tl.trans(bs), input_precision=PRECISION)  # (t, j): C_t·B_j
+            ch = tl.dot(cb_hist, tl.trans(xw), acc=ch, input_precision=PRECISION)
+        if fold:
+            acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+            for j0 in range(0, count, BLOCK_H):
+                xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
+                                        c_last, pp, p_ok, nn, n_ok, BLOCK_H)
+                acc += tl.dot(xw, bs, input_precision="ieee")
+            h = tl.load(ssm_tile, mask=tile_ok, other=0.0)
+            tl.store(ssm_tile, h * e_last + acc, mask=tile_ok)
     else:
+        acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+        for j0 in range(0, count, BLOCK_H):
+            xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
+                                    c_last, pp, p_ok, nn, n_ok, BLOCK_H)
+            acc += tl.dot(xw, bs, input_precision="ieee")
         h = h * e_last + acc
+        tl.store(ssm_tile, h, mask=tile_ok & fold)
         if CLOSED_FORM:
             ch = tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): C_t·h[p]
 
