@@ -36,15 +36,14 @@ def _bf(*shape: int) -> torch.Tensor:
     return torch.zeros(*shape, dtype=BF16)
 
 
-def gdn(T: int, block_v: int | None = None, warps: int | None = None, hist_products: bool | None = None) -> None:
+def gdn(T: int, block_v: int | None = None, warps: int | None = None) -> None:
     """qwen3_next 1b: 16 key / 32 value heads of 128."""
     B, S, H, HV, K = BATCH, BATCH, 16, 32, 128
     gate = RawGate(_bf(B, T, HV), _bf(B, T, HV), torch.zeros(HV), torch.zeros(HV))
     gdn_verify_triton(_bf(B, T, H, K), _bf(B, T, H, K), _bf(B, T, HV, K), None, None, torch.zeros(S, HV, K, K),
                       _bf(S, 2, HIST, HV, K), _bf(S, 2, HIST, H, K), torch.zeros(S, 2, HV, HIST),
                       torch.zeros(S, 2, HV, HIST), torch.zeros(S, dtype=torch.int32), torch.zeros(S, dtype=torch.int32),
-                      torch.arange(B), use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate,
-                      hist_products=hist_products)
+                      torch.arange(B), use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate)
 
 
 def kda(T: int, block_v: int | None = None, warps: int | None = None) -> None:
@@ -57,14 +56,14 @@ def kda(T: int, block_v: int | None = None, warps: int | None = None) -> None:
                       use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate)
 
 
-def mamba2(T: int, closed_form: bool | None = None, hist_products: bool | None = None) -> None:
+def mamba2(T: int, closed_form: bool | None = None) -> None:
     """nemotron_h 1b: 64 heads of 64, 8 groups, state 128."""
     B, S, H, P, G, N = BATCH, BATCH, 64, 64, 8, 128
     mamba2_verify_triton(_bf(B, T, H, P), _bf(B, T, H), torch.zeros(H), _bf(B, T, G, N), _bf(B, T, G, N),
                          torch.zeros(S, H, P, N), _bf(S, 2, HIST, H, P), _bf(S, 2, HIST, G, N),
                          torch.zeros(S, 2, H, HIST), torch.zeros(S, 2, H, HIST), torch.zeros(S, dtype=torch.int32),
                          torch.zeros(S, dtype=torch.int32), torch.arange(B), D=torch.zeros(H), dt_bias=torch.zeros(H),
-                         closed_form=closed_form, hist_products=hist_products)
+                         closed_form=closed_form)
 
 
 def decode(op: str) -> None:
@@ -109,9 +108,6 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
         out.append((f"{op.__name__} T=1 default", lambda op=op: op(1)))
     out += [("mamba2 T=4 default", lambda: mamba2(4)), ("mamba2 T=1 default", lambda: mamba2(1))]
     out.append(("mamba2 T=4 token by token", lambda: mamba2(4, closed_form=False)))
-    for products in (False, True):  # the closed forms' two sources of the history's share
-        out.append((f"gdn T=4 hist_products={products}", lambda p=products: gdn(4, hist_products=p)))
-        out.append((f"mamba2 T=4 hist_products={products}", lambda p=products: mamba2(4, hist_products=p)))
     for op in ("gdn", "kda", "mamba2"):
         out.append((f"{op} decode default", lambda op=op: decode(op)))
     out += [("conv update T=1 default", lambda: conv_update(1)), ("conv update T=4 default", lambda: conv_update(4))]

@@ -2,8 +2,7 @@
 
 For each batch size, times plain decode (T = 1), the per-token-states baseline (T = 4, every state written),
 and the GDN and KDA verify kernels (T = 4; GDN's history half full, in closed form with its state read 32, 64
-or 128 key rows at a time, the history's share folded into each state block or as products with the new
-rows, and token by token; KDA with 3 accepted drafts pending, and with none, as at zero
+or 128 key rows at a time, and token by token; KDA with 3 accepted drafts pending, and with none, as at zero
 acceptance; and T = 1, the speculative engine's one-token step), at each (block_v, num_warps), and prints the
 best tiling per kernel and batch next to the default's time. Shapes: GDN 16 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
@@ -51,12 +50,11 @@ def cases(batch: int) -> dict:
                                                pend["k"], pend["g"], pend["v"], pend["b"], pending, slots,
                                                use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w)
 
-    def gdn(n: int, chunked: bool | None = None, key_block: int | None = None, hist_products: bool | None = None):
+    def gdn(n: int, chunked: bool | None = None, key_block: int | None = None):
         return lambda bv, w: gdn_verify_triton(q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], ssm, hist["u"],
                                                hist["k"], hist["G"], hist["b"], pnat, buf, slots,
                                                use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
-                                               chunked=chunked and bv >= 16, key_block=key_block,
-                                               hist_products=hist_products)
+                                               chunked=chunked and bv >= 16, key_block=key_block)
 
     return {
         "decode T=1": lambda bv, w: delta_rule_decode_triton(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], ssm,
@@ -67,8 +65,6 @@ def cases(batch: int) -> dict:
                                                                 intermediate=inter, num_warps=w),
         "gdn verify T=4": gdn(T, True),  # closed form (the default at 16 value columns or more)
         "gdn verify T=4 stepwise": gdn(T, False),
-        "gdn verify T=4 folded history": gdn(T, True, hist_products=False),  # the history's share in each block
-        "gdn verify T=4 history products": gdn(T, True, hist_products=True),  # as products with the new rows
         "gdn verify T=4 key block 64": gdn(T, True, 64),  # the state read 64 key rows at a time (default 32)
         "gdn verify T=4 whole state": gdn(T, True, K),  # and all at once
         "kda verify T=4": kda(pend["n"]),

@@ -1,5 +1,5 @@
-"""Mamba2's replay verify kernel token by token against in closed form (`closed_form=True`: the new tokens as
-products; the history's share folded into the state or as products with the new C rows, `hist_products`), over head channels a program (block_p), CUDA graphs; GB/s = the state read (the checkpoint, fp32)
+"""Mamba2's replay verify kernel token by token against in closed form (`closed_form=True`: the new tokens and
+the history's share as products), over head channels a program (block_p), CUDA graphs; GB/s = the state read (the checkpoint, fp32)
 and the history read / time, against the device's copy bandwidth. Shapes: nemotron_h 1B (64 heads of 64,
 8 groups, state 128), bf16 inputs, T = 4 (k = 3 drafts), HIST 16 with p = 8 (no fold).
 
@@ -17,8 +17,6 @@ from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton
 
 DEV, ACT = "cuda", torch.bfloat16
 H, P, G, N, HIST, T = 64, 64, 8, 128, 16, 4
-FORMS = {"token by token": (False, None), "closed, folded": (True, False),  # the history's share in the state
-         "closed, products": (True, True)}  # as products with the new tokens' C rows
 
 
 def call(batch: int):
@@ -35,9 +33,9 @@ def call(batch: int):
     buf = torch.zeros(S, dtype=torch.int32, device=DEV)
     read = batch * (H * P * N * 4 + HIST // 2 * (H * P + G * N) * 2)
 
-    def fn(block_p: int, closed_form: bool, hist_products: bool | None):
+    def fn(block_p: int, closed_form: bool):
         return lambda: mamba2_verify_triton(x, dt, A, B, C, ssm, rx, rb, rdt, rcum, pnat, buf, slots, D=D, dt_bias=bias,
-                                            block_p=block_p, closed_form=closed_form, hist_products=hist_products)
+                                            block_p=block_p, closed_form=closed_form)
     return fn, read
 
 
@@ -50,12 +48,13 @@ def main() -> None:
     print(f"copy bandwidth {copy_bandwidth(DEV):.0f} GB/s; us (GB/s) per block_p")
     for batch in args.batches:
         fn, read = call(batch)
-        for name, form in FORMS.items():
+        for closed_form in (False, True):
             cells = []
             for bp in args.block_p:
-                us = timed(graphed(fn(bp, *form), DEV, True), DEV, args.iters) * 1e6
+                us = timed(graphed(fn(bp, closed_form), DEV, True), DEV, args.iters) * 1e6
                 cells.append(f"{bp}: {us:7.1f} ({read / us / 1e3:5.0f})")
-            print(f"B={batch:<4} {name:16} " + "  ".join(cells), flush=True)
+            name = "closed form" if closed_form else "token by token"
+            print(f"B={batch:<4} {name:15} " + "  ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

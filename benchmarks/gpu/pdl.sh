@@ -1,5 +1,5 @@
 # See README.md here: one device call, from the repository root, about 500 s. Programmatic dependent launch
-# (HYBRIDCACHE_PDL=1: every Triton kernel may be scheduled while the one before it runs, and waits at its entry)
+# (the default, HYBRIDCACHE_PDL=1: every Triton kernel may be scheduled while the one before it runs, and waits at its entry)
 # against plain launches: kimi_linear's and qwen3_next's 1B graph steps at batch 1 / 16 / 64 (`step_profile.py`,
 # about 75 s a run), each family off then on, back to back on the same machine (nemotron_h too where
 # FAMILIES names it and the cap allows); into $OUT. The GPU tests of the switch first (`test_cuda_graphs.py -k

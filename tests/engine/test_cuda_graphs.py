@@ -48,12 +48,14 @@ def test_graph_steps_give_the_eager_tokens(checkpoint, spec):
 
 @pytest.mark.parametrize("spec", SPECULATIVE)
 def test_programmatic_dependent_launch_gives_the_same_tokens(checkpoint, spec, monkeypatch):
-    """PDL on (`pdl_triton.ENABLED`, what HYBRIDCACHE_PDL=1 sets: every Triton kernel launched with PDL, waiting
-    at its entry) changes no token, eager or captured in graphs, and the launches do take PDL."""
+    """PDL on (`pdl_triton.ENABLED`, the default; HYBRIDCACHE_PDL=0 clears it: every Triton kernel launched with
+    PDL, waiting at its entry) changes no token against plain launches, eager or captured in graphs, and the
+    launches do take PDL."""
     from hybridcache.ops import pdl_triton
     _, path = checkpoint
     kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=4, speculative=SPECULATIVE[spec], page_size=4,
               max_model_len=128)
+    monkeypatch.setattr(pdl_triton, "ENABLED", False)
     plain = LLM(path, **kw).generate(PROMPTS, params())
     monkeypatch.setattr(pdl_triton, "ENABLED", True)
     assert pdl_triton.pdl_launch(torch.zeros(1, device="cuda")) == {"PDL": True, "launch_pdl": True}

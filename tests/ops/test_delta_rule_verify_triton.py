@@ -27,7 +27,6 @@ if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 for Triton's CPU interpreter", allow_module_level=True)
 
 from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
-from hybridcache.ops.gdn.triton_verify_chunked import HIST_PRODUCTS  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 
 NAN = float("nan")
@@ -139,19 +138,15 @@ GDN_CASES = [  # T, HIST, K, V, dtype, l2norm in kernel
 # Cases with 16 value columns or more and T > 1 run the closed form by default; `chunked=False` runs them token
 # by token as well (the form the others take), and key_block=16 reads the closed form's state 16 key rows at a time
 # (the default, KEY_BLOCK = 32, reads K <= 32 whole) over two 32-column value blocks where V = 40; and the default
-# tiling on a 64-wide key (two blocks of KEY_BLOCK rows, 64 value columns), a long history. Each closed-form case
-# once more with the other source of the history's share (`hist_products`): products with the new rows where the
-# default folds it into each state block, or the reverse
-CLOSED = [c for c in GDN_CASES if c[0] > 1 and c[3] >= 16] + [(4, 20, 64, 64, torch.bfloat16, True)]
-CHUNKED_CASES = ([c + (None, None, None) for c in GDN_CASES + CLOSED[-1:]]
-                 + [c + (False, None, None) for c in CLOSED[:-1]]
-                 + [c + (None, 16, None) for c in CLOSED if c[2] > 16]
-                 + [c + (None, key_block, not HIST_PRODUCTS) for c in CLOSED for key_block in (None, 16)
-                    if key_block is None or c[2] > 16])
+# tiling on a 64-wide key (two blocks of KEY_BLOCK rows, 64 value columns), a long history
+CHUNKED_CASES = ([c + (None, None) for c in GDN_CASES]
+                 + [c + (False, None) for c in GDN_CASES if c[0] > 1 and c[3] >= 16]
+                 + [c + (None, 16) for c in GDN_CASES if c[0] > 1 and c[3] >= 16 and c[2] > 16]
+                 + [(4, 20, 64, 64, torch.bfloat16, True, None, None)])
 
 
-@pytest.mark.parametrize("T,hist,K,V,dtype,norm,chunked,key_block,hist_products", CHUNKED_CASES)
-def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked, key_block, hist_products):
+@pytest.mark.parametrize("T,hist,K,V,dtype,norm,chunked,key_block", CHUNKED_CASES)
+def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked, key_block):
     before = gdn_pools(T, hist, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=T, norm_in_kernel=norm)
@@ -161,7 +156,7 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked,
     o_torch = gdn_run(gdn_verify, x, torch_p, slots, **kw)
     x_dev = [t.to(DEVICE) for t in x]
     o = gdn_run(gdn_verify_triton, x_dev, fast, slots.to(DEVICE), chunked=chunked, key_block=key_block,
-                block_v=32 if key_block else None, hist_products=hist_products, **kw)
+                block_v=32 if key_block else None, **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     written = gdn_written(before, T, hist)

@@ -106,7 +106,7 @@ def _strided(roles: dict, device: str) -> tuple[dict, dict]:
 
 
 def _run_case(heads: int, head_dim: int, groups: int, dstate: int, hist: int, steps: int, dtype, seed: int,
-              block_p: int | None = None, closed_form: bool = False, hist_products: bool | None = None) -> None:
+              block_p: int | None = None, closed_form: bool = False) -> None:
     g = torch.Generator().manual_seed(seed)
     kw = _params(heads, seed) | dict(dt_limit=(0.0, 3.0))
     pnat = _pnat(hist, steps)
@@ -124,7 +124,7 @@ def _run_case(heads: int, head_dim: int, groups: int, dstate: int, hist: int, st
     y = triton_verify.mamba2_verify_triton(
         x, dt, dev_kw["A"], B, C, *(views[n] for n in ROLE_NAMES), views["pnat"], views["buf_idx"],
         slots.to(DEVICE), D=dev_kw["D"], dt_bias=dev_kw["dt_bias"], dt_limit=kw["dt_limit"], block_p=block_p,
-        closed_form=closed_form, hist_products=hist_products,
+        closed_form=closed_form,
     ).cpu()
 
     assert y.dtype == dtype
@@ -148,27 +148,22 @@ def _run_case(heads: int, head_dim: int, groups: int, dstate: int, hist: int, st
             torch.testing.assert_close(got[name][mask], torch_path[name][mask], **FP32, msg=name)
 
 
-# token by token; in closed form (the new tokens as products) with the history's share folded into the state,
-# and as products with the new tokens' C rows (`hist_products`, h_eff formed only to fold)
-FORMS = [(False, None), (True, False), (True, True)]
-
-
-@pytest.mark.parametrize("closed_form,hist_products", FORMS)
+@pytest.mark.parametrize("closed_form", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("steps", [1, 2, 4])
-def test_matches_reference_and_torch_path(steps: int, groups: int, dtype: torch.dtype, closed_form: bool,
-                                          hist_products: bool | None) -> None:
+def test_matches_reference_and_torch_path(steps: int, groups: int, dtype: torch.dtype, closed_form: bool) -> None:
+    """Token by token, and in closed form (the new tokens, and the history's share, as products)."""
     _run_case(heads=4, head_dim=8, groups=groups, dstate=8, hist=8, steps=steps, dtype=dtype, seed=steps + groups,
-              closed_form=closed_form, hist_products=hist_products)
+              closed_form=closed_form)
 
 
-@pytest.mark.parametrize("closed_form,hist_products", FORMS)
-def test_long_history_and_several_p_blocks(closed_form: bool, hist_products: bool | None) -> None:
+@pytest.mark.parametrize("closed_form", [False, True])
+def test_long_history_and_several_p_blocks(closed_form: bool) -> None:
     """HIST = 20: the fold reads 16 tokens at a time (p = 16, 17, 20 take one and two chunks); P = 32 in
     two programs of 16 channels; N = 16 fills the tile without padding."""
     _run_case(heads=4, head_dim=32, groups=2, dstate=16, hist=20, steps=4, dtype=torch.float32, seed=11, block_p=16,
-              closed_form=closed_form, hist_products=hist_products)
+              closed_form=closed_form)
 
 
 @pytest.mark.parametrize("steps", [1, 3])

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch's switch (hybridcache/ops/pdl_triton.py): on only where asked, on CUDA.
+"""Programmatic dependent launch's switch (hybridcache/ops/pdl_triton.py): on CUDA unless switched off.
 Its kernels' PTX: tests/ops/test_compile_for_h200.py; its tokens on the GPU: tests/engine/test_cuda_graphs.py."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch
 pdl_triton = pytest.importorskip("hybridcache.ops.pdl_triton", reason="triton is not installed")
 
 
-@pytest.mark.parametrize("env,enabled", [(None, False), ("0", False), ("1", True)])
+@pytest.mark.parametrize("env,enabled", [(None, True), ("0", False), ("1", True)])
 def test_the_variable_is_read_when_the_module_is_imported(env, enabled):
-    """HYBRIDCACHE_PDL=1, and nothing else, switches PDL on (read once, in a fresh interpreter here)."""
+    """HYBRIDCACHE_PDL=0, and nothing else, switches PDL off (read once, in a fresh interpreter here)."""
     import os
     import subprocess
     import sys
@@ -31,7 +31,7 @@ def test_cpu_tensors_never_launch_with_pdl(enabled, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_launches_take_pdl_only_when_asked(monkeypatch):
+def test_cuda_launches_take_pdl_only_where_enabled(monkeypatch):
     t = torch.zeros(2, device="cuda")
     monkeypatch.setattr(pdl_triton, "ENABLED", False)
     assert pdl_triton.pdl_launch(t) == {"PDL": False}

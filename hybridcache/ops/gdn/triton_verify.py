@@ -128,7 +128,6 @@ def gdn_verify_triton(
     gate: RawGate | None = None,
     chunked: bool | None = None,
     key_block: int | None = None,
-    hist_products: bool | None = None,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result).
@@ -179,7 +178,6 @@ def gdn_verify_triton(
             *args, **shapes, TP=max(16, triton.next_power_of_2(T)), HP=max(16, triton.next_power_of_2(hist)),
             BK=BK, BV=BV, BKC=min(key_block or chunked_form.KEY_BLOCK, BK),
             TOKEN_PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32",
-            HIST_PRODUCTS=chunked_form.HIST_PRODUCTS if hist_products is None else hist_products,
             num_warps=num_warps or chunked_warps(B * HV * triton.cdiv(V, BV), q.device),
             num_stages=chunked_form.NUM_STAGES, **pdl_launch(q),
         )

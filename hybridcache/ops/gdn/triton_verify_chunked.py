@@ -10,9 +10,12 @@ HIST 16, history half full): an earlier form that read the state whole and store
 columns x 2 warps, 7.7 / 36.2 / 126.7 / 470.1, against 9.7 / 34.6 / 154.9 / 556.0 token by token at its best
 tiling; in one later run, 32 key rows at a time at 64 columns x 2 warps (x 4 where the grid has fewer programs
 than SMs), 8.4 / 32.7 / 117.0 / 438.0, against the whole read's 7.6 / 35.6 / 124.3 / 467.4 (6.7 at batch 1
-with 4 warps); then at one pipeline stage (NUM_STAGES) 27.0 / 103.0 / 381.6 from batch 16. The same loads and history product with the tokens taken one by one
-were no faster (150.3 us at batch 64), nor was this kernel's form at T = 1 (92.5 / 362.4 us at batch 64 / 256
-against 92.5 / 330.8): there the token-by-token kernel stays.
+with 4 warps); then at one pipeline stage (NUM_STAGES) 27.0 / 103.0 / 381.6 from batch 16. The same loads and
+history product with the tokens taken one by one were no faster (150.3 us at batch 64); nor was the history's
+share taken as products with the new rows, (K·K_histᵀ)·(w ⊙ U_hist) with the effective state formed only to fold
+(115.2 against 103.6 us at batch 64, 417.2 against 381.3 at 256, H100; 255 registers against 233), which
+Mamba2's verify gains from; nor this kernel's form at T = 1 (92.5 / 362.4 us at batch 64 / 256 against 92.5 /
+330.8): there the token-by-token kernel stays.
 """
 from __future__ import annotations
 
@@ -27,7 +30,6 @@ from ..token_rows_triton import token_row, token_value
 BLOCK_V = 64
 KEY_BLOCK = 32
 NUM_WARPS = 2  # doubled where the grid has fewer programs than the device has SMs
-HIST_PRODUCTS = False  # the history's share as products with the new rows, not folded into each state block
 NUM_STAGES = 1  # the key-block loop not software-pipelined: 103 against 120 us at batch 64 with Triton's 3 (H100)
 
 
@@ -92,8 +94,7 @@ def _gdn_verify_chunked_kernel(
     s_pnat, s_buf,
     T: tl.constexpr, TP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     HIST: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr, HIST_PRODUCTS: tl.constexpr,
-    PDL: tl.constexpr,
+    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]. The state
@@ -147,34 +148,15 @@ def _gdn_verify_chunked_kernel(
     # as register tensors cannot be sliced), nothing written; a folding row then stores the blocks
     hkv = tl.zeros([TP, BV], dtype=tl.float32)
     hqv = tl.zeros([TP, BV], dtype=tl.float32)
-    if HIST_PRODUCTS:  # K·h = e^{G_last}·K·checkpoint + (K·K_histᵀ)·(w ⊙ U_hist): the effective state never formed
-        kkh = tl.zeros([TP, HP], dtype=tl.float32)
-        qkh = tl.zeros([TP, HP], dtype=tl.float32)
-        for c in range(0, BK // BKC):
-            kc = c * BKC + tl.arange(0, BKC)
-            kc_ok = kc < K
-            h = tl.load(ssm_ptr + s * s_ss + hv * s_sh + kc[:, None] * s_sk + vv[None, :] * s_sv,
-                        mask=kc_ok[:, None] & v_ok[None, :] & valid, other=0.0)
-            k_hist = tl.load(k_row + jj[:, None] * s_kt + kc[None, :] * s_kk, mask=j_ok[:, None] & kc_ok[None, :],
-                             other=0.0).to(tl.float32)
-            q_c = _normed_rows(q_in, rows, r_ok, kc, kc_ok, s_qt, q_rs, L2NORM) * scale
-            k_c = _normed_rows(k_in, rows, r_ok, kc, kc_ok, s_kit, k_rs, L2NORM)
-            hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
-            hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
-            kkh = tl.dot(k_c, tl.trans(k_hist), acc=kkh, input_precision=TOKEN_PRECISION)
-            qkh = tl.dot(q_c, tl.trans(k_hist), acc=qkh, input_precision=TOKEN_PRECISION)
-        hkv = e_last * hkv + tl.dot(kkh, uw, input_precision=TOKEN_PRECISION)
-        hqv = e_last * hqv + tl.dot(qkh, uw, input_precision=TOKEN_PRECISION)
-    else:
-        for c in range(0, BK // BKC):
-            kc = c * BKC + tl.arange(0, BKC)
-            kc_ok = kc < K
-            h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last,
-                                             valid, s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
-            q_c = _normed_rows(q_in, rows, r_ok, kc, kc_ok, s_qt, q_rs, L2NORM) * scale
-            k_c = _normed_rows(k_in, rows, r_ok, kc, kc_ok, s_kit, k_rs, L2NORM)
-            hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
-            hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
+    for c in range(0, BK // BKC):
+        kc = c * BKC + tl.arange(0, BKC)
+        kc_ok = kc < K
+        h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
+                                         s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
+        q_c = _normed_rows(q_in, rows, r_ok, kc, kc_ok, s_qt, q_rs, L2NORM) * scale
+        k_c = _normed_rows(k_in, rows, r_ok, kc, kc_ok, s_kit, k_rs, L2NORM)
+        hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
+        hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
     if fold:
         for c in range(0, BK // BKC):
             kc = c * BKC + tl.arange(0, BKC)

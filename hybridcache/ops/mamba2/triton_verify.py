@@ -11,11 +11,15 @@ h <- exp(dt_t A) h + dt_t x_t B_t^T, y_t = C_t h + D x_t, and are appended at [p
 buf_idx are read only. A padding row (slot < 0) reads no slot, runs its tokens from a zero state with
 no history (as the torch path and the reference do) and writes nothing but its outputs.
 
-Work split. One program takes one (row, head, P-block) and holds the [BLOCK_P, N] fp32 tile of
-ssm[slot, head, block] in registers: loaded once, folded, stored once and only when the row folds, so a
-row that appends leaves its checkpoint bit for bit. The fold reads only the p valid history tokens,
-BLOCK_H at a time (a trip count read on the device, no host sync), each chunk one fp32 product
-[BLOCK_P, BLOCK_H] x [BLOCK_H, N]; every history load is masked, never multiplied by zero, so stale
+Work split. One program takes one (row, head, P-block) and reads the [BLOCK_P, N] fp32 tile of
+ssm[slot, head, block]; it stores the folded tile once and only when the row folds, so a row that appends
+leaves its checkpoint bit for bit. Token by token, the tile is folded in registers and the tokens update it.
+In closed form (the default for T > 1) the tile gives C·hᵀ and is then dropped: the history's share reaches
+the new tokens as products with their C rows, and a folding row reads its tile again to fold it (at batch 64 /
+256, T = 4, on an H100: 85.2 / 303.8 us against 110.2 / 410.0 with the tile folded and held, no row folding;
+benchmarks/tune_mamba2_verify.py). The fold reads only the p valid history tokens, BLOCK_H at a time (a trip
+count read on the device, no host sync), each chunk one fp32 product [BLOCK_P, BLOCK_H] x [BLOCK_H, N]
+(tf32 for the products with C); every history load is masked, never multiplied by zero, so stale
 NaNs at or past p cannot leak. dt is processed (softplus, clamp) in the kernel. Writers: each program
 stores its x block; the P-block 0 program of a head stores that head's dt and cumsum; the P-block 0
 program of a group's first head alone stores the group's B (one writer: the other heads of the group
@@ -41,7 +45,6 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 # the closed form's history-loop pipeline (H100, batch 64: 1 stage 367 us, 2 106, Triton's 3 111); the
 # token-by-token form keeps Triton's (not timed otherwise)
 NUM_STAGES = 2
-HIST_PRODUCTS = False  # closed form: the history's share as products with the new C rows (h_eff formed to fold)
 
 
 @triton.jit
@@ -102,7 +105,7 @@ def _verify_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, TP: tl.constexpr, CLOSED_FORM: tl.constexpr,
-    PRECISION: tl.constexpr, HIST_PRODUCTS: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_entry(PDL)
     row, head, pblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -139,12 +142,13 @@ def _verify_kernel(
     rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
     rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
     c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
-    # With HIST_PRODUCTS (closed form) the new tokens take the history's share as products with their C rows,
+    # In closed form the new tokens take the history's share as products with their C rows,
     # C·h_effᵀ = e^{c_last}·C·hᵀ + (C·B_histᵀ ⊙ w)·X_histᵀ, and only a folding row forms h_eff (in fp32, in a
-    # second pass that reads its tile again: the tile is not held while the products run).
+    # second pass that reads its tile again: the tile is not held while the products run). Token by token,
+    # h_eff is formed first.
     e_last = tl.exp(c_last)
     cf = cs_new.to(tl.float32)
-    if HIST_PRODUCTS and CLOSED_FORM:
+    if CLOSED_FORM:
         ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
         for j0 in range(0, count, BLOCK_H):
             xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
@@ -167,8 +171,6 @@ def _verify_kernel(
             acc += tl.dot(xw, bs, input_precision="ieee")
         h = h * e_last + acc
         tl.store(ssm_tile, h, mask=tile_ok & fold)
-        if CLOSED_FORM:
-            ch = tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): C_t·h[p]
 
     # The new tokens, one after another; appended at [start, start + T) of buffer `target`.
     target = tl.where(fold, 1 - buf, buf)
@@ -251,7 +253,6 @@ def mamba2_verify_triton(
     dt_limit: DtLimit = NO_LIMIT,
     block_p: int | None = None,
     closed_form: bool | None = None,
-    hist_products: bool | None = None,
 ) -> Tensor:
     """Replay verify in one launch; same arguments, writes and result as `replay.mamba2_verify`.
 
@@ -294,7 +295,6 @@ def mamba2_verify_triton(
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
         TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
-        HIST_PRODUCTS=HIST_PRODUCTS if hist_products is None else hist_products,
         **({"num_stages": NUM_STAGES} if closed_form else {}), **pdl_launch(x),
     )
     return y
