@@ -220,8 +220,10 @@ KDA_CASES = [  # T, P, K, V, dtype, l2norm in kernel
 ]
 
 
+# one_pass: each new token's output from the decayed state and k·q (its two reductions side by side), or not
+@pytest.mark.parametrize("one_pass", [False, True])
 @pytest.mark.parametrize("T,P,K,V,dtype,norm", KDA_CASES)
-def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
+def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, one_pass):
     before = kda_pools(P, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)
@@ -230,7 +232,7 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
     o_ref = kda_run(naive_kda_verify, x, ref, slots, **kw)
     o_torch = kda_run(kda_verify, x, torch_p, slots, **kw)
     x_dev = [t.to(DEVICE) for t in x]
-    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), **kw)
+    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), one_pass=one_pass, **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     role_tol = lambda r: dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32)  # noqa: E731
