@@ -87,6 +87,19 @@ def _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t,
 
 
 @triton.jit
+def _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count, c_last, pp, p_ok, nn,
+                 n_ok, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Σ_{j < count} w_j·x_j·B_jᵀ [BLOCK_P, N], the history's share of h_eff, in fp32 (products in IEEE fp32: a
+    fold stores it), BLOCK_H tokens a product."""
+    acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    for j0 in range(0, count, BLOCK_H):
+        xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count, c_last,
+                                pp, p_ok, nn, n_ok, BLOCK_H)
+        acc += tl.dot(xw, bs, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def _verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr,
     ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, y_ptr,
@@ -155,21 +168,13 @@ def _verify_kernel(
                                     c_last, pp, p_ok, nn, n_ok, BLOCK_H)
             cb_hist = tl.dot(cf, tl.trans(bs), input_precision=PRECISION)  # (t, j): C_t·B_j
             ch = tl.dot(cb_hist, tl.trans(xw), acc=ch, input_precision=PRECISION)
-        if fold:
-            acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
-            for j0 in range(0, count, BLOCK_H):
-                xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
-                                        c_last, pp, p_ok, nn, n_ok, BLOCK_H)
-                acc += tl.dot(xw, bs, input_precision="ieee")
-            h = tl.load(ssm_tile, mask=tile_ok, other=0.0)
-            tl.store(ssm_tile, h * e_last + acc, mask=tile_ok)
+        if fold:  # the sum first: the tile is read again only once it is done (64 registers a thread at 64 x 128)
+            acc = _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count, c_last, pp,
+                               p_ok, nn, n_ok, BLOCK_P, BLOCK_N, BLOCK_H)
+            tl.store(ssm_tile, tl.load(ssm_tile, mask=tile_ok, other=0.0) * e_last + acc, mask=tile_ok)
     else:
-        acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
-        for j0 in range(0, count, BLOCK_H):
-            xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
-                                    c_last, pp, p_ok, nn, n_ok, BLOCK_H)
-            acc += tl.dot(xw, bs, input_precision="ieee")
-        h = h * e_last + acc
+        h = h * e_last + _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count,
+                                      c_last, pp, p_ok, nn, n_ok, BLOCK_P, BLOCK_N, BLOCK_H)
         tl.store(ssm_tile, h, mask=tile_ok & fold)
 
     # The new tokens, one after another; appended at [start, start + T) of buffer `target`.
