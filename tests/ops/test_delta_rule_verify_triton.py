@@ -169,6 +169,21 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked,
         assert torch.equal(fast[r].cpu(), before[r])
 
 
+
+def test_gdn_register_cap_changes_no_value():
+    """`max_registers` (Triton's maxnreg) is a launch option of the closed form: outputs and every role the same
+    bits as the default launch (on CUDA the capped kernel may spill; its arithmetic is the same)."""
+    T, hist, K, V, dtype = 4, 20, 64, 64, torch.bfloat16
+    before = gdn_pools(T, hist, K, V, dtype)
+    plain, capped = copies(before, DEVICE), copies(before, DEVICE)
+    x = [t.to(DEVICE) for t in qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=3, norm_in_kernel=True)]
+    slots = torch.tensor(SLOTS, device=DEVICE)
+    o = gdn_run(gdn_verify_triton, x, plain, slots, use_qk_l2norm_in_kernel=True)
+    o_capped = gdn_run(gdn_verify_triton, x, capped, slots, use_qk_l2norm_in_kernel=True, max_registers=168)
+    assert torch.equal(o, o_capped)
+    for r in GDN_ROLES:
+        assert torch.equal(plain[r].nan_to_num(), capped[r].nan_to_num()), r
+
 # KDA: pend_n per row of SLOTS, H == HV
 
 def kda_pools(P: int, K: int, V: int, dtype, seed: int = 0) -> dict:

@@ -128,6 +128,7 @@ def gdn_verify_triton(
     gate: RawGate | None = None,
     chunked: bool | None = None,
     key_block: int | None = None,
+    max_registers: int | None = None,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result).
@@ -141,7 +142,8 @@ def gdn_verify_triton(
     `chunked`: the new tokens in closed form (`triton_verify_chunked.py`; the default for T > 1, and it needs
     block_v >= 16) or token by token; the results agree within rounding. `key_block` (closed form): the state
     read that many key rows at a time (a power of two >= 16, default `KEY_BLOCK`; K or more: all at once),
-    which does not change the result beyond rounding.
+    which does not change the result beyond rounding; `max_registers` (closed form): a cap on the registers a
+    thread (Triton's maxnreg: more programs an SM, spills where the kernel needs more), none by default.
     Returns o [B, T, HV, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -180,6 +182,7 @@ def gdn_verify_triton(
             TOKEN_PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32",
             num_warps=num_warps or chunked_warps(B * HV * triton.cdiv(V, BV), q.device),
             num_stages=chunked_form.NUM_STAGES, **pdl_launch(q),
+            **({"maxnreg": max_registers} if max_registers else {}),
         )
         return o
     BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, gdn_block_v(T))
