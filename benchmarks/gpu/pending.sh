@@ -8,7 +8,7 @@ set -u
 source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 FAMILIES="qwen3_next kimi_linear" build_checkpoints >/dev/null 2>&1 &
-timeout 80 python3 benchmarks/tune_delta_rule.py --cases "kda verify T=4" --block-v 16 32 --warps 1 2 \
+timeout 100 python3 benchmarks/tune_delta_rule.py --cases "kda verify T=4" --block-v 16 32 --warps 1 2 \
     --batches 16 64 256 2>&1 | grep -v Warn
 timeout 40 python3 benchmarks/tune_delta_rule.py --cases "gdn verify T=4" --block-v 64 --warps 2 \
     --batches 16 64 256 2>&1 | grep -v Warn
