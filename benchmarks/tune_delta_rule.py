@@ -4,9 +4,9 @@ For each batch size, times plain decode (T = 1), the per-token-states baseline (
 and the GDN and KDA verify kernels (T = 4; GDN's history half full, in closed form with its state read 32, 64
 or 128 key rows at a time, capped at 168 registers a thread, and token by token; KDA with 3 accepted drafts
 pending, and with none, as at zero acceptance, each new token's two reductions side by side or one after the
-other; and T = 1, the speculative engine's one-token step), at each (block_v, num_warps), and prints the best
-tiling per kernel and batch next to the default's time. Shapes: GDN 16 key / 32 value heads, KDA 16 heads,
-K = V = 128, bf16 inputs, fp32 states.
+other; and T = 1, the speculative engine's one-token step, GDN's also with its reductions side by side), at each
+(block_v, num_warps), and prints the best tiling per kernel and batch next to the default's time. Shapes: GDN 16
+key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
     PYTHONPATH=. python benchmarks/tune_delta_rule.py
 """
@@ -53,12 +53,13 @@ def cases(batch: int) -> dict:
                                                use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
                                                one_pass=one_pass)
 
-    def gdn(n: int, chunked: bool | None = None, key_block: int | None = None, max_registers: int | None = None):
+    def gdn(n: int, chunked: bool | None = None, key_block: int | None = None, max_registers: int | None = None,
+            one_pass: bool | None = None):
         return lambda bv, w: gdn_verify_triton(q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], ssm, hist["u"],
                                                hist["k"], hist["G"], hist["b"], pnat, buf, slots,
                                                use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
                                                chunked=chunked and bv >= 16, key_block=key_block,
-                                               max_registers=max_registers)
+                                               max_registers=max_registers, one_pass=one_pass)
 
     return {
         "decode T=1": lambda bv, w: delta_rule_decode_triton(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], ssm,
@@ -77,6 +78,7 @@ def cases(batch: int) -> dict:
         "kda verify T=4 two passes": kda(pend["n"], one_pass=False),
         "kda verify T=4 n=0": kda(none_pending),
         "gdn verify T=1": gdn(1),  # the speculative engine's one-token step
+        "gdn verify T=1 one pass": gdn(1, one_pass=True),  # its two reductions side by side, the tile only read
         "kda verify T=1 n=0": kda(none_pending, 1),
     }
 

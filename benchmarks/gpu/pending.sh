@@ -1,7 +1,7 @@
 # See README.md here: one device call, from the repository root, about 560 s. Options added without a GPU, each
 # against its default in the same run: KDA's verify with a new token's two reductions side by side (`one_pass`)
 # at the tilings around its default, and ops_kda each way; GDN's closed-form verify capped at 168 registers a
-# thread; Mamba2's closed form reading its state 32 / 64 / 128 columns at a time, capped or not, with rows that
+# thread, and its one-token verify with its reductions side by side (`one_pass`); Mamba2's closed form reading its state 32 / 64 / 128 columns at a time, capped or not, with rows that
 # append and rows that fold; then every looping kernel's pipeline depth (`tune_stages.py`) and where the batch-1
 # graph steps of qwen3_next and kimi_linear spend their GPU time (`step_profile.py --by-module`); into $OUT.
 set -u
@@ -11,6 +11,8 @@ FAMILIES="qwen3_next kimi_linear" build_checkpoints >/dev/null 2>&1 &
 timeout 100 python3 benchmarks/tune_delta_rule.py --cases "kda verify T=4" --block-v 16 32 --warps 1 2 \
     --batches 16 64 256 2>&1 | grep -v Warn
 timeout 40 python3 benchmarks/tune_delta_rule.py --cases "gdn verify T=4" --block-v 64 --warps 2 \
+    --batches 16 64 256 2>&1 | grep -v Warn
+timeout 30 python3 benchmarks/tune_delta_rule.py --cases "gdn verify T=1" --block-v 32 --warps 2 \
     --batches 16 64 256 2>&1 | grep -v Warn
 for pnat in 8 14; do
   timeout 50 python3 benchmarks/tune_mamba2_verify.py --batches 16 64 256 --block-p 64 --state-blocks 32 64 128 \

@@ -18,6 +18,8 @@ from . import triton_verify_chunked as chunked_form
 if TYPE_CHECKING:
     from .decode import RawGate
 
+ONE_PASS = False  # not yet timed (benchmarks/tune_delta_rule.py "gdn verify T=1 one pass")
+
 
 @triton.jit
 def _gdn_verify_kernel(
@@ -32,10 +34,13 @@ def _gdn_verify_kernel(
     s_bs, s_bb, s_bh, s_bt,
     s_pnat, s_buf,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HIST: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PDL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, ONE_PASS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
-    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]."""
+    RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV].
+    ONE_PASS: a token's hᵀk and hᵀq reduced side by side, its decay and update one pass over the tile, and the
+    last token's update skipped (at T = 1 the tile is only read)."""
     pdl_entry(PDL)
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
@@ -83,10 +88,17 @@ def _gdn_verify_kernel(
         b_t = tl.load(b_in + t * s_bit).to(tl.float32)
         if RAW_GATE:
             g_t, b_t = gdn_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
-        h = h * tl.exp(g_t)
-        u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
-        h += k_t[:, None] * u_t[None, :]
-        o_t = tl.where(valid, tl.sum(h * q_t[:, None], 0), 0.0)
+        if ONE_PASS:  # hᵀk and hᵀq side by side from the undecayed tile, o = e^g·hᵀq + (k·q)·u
+            e_g = tl.exp(g_t)
+            u_t = b_t * (v_t - e_g * tl.sum(h * k_t[:, None], 0))
+            o_t = tl.where(valid, e_g * tl.sum(h * q_t[:, None], 0) + tl.sum(k_t * q_t, 0) * u_t, 0.0)
+            if t < T - 1:  # the last token's update feeds nothing (nor is the tile stored after the tokens)
+                h = h * e_g + k_t[:, None] * u_t[None, :]
+        else:
+            h = h * tl.exp(g_t)
+            u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
+            h += k_t[:, None] * u_t[None, :]
+            o_t = tl.where(valid, tl.sum(h * q_t[:, None], 0), 0.0)
         tl.store(o_ptr + (tok * HV + hv) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
         G += g_t
         pos = pos0 + t
@@ -129,6 +141,7 @@ def gdn_verify_triton(
     chunked: bool | None = None,
     key_block: int | None = None,
     max_registers: int | None = None,
+    one_pass: bool | None = None,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result).
@@ -144,6 +157,8 @@ def gdn_verify_triton(
     read that many key rows at a time (a power of two >= 16, default `KEY_BLOCK`; K or more: all at once),
     which does not change the result beyond rounding; `max_registers` (closed form): a cap on the registers a
     thread (Triton's maxnreg: more programs an SM, spills where the kernel needs more), none by default.
+    `one_pass` (token by token, default ONE_PASS): each token's two reductions side by side (`_gdn_verify_kernel`);
+    the results agree within rounding.
     Returns o [B, T, HV, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -187,5 +202,6 @@ def gdn_verify_triton(
         return o
     BK, BV = verify_tile_sizes(K, V, block_v, B * HV, q.device, gdn_block_v(T))
     _gdn_verify_kernel[(B, HV, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
+                                                   ONE_PASS=ONE_PASS if one_pass is None else one_pass,
                                                    num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     return o
