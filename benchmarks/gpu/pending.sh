@@ -1,9 +1,10 @@
-# See README.md here: one device call, from the repository root, about 560 s. Options added without a GPU, each
+# See README.md here: one device call, from the repository root, about 570 s. Options added without a GPU, each
 # against its default in the same run: KDA's verify with a new token's two reductions side by side (`one_pass`)
 # at the tilings around its default, and ops_kda each way; GDN's closed-form verify capped at 168 registers a
-# thread, and its one-token verify with its reductions side by side (`one_pass`); Mamba2's closed form reading its state 32 / 64 / 128 columns at a time, capped or not, with rows that
-# append and rows that fold; then every looping kernel's pipeline depth (`tune_stages.py`) and where the batch-1
-# graph steps of qwen3_next and kimi_linear spend their GPU time (`step_profile.py --by-module`); into $OUT.
+# thread, and its one-token verify with its reductions side by side (`one_pass`); Mamba2's closed form reading
+# its state 32 / 64 / 128 columns at a time, capped or not, with rows that append and rows that fold; then every
+# looping kernel's pipeline depth (`tune_stages.py`) and where the batch-1 graph steps of qwen3_next and
+# kimi_linear spend their GPU time (`step_profile.py --by-module`); into $OUT.
 set -u
 source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
