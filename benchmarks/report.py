@@ -114,7 +114,8 @@ def swap_section(files: list[dict], img: str | None) -> list[str]:
 def ops_section(files: list[dict], img: str | None) -> list[str]:
     out = ["## Speculative verify: replay vs per-token states", "",
            "One layer's verify step (verify + accept) of k drafts: replay (checkpoint + history, what hybridcache "
-           "keeps; KDA: checkpoint + pending drafts) against per-token intermediate states (k + 1 states written, the accepted one copied back), and "
+           "keeps; KDA: checkpoint + pending drafts) against per-token intermediate states (k + 1 states written, "
+           "the accepted one copied back), and "
            "a plain decode step. ms per call, the median of runs of many calls (CUDA graph replays on CUDA); GB/s = "
            "the least bytes each approach must touch / time.", ""]
     if img:

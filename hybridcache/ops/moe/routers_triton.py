@@ -100,8 +100,7 @@ def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_
 def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D, stride_n, scaling,
                        G: tl.constexpr, EG: tl.constexpr, TOPG: tl.constexpr, K: tl.constexpr,
                        NORM: tl.constexpr, FROM_X: tl.constexpr, ROWS: tl.constexpr, BLOCK_G: tl.constexpr,
-                       BLOCK_EG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                         PDL: tl.constexpr):
+                       BLOCK_EG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     pdl_entry(PDL)
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.arange(0, BLOCK_G)
