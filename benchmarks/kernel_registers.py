@@ -57,14 +57,14 @@ def kda(T: int, block_v: int | None = None, warps: int | None = None, one_pass: 
                       use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate, one_pass=one_pass)
 
 
-def mamba2(T: int, closed_form: bool | None = None, state_block: int | None = None) -> None:
+def mamba2(T: int, closed_form: bool | None = None) -> None:
     """nemotron_h 1b: 64 heads of 64, 8 groups, state 128."""
     B, S, H, P, G, N = BATCH, BATCH, 64, 64, 8, 128
     mamba2_verify_triton(_bf(B, T, H, P), _bf(B, T, H), torch.zeros(H), _bf(B, T, G, N), _bf(B, T, G, N),
                          torch.zeros(S, H, P, N), _bf(S, 2, HIST, H, P), _bf(S, 2, HIST, G, N),
                          torch.zeros(S, 2, H, HIST), torch.zeros(S, 2, H, HIST), torch.zeros(S, dtype=torch.int32),
                          torch.zeros(S, dtype=torch.int32), torch.arange(B), D=torch.zeros(H), dt_bias=torch.zeros(H),
-                         closed_form=closed_form, state_block=state_block)
+                         closed_form=closed_form)
 
 
 def decode(op: str) -> None:
@@ -112,8 +112,6 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
         out.append(("kda T=4 one pass", lambda bv=bv, warps=warps: kda(4, bv, warps, one_pass=True)))
     out += [("mamba2 T=4 default", lambda: mamba2(4)), ("mamba2 T=1 default", lambda: mamba2(1))]
     out.append(("mamba2 T=4 token by token", lambda: mamba2(4, closed_form=False)))
-    for block in (32, 64):  # the closed form's state read a block of columns at a time
-        out.append((f"mamba2 T=4 state block {block}", lambda block=block: mamba2(4, state_block=block)))
     for op in ("gdn", "kda", "mamba2"):
         out.append((f"{op} decode default", lambda op=op: decode(op)))
     out += [("conv update T=1 default", lambda: conv_update(1)), ("conv update T=4 default", lambda: conv_update(4))]

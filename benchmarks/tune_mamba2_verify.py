@@ -1,8 +1,8 @@
 """Mamba2's replay verify kernel token by token against in closed form (`closed_form=True`: the new tokens and
-the history's share as products), over head channels a program (block_p), and in closed form over state columns
-read at a time and register caps; CUDA graphs; GB/s = the state read (the checkpoint, fp32) and the history read /
-time, against the device's copy bandwidth. Shapes: nemotron_h 1B (64 heads of 64, 8 groups, state 128), bf16
-inputs, T = 4 (k = 3 drafts), HIST 16 with p = 8 (no fold; `--pnat 13` and up: every row folds).
+the history's share as products), over head channels a program (block_p); CUDA graphs; GB/s = the state read
+(the checkpoint, fp32) and the history read / time, against the device's copy bandwidth. Shapes: nemotron_h 1B
+(64 heads of 64, 8 groups, state 128), bf16 inputs, T = 4 (k = 3 drafts), HIST 16 with p = 8 (no fold;
+`--pnat 13` and up: every row folds).
 
     PYTHONPATH=. python benchmarks/tune_mamba2_verify.py --batches 1 16 64 256
 """
@@ -21,8 +21,8 @@ H, P, G, N, HIST, T = 64, 64, 8, 128, 16, 4
 
 
 def call(batch: int, p: int = HIST // 2):
-    """fn(block_p, closed_form, state_block, max_registers) running one verify call with p history tokens a
-    row (every row folds where p + T > HIST), and the bytes it must read."""
+    """fn(block_p, closed_form) running one verify call with p history tokens a row (every row folds where
+    p + T > HIST), and the bytes it must read."""
     r = lambda *s: torch.randn(*s, device=DEV).to(ACT)  # noqa: E731
     S = 2 * batch
     slots = torch.randperm(S, device=DEV)[:batch]
@@ -35,10 +35,9 @@ def call(batch: int, p: int = HIST // 2):
     buf = torch.zeros(S, dtype=torch.int32, device=DEV)
     read = batch * (H * P * N * 4 + p * (H * P + G * N) * 2)
 
-    def fn(block_p: int, closed_form: bool, state_block: int | None = None, max_registers: int | None = None):
+    def fn(block_p: int, closed_form: bool):
         return lambda: mamba2_verify_triton(x, dt, A, B, C, ssm, rx, rb, rdt, rcum, pnat, buf, slots, D=D, dt_bias=bias,
-                                            block_p=block_p, closed_form=closed_form, state_block=state_block,
-                                            max_registers=max_registers)
+                                            block_p=block_p, closed_form=closed_form)
     return fn, read
 
 
@@ -46,23 +45,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--block-p", type=int, nargs="+", default=[16, 32, 64])
-    ap.add_argument("--state-blocks", type=int, nargs="+", default=[128],
-                    help="closed form: state columns read at a time (128: the whole state)")
-    ap.add_argument("--max-registers", type=int, nargs="+", default=[0],
-                    help="closed form: register caps a thread (0: none)")
     ap.add_argument("--pnat", type=int, default=HIST // 2, help=f"history tokens a row ({HIST - T + 1}+: every row folds)")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     print(f"copy bandwidth {copy_bandwidth(DEV):.0f} GB/s; p = {args.pnat}; us (GB/s) per block_p")
-    forms = [("token by token", False, None, None)] + [
-        (f"closed sb{sb}" + (f" r{mr}" if mr else ""), True, sb, mr or None)
-        for sb in args.state_blocks for mr in args.max_registers]
     for batch in args.batches:
         fn, read = call(batch, args.pnat)
-        for name, closed_form, state_block, max_registers in forms:
+        for name, closed_form in (("token by token", False), ("closed form", True)):
             cells = []
             for bp in args.block_p:
-                us = timed(graphed(fn(bp, closed_form, state_block, max_registers), DEV, True), DEV, args.iters) * 1e6
+                us = timed(graphed(fn(bp, closed_form), DEV, True), DEV, args.iters) * 1e6
                 cells.append(f"{bp}: {us:7.1f} ({read / us / 1e3:5.0f})")
             print(f"B={batch:<4} {name:17} " + "  ".join(cells), flush=True)
 

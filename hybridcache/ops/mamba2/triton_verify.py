@@ -42,7 +42,6 @@ from hybridcache.ops.triton_support import num_sms
 MAX_TILE = 4096  # fp32 state elements a program holds token by token: 32 registers a thread at 4 warps
 CLOSED_TILE = 8192  # in closed form, which holds no per-token copies of the tile (fastest measured, H100)
 BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
-STATE_BLOCK = 128  # closed form: state columns a program reads at a time (the whole state at 128)
 # the closed form's history-loop pipeline (H100, batch 64: 1 stage 367 us, 2 106, Triton's 3 111); the
 # token-by-token form keeps Triton's (not timed otherwise)
 NUM_STAGES = 2
@@ -117,7 +116,7 @@ def _verify_kernel(
     s_pnat, s_buf, s_slot,
     sy_b, sy_t, sy_h,
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, STATE_BLOCK: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, TP: tl.constexpr, CLOSED_FORM: tl.constexpr,
     PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -147,7 +146,8 @@ def _verify_kernel(
     cs_new = tl.load(C_ptr + row * sC_b + tt[:, None] * sC_t + group * sC_g + nn[None, :] * sC_n,
                      mask=t_ok[:, None] & n_ok[None, :], other=0.0)
     raws = tl.load(dt_ptr + row * sd_b + tt * sd_t + head * sd_h, mask=t_ok, other=0.0)
-    ssm_row = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p
+    ssm_tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
+    h = tl.load(ssm_tile, mask=tile_ok & valid, other=0.0)
 
     # Fold the history [0, count) of buffer `buf`: h_eff = exp(c_last) h + X W B.
     rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
@@ -157,39 +157,26 @@ def _verify_kernel(
     c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
     # In closed form the new tokens take the history's share as products with their C rows,
     # C·h_effᵀ = e^{c_last}·C·hᵀ + (C·B_histᵀ ⊙ w)·X_histᵀ, and only a folding row forms h_eff (in fp32, in a
-    # second pass that reads its tile again); the tile is read STATE_BLOCK state columns at a time and never held
-    # whole. Token by token, h_eff is formed first, whole.
+    # second pass that reads its tile again: the tile is not held while the products run). Token by token,
+    # h_eff is formed first. The whole tile at once was the fastest (H200, batch 64 / 256, us): 80.7 / 298.5;
+    # 64 state columns at a time 96.1 / 360.6, 32 at a time 110.4 / 406.3; capped at 168 registers a thread
+    # 84.7 / 308.8, 83.3 / 309.6, 88.0 / 322.0; likewise where every row folds (session 42, tune_mamba2_verify).
     e_last = tl.exp(c_last)
     cf = cs_new.to(tl.float32)
     if CLOSED_FORM:
-        ch = tl.zeros([TP, BLOCK_P], tl.float32)
-        for n0 in range(0, BLOCK_N, STATE_BLOCK):  # ch = C·hᵀ (t, p), a block of state columns at a time
-            nc = n0 + tl.arange(0, STATE_BLOCK)
-            nc_ok = nc < DSTATE
-            h = tl.load(ssm_row + nc[None, :] * ss_n, mask=p_ok[:, None] & nc_ok[None, :] & valid, other=0.0)
-            c_block = tl.load(C_ptr + row * sC_b + tt[:, None] * sC_t + group * sC_g + nc[None, :] * sC_n,
-                              mask=t_ok[:, None] & nc_ok[None, :], other=0.0)
-            ch = tl.dot(c_block.to(tl.float32), tl.trans(h), acc=ch, input_precision=PRECISION)
-        ch *= e_last
+        ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
         for j0 in range(0, count, BLOCK_H):
             xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
                                     c_last, pp, p_ok, nn, n_ok, BLOCK_H)
             cb_hist = tl.dot(cf, tl.trans(bs), input_precision=PRECISION)  # (t, j): C_t·B_j
             ch = tl.dot(cb_hist, tl.trans(xw), acc=ch, input_precision=PRECISION)
-        if fold:  # each block's history sum first, then its tile read again
-            for n0 in range(0, BLOCK_N, STATE_BLOCK):
-                nc = n0 + tl.arange(0, STATE_BLOCK)
-                nc_ok = nc < DSTATE
-                acc = _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count, c_last,
-                                   pp, p_ok, nc, nc_ok, BLOCK_P, STATE_BLOCK, BLOCK_H)
-                block = ssm_row + nc[None, :] * ss_n
-                block_ok = p_ok[:, None] & nc_ok[None, :]
-                tl.store(block, tl.load(block, mask=block_ok, other=0.0) * e_last + acc, mask=block_ok)
+        if fold:  # the sum first: the tile is read again only once it is done (64 registers a thread at 64 x 128)
+            acc = _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count, c_last, pp,
+                               p_ok, nn, n_ok, BLOCK_P, BLOCK_N, BLOCK_H)
+            tl.store(ssm_tile, tl.load(ssm_tile, mask=tile_ok, other=0.0) * e_last + acc, mask=tile_ok)
     else:
-        ssm_tile = ssm_row + nn[None, :] * ss_n
-        h = tl.load(ssm_tile, mask=tile_ok & valid, other=0.0) * e_last
-        h += _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count, c_last, pp, p_ok,
-                          nn, n_ok, BLOCK_P, BLOCK_N, BLOCK_H)
+        h = h * e_last + _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count,
+                                      c_last, pp, p_ok, nn, n_ok, BLOCK_P, BLOCK_N, BLOCK_H)
         tl.store(ssm_tile, h, mask=tile_ok & fold)
 
     # The new tokens, one after another; appended at [start, start + T) of buffer `target`.
@@ -273,8 +260,6 @@ def mamba2_verify_triton(
     dt_limit: DtLimit = NO_LIMIT,
     block_p: int | None = None,
     closed_form: bool | None = None,
-    state_block: int | None = None,
-    max_registers: int | None = None,
 ) -> Tensor:
     """Replay verify in one launch; same arguments, writes and result as `replay.mamba2_verify`.
 
@@ -285,9 +270,6 @@ def mamba2_verify_triton(
     defaults to `default_block_p` and does not change the result. `closed_form`: the new tokens as products
     (`_tokens_closed_form`: tf32x3 for fp32 inputs, tf32 for 16-bit), not token by token; the results agree
     within rounding. The default for T > 1 (at T = 4 and batch 64, 113 against 180 us on an H100).
-    `state_block` (closed form; a power of two >= 16, default STATE_BLOCK): the state read that many columns at a
-    time, which does not change the result beyond rounding. `max_registers`: a cap on the registers a thread
-    (Triton's maxnreg; more programs an SM, and spills where the kernel needs more), as launched by default.
     """
     batch, steps = x.shape[:2]
     hist = replay_x.shape[2]
@@ -317,11 +299,9 @@ def mamba2_verify_triton(
         *y.stride()[:3],
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps,
         BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_H=BLOCK_H,
-        STATE_BLOCK=min(block_n, state_block or STATE_BLOCK) if closed_form else block_n,
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
         TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
         **({"num_stages": NUM_STAGES} if closed_form else {}), **pdl_launch(x),
-        **({"maxnreg": max_registers} if max_registers else {}),
     )
     return y
