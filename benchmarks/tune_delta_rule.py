@@ -2,11 +2,10 @@
 
 For each batch size, times plain decode (T = 1), the per-token-states baseline (T = 4, every state written),
 and the GDN and KDA verify kernels (T = 4; GDN's history half full, in closed form with its state read 32, 64
-or 128 key rows at a time, capped at 168 registers a thread, and token by token; KDA with 3 accepted drafts
-pending, and with none, as at zero acceptance, each new token's two reductions side by side or one after the
-other; and T = 1, the speculative engine's one-token step, GDN's also with its reductions side by side), at each
-(block_v, num_warps), and prints the best tiling per kernel and batch next to the default's time. Shapes: GDN 16
-key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
+or 128 key rows at a time, with its register cap as chosen, none, and 168 a thread, and token by token; KDA with
+3 accepted drafts pending, and with none, as at zero acceptance; and T = 1, the speculative engine's one-token
+step), at each (block_v, num_warps), and prints the best tiling per kernel and batch next to the default's time.
+Shapes: GDN 16 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
     PYTHONPATH=. python benchmarks/tune_delta_rule.py
 """
@@ -47,19 +46,17 @@ def cases(batch: int) -> dict:
                 b=torch.zeros(S, T - 1, H, device=DEV), n=torch.full((S,), T - 1, dtype=torch.int32, device=DEV))
     none_pending = torch.zeros_like(pend["n"])
 
-    def kda(pending: torch.Tensor, n: int = T, one_pass: bool | None = None):
+    def kda(pending: torch.Tensor, n: int = T):
         return lambda bv, w: kda_verify_triton(q[:, :n, :H], k[:, :n], v[:, :n, :H], gk[:, :n], beta[:, :n, :H], kssm,
                                                pend["k"], pend["g"], pend["v"], pend["b"], pending, slots,
-                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
-                                               one_pass=one_pass)
+                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w)
 
-    def gdn(n: int, chunked: bool | None = None, key_block: int | None = None, max_registers: int | None = None,
-            one_pass: bool | None = None):
+    def gdn(n: int, chunked: bool | None = None, key_block: int | None = None, max_registers: int | None = None):
         return lambda bv, w: gdn_verify_triton(q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], ssm, hist["u"],
                                                hist["k"], hist["G"], hist["b"], pnat, buf, slots,
                                                use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
                                                chunked=chunked and bv >= 16, key_block=key_block,
-                                               max_registers=max_registers, one_pass=one_pass)
+                                               max_registers=max_registers)
 
     return {
         "decode T=1": lambda bv, w: delta_rule_decode_triton(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], ssm,
@@ -72,13 +69,11 @@ def cases(batch: int) -> dict:
         "gdn verify T=4 stepwise": gdn(T, False),
         "gdn verify T=4 key block 64": gdn(T, True, 64),  # the state read 64 key rows at a time (default 32)
         "gdn verify T=4 whole state": gdn(T, True, K),  # and all at once
+        "gdn verify T=4 uncapped": gdn(T, True, max_registers=0),
         "gdn verify T=4 168 registers": gdn(T, True, max_registers=168),  # capped: more programs an SM
         "kda verify T=4": kda(pend["n"]),
-        "kda verify T=4 one pass": kda(pend["n"], one_pass=True),  # a token's two reductions side by side
-        "kda verify T=4 two passes": kda(pend["n"], one_pass=False),
         "kda verify T=4 n=0": kda(none_pending),
         "gdn verify T=1": gdn(1),  # the speculative engine's one-token step
-        "gdn verify T=1 one pass": gdn(1, one_pass=True),  # its two reductions side by side, the tile only read
         "kda verify T=1 n=0": kda(none_pending, 1),
     }
 

@@ -26,6 +26,7 @@ DEVICE = "cpu" if interpreting() or not torch.cuda.is_available() else "cuda"
 if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 for Triton's CPU interpreter", allow_module_level=True)
 
+from hybridcache.ops.gdn import triton_verify as gdn_triton_verify  # noqa: E402
 from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 
@@ -139,15 +140,14 @@ GDN_CASES = [  # T, HIST, K, V, dtype, l2norm in kernel
 # by token as well (the form the others take), and key_block=16 reads the closed form's state 16 key rows at a time
 # (the default, KEY_BLOCK = 32, reads K <= 32 whole) over two 32-column value blocks where V = 40; and the default
 # tiling on a 64-wide key (two blocks of KEY_BLOCK rows, 64 value columns), a long history
-CHUNKED_CASES = ([c + (None, None, None) for c in GDN_CASES]
-                 + [c + (False, None, None) for c in GDN_CASES if c[0] > 1 and c[3] >= 16]
-                 + [c + (None, 16, None) for c in GDN_CASES if c[0] > 1 and c[3] >= 16 and c[2] > 16]
-                 + [(4, 20, 64, 64, torch.bfloat16, True, None, None, None)]
-                 + [c + (False, None, True) for c in GDN_CASES])  # token by token, two reductions side by side
+CHUNKED_CASES = ([c + (None, None) for c in GDN_CASES]
+                 + [c + (False, None) for c in GDN_CASES if c[0] > 1 and c[3] >= 16]
+                 + [c + (None, 16) for c in GDN_CASES if c[0] > 1 and c[3] >= 16 and c[2] > 16]
+                 + [(4, 20, 64, 64, torch.bfloat16, True, None, None)])
 
 
-@pytest.mark.parametrize("T,hist,K,V,dtype,norm,chunked,key_block,one_pass", CHUNKED_CASES)
-def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked, key_block, one_pass):
+@pytest.mark.parametrize("T,hist,K,V,dtype,norm,chunked,key_block", CHUNKED_CASES)
+def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked, key_block):
     before = gdn_pools(T, hist, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=T, norm_in_kernel=norm)
@@ -157,7 +157,7 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked,
     o_torch = gdn_run(gdn_verify, x, torch_p, slots, **kw)
     x_dev = [t.to(DEVICE) for t in x]
     o = gdn_run(gdn_verify_triton, x_dev, fast, slots.to(DEVICE), chunked=chunked, key_block=key_block,
-                block_v=32 if key_block else None, one_pass=one_pass, **kw)
+                block_v=32 if key_block else None, **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     written = gdn_written(before, T, hist)
@@ -173,17 +173,29 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked,
 
 def test_gdn_register_cap_changes_no_value():
     """`max_registers` (Triton's maxnreg) is a launch option of the closed form: outputs and every role the same
-    bits as the default launch (on CUDA the capped kernel may spill; its arithmetic is the same)."""
+    bits as the launch without a cap (on CUDA the capped kernel may spill; its arithmetic is the same)."""
     T, hist, K, V, dtype = 4, 20, 64, 64, torch.bfloat16
     before = gdn_pools(T, hist, K, V, dtype)
     plain, capped = copies(before, DEVICE), copies(before, DEVICE)
     x = [t.to(DEVICE) for t in qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=3, norm_in_kernel=True)]
     slots = torch.tensor(SLOTS, device=DEVICE)
-    o = gdn_run(gdn_verify_triton, x, plain, slots, use_qk_l2norm_in_kernel=True)
+    o = gdn_run(gdn_verify_triton, x, plain, slots, use_qk_l2norm_in_kernel=True, max_registers=0)
     o_capped = gdn_run(gdn_verify_triton, x, capped, slots, use_qk_l2norm_in_kernel=True, max_registers=168)
     assert torch.equal(o, o_capped)
     for r in GDN_ROLES:
         assert torch.equal(plain[r].nan_to_num(), capped[r].nan_to_num()), r
+
+
+def test_gdn_register_cap_from_sixteen_programs_an_sm(monkeypatch):
+    """The closed form is capped at MAX_REGISTERS only where the grid is CAP_FROM programs an SM deep, and
+    never off CUDA (the interpreter has no registers)."""
+    monkeypatch.setattr(gdn_triton_verify, "num_sms", lambda device: 132)
+    cuda = torch.device("cuda")
+    assert gdn_triton_verify.register_cap(16 * 32 * 2, cuda) == 0  # batch 16, 32 value heads, 2 value blocks
+    assert gdn_triton_verify.register_cap(16 * 132 - 1, cuda) == 0
+    assert gdn_triton_verify.register_cap(16 * 132, cuda) == 168
+    assert gdn_triton_verify.register_cap(64 * 32 * 2, cuda) == 168  # batch 64
+    assert gdn_triton_verify.register_cap(10 ** 6, torch.device("cpu")) == 0
 
 # KDA: pend_n per row of SLOTS, H == HV
 
@@ -236,10 +248,8 @@ KDA_CASES = [  # T, P, K, V, dtype, l2norm in kernel
 ]
 
 
-# one_pass: each new token's output from the decayed state and k·q (its two reductions side by side), or not
-@pytest.mark.parametrize("one_pass", [False, True])
 @pytest.mark.parametrize("T,P,K,V,dtype,norm", KDA_CASES)
-def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, one_pass):
+def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
     before = kda_pools(P, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)
@@ -248,7 +258,7 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, one_pass):
     o_ref = kda_run(naive_kda_verify, x, ref, slots, **kw)
     o_torch = kda_run(kda_verify, x, torch_p, slots, **kw)
     x_dev = [t.to(DEVICE) for t in x]
-    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), one_pass=one_pass, **kw)
+    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     role_tol = lambda r: dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32)  # noqa: E731

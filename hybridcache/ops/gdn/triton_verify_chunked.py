@@ -15,7 +15,9 @@ history product with the tokens taken one by one were no faster (150.3 us at bat
 share taken as products with the new rows, (K·K_histᵀ)·(w ⊙ U_hist) with the effective state formed only to fold
 (115.2 against 103.6 us at batch 64, 417.2 against 381.3 at 256, H100; 255 registers against 233), which
 Mamba2's verify gains from; nor this kernel's form at T = 1 (92.5 / 362.4 us at batch 64 / 256 against 92.5 /
-330.8): there the token-by-token kernel stays.
+330.8): there the token-by-token kernel stays. On an H200 (session 42, us at batch 16 / 64 / 256) a cap of 168
+registers a thread (Triton's maxnreg: 6 programs an SM where 233 registers allow 4, 64 bytes spilled) took
+29.9 / 92.0 / 334.4 against 26.0 / 101.2 / 378.3: it pays once the grid is many waves deep (`register_cap`).
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ from ..token_rows_triton import token_row, token_value
 BLOCK_V = 64
 KEY_BLOCK = 32
 NUM_WARPS = 2  # doubled where the grid has fewer programs than the device has SMs
+MAX_REGISTERS = 168  # a thread, from CAP_FROM programs an SM (at batch 64 and up for 32 value heads)
+CAP_FROM = 16
 NUM_STAGES = 1  # the key-block loop not software-pipelined: 103 against 120 us at batch 64 with Triton's 3 (H100)
 
 

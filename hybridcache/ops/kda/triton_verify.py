@@ -15,8 +15,6 @@ from ..pdl_triton import pdl_entry, pdl_launch
 if TYPE_CHECKING:
     from .gate import KDARawGate
 
-ONE_PASS = False  # not yet timed against the two-pass token (benchmarks/tune_delta_rule.py "kda verify T=4 one pass")
-
 
 @triton.jit
 def _kda_verify_kernel(
@@ -31,13 +29,13 @@ def _kda_verify_kernel(
     s_bs, s_bp, s_bh,
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, ONE_PASS: tl.constexpr,
-    PDL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PDL: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K].
-    ONE_PASS: a new token's hᵀk and hᵀq reduced side by side from the decayed tile, o_t = hᵀq + (k·q)·u_t (one
-    reduction on each token's critical path, not two), and the last token's rank-1 update skipped."""
+    A token's hᵀk and hᵀq reduced side by side from the decayed tile, o = hᵀq + (k·q)·u, the last update skipped,
+    was slower (H200, 32 value columns x 1 warp, us at batch 16 / 64 / 256: 24.2 / 94.8 / 364.8 against 23.2 /
+    88.0 / 340.7), though it spills less (88 bytes against 124 at sm_90)."""
     pdl_entry(PDL)
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
@@ -69,24 +67,12 @@ def _kda_verify_kernel(
         if L2NORM:
             k_t = key_l2norm(k_t, True)
         v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0).to(tl.float32)
-        if ONE_PASS:  # o = hᵀq + (k·q)·u with h decayed, not yet updated: both reductions over the tile at once
-            q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
-            if L2NORM:
-                q_t = key_l2norm(q_t, True)
-            q_t = q_t * scale
-            hk = tl.sum(h * k_t[:, None], 0)
-            hq = tl.sum(h * q_t[:, None], 0)
-            u_t = b_t * (v_t - hk)
-            o_t = tl.where(valid, hq + tl.sum(k_t * q_t, 0) * u_t, 0.0)
-            if t == 0 or t < T - 1:  # the last token's update feeds nothing
-                h += k_t[:, None] * u_t[None, :]
-        else:
-            u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
-            h += k_t[:, None] * u_t[None, :]
-            q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
-            if L2NORM:
-                q_t = key_l2norm(q_t, True)
-            o_t = tl.where(valid, tl.sum(h * (q_t * scale)[:, None], 0), 0.0)
+        u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
+        h += k_t[:, None] * u_t[None, :]
+        q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if L2NORM:
+            q_t = key_l2norm(q_t, True)
+        o_t = tl.where(valid, tl.sum(h * (q_t * scale)[:, None], 0), 0.0)
         tl.store(o_ptr + (tok * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
         if t == 0:
             tl.store(ssm_tile, h, mask=tile & valid)
@@ -155,7 +141,6 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
-    one_pass: bool | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -163,8 +148,6 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
-    `one_pass` (default ONE_PASS): each new token's output from the decayed state and k·q, its two reductions
-    side by side (`_kda_verify_kernel`); the results agree within rounding.
     Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -194,7 +177,6 @@ def kda_verify_triton(
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
     _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
-                                                   ONE_PASS=ONE_PASS if one_pass is None else one_pass,
                                                    num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
