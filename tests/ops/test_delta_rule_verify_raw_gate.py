@@ -72,14 +72,14 @@ def test_gdn_verify_raw_gate_matches_precomputed(T, hist, K, V, dtype):
         assert torch.equal(raw[r].cpu(), before[r])
 
 
-def assert_views_read_in_place(run, kernel, x: list[torch.Tensor], views: list[torch.Tensor], before, **kw) -> None:
+def assert_views_read_in_place(run, kernel, x: list[torch.Tensor], views: list[torch.Tensor], before) -> None:
     """The kernel on strided views of one packed projection gives the contiguous inputs' outputs and pools,
     bit for bit."""
     assert not any(t.is_contiguous() for t in views)
     a, b = copies(before, DEVICE), copies(before, DEVICE)
     slots = torch.tensor(SLOTS, device=DEVICE)
-    o_a = run(kernel, [t.to(DEVICE) for t in x], a, slots, use_qk_l2norm_in_kernel=True, **kw)
-    o_b = run(kernel, [t.to(DEVICE) for t in views], b, slots, use_qk_l2norm_in_kernel=True, **kw)
+    o_a = run(kernel, [t.to(DEVICE) for t in x], a, slots, use_qk_l2norm_in_kernel=True)
+    o_b = run(kernel, [t.to(DEVICE) for t in views], b, slots, use_qk_l2norm_in_kernel=True)
     assert torch.equal(o_a, o_b)
     for r in a:
         torch.testing.assert_close(b[r], a[r], rtol=0, atol=0, equal_nan=True, msg=lambda s: f"{r}: {s}")
@@ -136,10 +136,9 @@ def kda_gate_on(gate: KDARawGate, device: str) -> KDARawGate:
     return KDARawGate(*(t.to(device) for t in gate))
 
 
-@pytest.mark.parametrize("closed_form", [False, True])
 @pytest.mark.parametrize("T,P,K,V,dtype", [(1, 3, 16, 8, torch.float32), (4, 4, 32, 40, torch.float32),
                                            (2, 3, 16, 8, torch.bfloat16), (4, 3, 16, 8, torch.bfloat16)])
-def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype, closed_form):
+def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype):
     """`gate=KDARawGate(...)` against g, beta = gate.values() passed in, rows with pend_n 0, 1, P - 1 and P:
     outputs, ssm and every pending role (pend_g and pend_beta, which the second launch computes from the raw
     gate, included) as the kernels with the precomputed gate and the naive reference write them, within the
@@ -155,7 +154,6 @@ def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype, closed_form)
     kw = dict(use_qk_l2norm_in_kernel=True)
     o_ref = kda_run(naive_kda_verify, [q, k, v, g, beta], ref, slots, **kw)
     dev = [t.to(DEVICE) for t in (q, k, v)]
-    kw["closed_form"] = closed_form
     o_pre = kda_run(kda_verify_triton, [*dev, g.to(DEVICE), beta.to(DEVICE)], pre, slots.to(DEVICE), **kw)
     o_raw = kda_run(kda_verify_triton, [*dev, None, None], raw, slots.to(DEVICE), gate=kda_gate_on(gate, DEVICE), **kw)
     check_outputs(o_raw, o_ref, o_pre, dtype_tol(dtype))
@@ -170,8 +168,7 @@ def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype, closed_form)
     assert torch.equal(raw["pend_n"].cpu(), before["pend_n"])  # read only
 
 
-@pytest.mark.parametrize("closed_form", [False, True])
-def test_kda_verify_reads_strided_inputs_in_place(closed_form):
+def test_kda_verify_reads_strided_inputs_in_place():
     """q, k, v as column slices of one conv output [B, T, 3HK] (as the KDA mixer passes them) and g, beta
     as slices of a wider tensor: the same writes and outputs, bit for bit, as contiguous copies."""
     T, P, K, V = 3, 3, 16, 16
@@ -183,7 +180,7 @@ def test_kda_verify_reads_strided_inputs_in_place(closed_form):
     hk = H * K
     views = [qkv[..., :hk].unflatten(-1, (H, K)), qkv[..., hk:2 * hk].unflatten(-1, (H, K)),
              qkv[..., 2 * hk:].unflatten(-1, (H, V)), gb[..., :hk].unflatten(-1, (H, K)), gb[..., hk:]]
-    assert_views_read_in_place(kda_run, kda_verify_triton, x, views, before, closed_form=closed_form)
+    assert_views_read_in_place(kda_run, kda_verify_triton, x, views, before)
 
 
 def test_kda_verify_takes_a_raw_gate_on_the_torch_path():

@@ -11,12 +11,9 @@ from torch import Tensor
 from ..delta_rule_triton import kda_raw_gate, unit_last
 from ..delta_rule_verify_triton import key_l2norm, pending_row, state_tile, verify_tile_sizes, verify_warps
 from ..pdl_triton import pdl_entry, pdl_launch
-from . import triton_verify_closed as closed
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
-
-CLOSED_FORM = False  # not yet timed (benchmarks/tune_delta_rule.py "kda verify T=4 closed")
 
 
 @triton.jit
@@ -144,7 +141,6 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
-    closed_form: bool | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -152,8 +148,6 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
-    `closed_form` (default CLOSED_FORM): the first launch in closed form (`triton_verify_closed.py`; it needs
-    block_v >= 16), the results the same within rounding.
     Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -181,18 +175,9 @@ def kda_verify_triton(
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
-    if CLOSED_FORM if closed_form is None else closed_form:
-        BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device, closed.BLOCK_V)
-        BV = BV if block_v else max(16, BV)  # a product's least width; masked columns past V
-        assert BV >= 16, f"the closed form needs 16 value columns or more, have {BV}"
-        closed._kda_verify_closed_kernel[(B, H, triton.cdiv(V, BV))](
-            *args, **shapes, LP=max(16, triton.next_power_of_2(P + T)), BK=BK, BV=BV,
-            PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32", num_warps=num_warps or closed.NUM_WARPS,
-            **pdl_launch(q))
-    else:
-        BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
-        _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
-                                                       num_warps=num_warps or verify_warps(T), **pdl_launch(q))
+    BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
+    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
+                                                   num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
             k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
