@@ -35,7 +35,12 @@ def _kda_verify_kernel(
     RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K].
     A token's hᵀk and hᵀq reduced side by side from the decayed tile, o = hᵀq + (k·q)·u, the last update skipped,
     was slower (H200, 32 value columns x 1 warp, us at batch 16 / 64 / 256: 24.2 / 94.8 / 364.8 against 23.2 /
-    88.0 / 340.7), though it spills less (88 bytes against 124 at sm_90)."""
+    88.0 / 340.7), though it spills less (88 bytes against 124 at sm_90). So was a closed form (session 42) that
+    took the drafts and new tokens as one sequence and met the state only in products (h₀ᵀ(e^Γ⊙k), h₀ᵀ(e^Γ⊙q)
+    and the stored state's e^{Γ_n}⊙h₀ + Wᵀu), with the decays between rows taken a pair of rows at a time over
+    [16, K] (per key row: e^{Γ_r−Γ_s} split into two factors overflows for strong decays): H100, us at batch 16 /
+    64 / 256, 88.8 / 317.5 / 1,217.6 at its best tiling (64 columns x 4 warps) against 23.7 / 100.2 / 386.3 here;
+    the per-pair work, repeated by every value block and reduced across warps, outweighs the state passes saved."""
     pdl_entry(PDL)
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
