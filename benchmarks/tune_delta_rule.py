@@ -2,10 +2,10 @@
 
 For each batch size, times plain decode (T = 1), the per-token-states baseline (T = 4, every state written),
 and the GDN and KDA verify kernels (T = 4; GDN's history half full, in closed form with its state read 32, 64
-or 128 key rows at a time, with its register cap as chosen, none, and 168 a thread, and token by token; KDA with
-3 accepted drafts pending, and with none, as at zero acceptance; and T = 1, the speculative engine's one-token
-step), at each (block_v, num_warps), and prints the best tiling per kernel and batch next to the default's time.
-Shapes: GDN 16 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
+or 128 key rows at a time, with its register cap as chosen, none, and 128 to 192 a thread, and token by token;
+KDA with 3 accepted drafts pending, and with none, as at zero acceptance; and T = 1, the speculative engine's
+one-token step), at each (block_v, num_warps), and prints the best tiling per kernel and batch next to the
+default's time. Shapes: GDN 16 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
     PYTHONPATH=. python benchmarks/tune_delta_rule.py
 """
@@ -69,8 +69,8 @@ def cases(batch: int) -> dict:
         "gdn verify T=4 stepwise": gdn(T, False),
         "gdn verify T=4 key block 64": gdn(T, True, 64),  # the state read 64 key rows at a time (default 32)
         "gdn verify T=4 whole state": gdn(T, True, K),  # and all at once
-        "gdn verify T=4 uncapped": gdn(T, True, max_registers=0),
-        "gdn verify T=4 168 registers": gdn(T, True, max_registers=168),  # capped: more programs an SM
+        **{f"gdn verify T=4 registers {cap}": gdn(T, True, max_registers=cap)  # 0: none; fewer: more programs an SM
+           for cap in (0, 128, 144, 168, 192)},
         "kda verify T=4": kda(pend["n"]),
         "kda verify T=4 n=0": kda(none_pending),
         "gdn verify T=1": gdn(1),  # the speculative engine's one-token step

@@ -1,8 +1,8 @@
 """Mamba2's replay verify kernel token by token against in closed form (`closed_form=True`: the new tokens and
-the history's share as products), over head channels a program (block_p); CUDA graphs; GB/s = the state read
-(the checkpoint, fp32) and the history read / time, against the device's copy bandwidth. Shapes: nemotron_h 1B
-(64 heads of 64, 8 groups, state 128), bf16 inputs, T = 4 (k = 3 drafts), HIST 16 with p = 8 (no fold;
-`--pnat 13` and up: every row folds).
+the history's share as products), over head channels a program (block_p) and the closed form's warps; CUDA
+graphs; GB/s = the state read (the checkpoint, fp32) and the history read / time, against the device's copy
+bandwidth. Shapes: nemotron_h 1B (64 heads of 64, 8 groups, state 128), bf16 inputs, T = 4 (k = 3 drafts),
+HIST 16 with p = 8 (no fold; `--pnat 13` and up: every row folds).
 
     PYTHONPATH=. python benchmarks/tune_mamba2_verify.py --batches 1 16 64 256
 """
@@ -21,7 +21,7 @@ H, P, G, N, HIST, T = 64, 64, 8, 128, 16, 4
 
 
 def call(batch: int, p: int = HIST // 2):
-    """fn(block_p, closed_form) running one verify call with p history tokens a row (every row folds where
+    """fn(block_p, closed_form, warps) running one verify call with p history tokens a row (every row folds where
     p + T > HIST), and the bytes it must read."""
     r = lambda *s: torch.randn(*s, device=DEV).to(ACT)  # noqa: E731
     S = 2 * batch
@@ -35,9 +35,9 @@ def call(batch: int, p: int = HIST // 2):
     buf = torch.zeros(S, dtype=torch.int32, device=DEV)
     read = batch * (H * P * N * 4 + p * (H * P + G * N) * 2)
 
-    def fn(block_p: int, closed_form: bool):
+    def fn(block_p: int, closed_form: bool, warps: int | None = None):
         return lambda: mamba2_verify_triton(x, dt, A, B, C, ssm, rx, rb, rdt, rcum, pnat, buf, slots, D=D, dt_bias=bias,
-                                            block_p=block_p, closed_form=closed_form)
+                                            block_p=block_p, closed_form=closed_form, num_warps=warps)
     return fn, read
 
 
@@ -45,16 +45,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--block-p", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--warps", type=int, nargs="+", default=[0], help="closed form: warps a program (0: Triton's 4)")
     ap.add_argument("--pnat", type=int, default=HIST // 2, help=f"history tokens a row ({HIST - T + 1}+: every row folds)")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     print(f"copy bandwidth {copy_bandwidth(DEV):.0f} GB/s; p = {args.pnat}; us (GB/s) per block_p")
     for batch in args.batches:
         fn, read = call(batch, args.pnat)
-        for name, closed_form in (("token by token", False), ("closed form", True)):
+        forms = [("token by token", False, None)] + [
+            ("closed form" + (f" {w} warps" if w else ""), True, w or None) for w in args.warps]
+        for name, closed_form, warps in forms:
             cells = []
             for bp in args.block_p:
-                us = timed(graphed(fn(bp, closed_form), DEV, True), DEV, args.iters) * 1e6
+                us = timed(graphed(fn(bp, closed_form, warps), DEV, True), DEV, args.iters) * 1e6
                 cells.append(f"{bp}: {us:7.1f} ({read / us / 1e3:5.0f})")
             print(f"B={batch:<4} {name:17} " + "  ".join(cells), flush=True)
 

@@ -106,7 +106,7 @@ def _strided(roles: dict, device: str) -> tuple[dict, dict]:
 
 
 def _run_case(heads: int, head_dim: int, groups: int, dstate: int, hist: int, steps: int, dtype, seed: int,
-              block_p: int | None = None, closed_form: bool = False) -> None:
+              block_p: int | None = None, closed_form: bool = False, num_warps: int | None = None) -> None:
     g = torch.Generator().manual_seed(seed)
     kw = _params(heads, seed) | dict(dt_limit=(0.0, 3.0))
     pnat = _pnat(hist, steps)
@@ -124,7 +124,7 @@ def _run_case(heads: int, head_dim: int, groups: int, dstate: int, hist: int, st
     y = triton_verify.mamba2_verify_triton(
         x, dt, dev_kw["A"], B, C, *(views[n] for n in ROLE_NAMES), views["pnat"], views["buf_idx"],
         slots.to(DEVICE), D=dev_kw["D"], dt_bias=dev_kw["dt_bias"], dt_limit=kw["dt_limit"], block_p=block_p,
-        closed_form=closed_form,
+        closed_form=closed_form, num_warps=num_warps,
     ).cpu()
 
     assert y.dtype == dtype
@@ -164,6 +164,14 @@ def test_long_history_and_several_p_blocks(closed_form: bool) -> None:
     two programs of 16 channels; N = 16 fills the tile without padding."""
     _run_case(heads=4, head_dim=32, groups=2, dstate=16, hist=20, steps=4, dtype=torch.float32, seed=11, block_p=16,
               closed_form=closed_form)
+
+
+@pytest.mark.parametrize("num_warps", [2, 8])
+def test_closed_form_at_other_warps(num_warps: int) -> None:
+    """The closed form with 2 or 8 warps a program (a tiling: the same values within rounding), folding rows
+    among them. (The interpreter has no warps: on CPU this checks only that the option is taken.)"""
+    _run_case(heads=4, head_dim=32, groups=2, dstate=32, hist=20, steps=4, dtype=torch.bfloat16, seed=5, block_p=16,
+              closed_form=True, num_warps=num_warps)
 
 
 @pytest.mark.parametrize("steps", [1, 3])

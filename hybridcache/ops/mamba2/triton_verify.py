@@ -260,6 +260,7 @@ def mamba2_verify_triton(
     dt_limit: DtLimit = NO_LIMIT,
     block_p: int | None = None,
     closed_form: bool | None = None,
+    num_warps: int | None = None,
 ) -> Tensor:
     """Replay verify in one launch; same arguments, writes and result as `replay.mamba2_verify`.
 
@@ -267,7 +268,8 @@ def mamba2_verify_triton(
     [S, 2, HIST, H, P]; replay_B [S, 2, HIST, G, N]; replay_dt, replay_dA_cumsum [S, 2, H, HIST];
     pnat, buf_idx [S] (read only); slots [B]. Any strides (pool views are read and written in place).
     Returns y: [B, T, H, P] in x's dtype. `block_p` (head channels per program, a power of two >= 16)
-    defaults to `default_block_p` and does not change the result. `closed_form`: the new tokens as products
+    defaults to `default_block_p` and, like `num_warps` (Triton's default 4), does not change the result beyond
+    rounding. `closed_form`: the new tokens as products
     (`_tokens_closed_form`: tf32x3 for fp32 inputs, tf32 for 16-bit), not token by token; the results agree
     within rounding. The default for T > 1 (at T = 4 and batch 64, 113 against 180 us on an H100).
     """
@@ -303,5 +305,6 @@ def mamba2_verify_triton(
         TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
         **({"num_stages": NUM_STAGES} if closed_form else {}), **pdl_launch(x),
+        **({"num_warps": num_warps} if num_warps else {}),
     )
     return y
