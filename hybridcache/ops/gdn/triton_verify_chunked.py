@@ -18,6 +18,8 @@ Mamba2's verify gains from; nor this kernel's form at T = 1 (92.5 / 362.4 us at 
 330.8): there the token-by-token kernel stays. On an H200 (session 42, us at batch 16 / 64 / 256) a cap of 168
 registers a thread (Triton's maxnreg: 6 programs an SM where 233 registers allow 4, 64 bytes spilled) took
 29.9 / 92.0 / 334.4 against 26.0 / 101.2 / 378.3: it pays once the grid is many waves deep (`register_cap`).
+Other caps on an H100 (us at batch 32 / 64 / 256): none 54.9 / 104.5 / 382.4, 128 64.5 / 121.8 / 438.8, 144
+61.4 / 111.3 / 386.3, 168 54.5 / 97.0 / 336.4, 192 (5 programs an SM, no spills) 55.5 / 106.8 / 386.5.
 """
 from __future__ import annotations
 
