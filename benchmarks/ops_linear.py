@@ -1,8 +1,10 @@
 """The model's decode GEMMs on the GPU at the 1B-class checkpoints' shapes, through the cuBLAS entries torch
 offers for a few rows: `F.linear` (what `ops/linear.py` calls: cuBLASLt, which picks split-K plus a reduce kernel
 for nemotron_h's 2,048-row outputs over 4,096 and 5,120 columns at one row: 27 of each a bs1 step, 9.3 us a pair
-on the H200), `torch.mv` (a matrix-vector product, one row only) and `weight @ x.T` (the transposed problem);
-bf16, GB/s of the weight read once, against the measured copy bandwidth. What would change `ops/linear.py`.
+on the H200), `torch.mv` (a matrix-vector product, one row only) and `weight @ x.T` (the transposed problem),
+and our `gemv_triton` up to its MAX_ROWS rows; bf16, GB/s of the weight read once, against the measured copy
+bandwidth. What would change `ops/linear.py`. `--sweep` also times gemv_triton at each tiling of --block-n x
+--block-k x --warps and prints the best per shape and row count.
 
     PYTHONPATH=. python benchmarks/ops_linear.py --rows 1 4 16 --json bench-out/ops_linear.json
 
@@ -11,6 +13,7 @@ Each figure is the median of 5 timed runs of `iters` CUDA-graph replays after wa
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 from benchmarks.ops_mamba2 import copy_bandwidth, timed
 from benchmarks.record import Record, add_json_arg
 from benchmarks.timing import graphed
+from hybridcache.ops.gemv_triton import MAX_ROWS, gemv_triton
 
 DEV, ACT = "cuda", torch.bfloat16
 # (GEMM, output rows N, input width K)
@@ -35,13 +39,30 @@ def paths(rows: int) -> dict:
     out = {"F.linear": lambda x, w: F.linear(x, w), "w @ x.T": lambda x, w: (w @ x.T).T}
     if rows == 1:
         out["torch.mv"] = lambda x, w: torch.mv(w, x[0])[None]
+    if rows <= MAX_ROWS:
+        out["triton gemv"] = lambda x, w: gemv_triton(x, w)
     return out
+
+
+def sweep(x: torch.Tensor, weight: torch.Tensor, args) -> str:
+    """gemv_triton at each tiling: the best, and every tiling's us."""
+    times = {}
+    for bn, bk, w in itertools.product(args.block_n, args.block_k, args.warps):
+        fn = lambda: gemv_triton(x, weight, block_n=bn, block_k=bk, num_warps=w)  # noqa: E731
+        times[bn, bk, w] = timed(graphed(fn, DEV, True), DEV, args.iters) * 1e6
+    best = min(times, key=times.get)
+    cells = " ".join(f"{bn}/{bk}/{w}:{us:.1f}" for (bn, bk, w), us in times.items())
+    return f"best {best[0]}/{best[1]}/{best[2]} {times[best]:.1f} us | {cells}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--sweep", action="store_true", help="gemv_triton's tilings too (block_n/block_k/warps)")
+    ap.add_argument("--block-n", type=int, nargs="+", default=[4, 8, 16, 32])
+    ap.add_argument("--block-k", type=int, nargs="+", default=[128, 256, 512])
+    ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
     add_json_arg(ap)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -65,6 +86,8 @@ def main() -> None:
                 cells = "  ".join(f"{p} {row[f'{p}_us']:6.1f} ({weight_bytes / row[f'{p}_us'] / 1e3:5.0f})"
                                   for p in paths(rows))
                 print(f"{name:28} M={rows:<3} roof {row['roofline_us']:5.1f} | {cells}", flush=True)
+                if args.sweep and rows <= MAX_ROWS:
+                    print(f"  gemv_triton tilings (block_n/block_k/warps): {sweep(x, weight, args)}", flush=True)
     record.close()
 
 

@@ -4,7 +4,9 @@ over one gate/up GEMM's halves.
 
 A one-launch skinny Triton GEMM with these activations (and the mixers' conv update) in its epilogue lost to
 cuBLAS in the engine on an H100 (nemotron_h 1b graph step 1.13 vs 1.02 ms at batch 1, 1.85 vs 1.35 ms at batch
-16) and was removed; it is in the history at commits 42922fe and b7b5b70.
+16) and was removed; it is in the history at commits 42922fe and b7b5b70. Up to GEMV_ROWS rows (0: none) take
+`gemv_triton` (no tensor cores, one launch) where Triton runs: off until a step has timed it
+(benchmarks/gpu/gemv.sh).
 """
 from __future__ import annotations
 
@@ -14,9 +16,15 @@ from torch import Tensor
 
 from .triton_support import runs_triton
 
+GEMV_ROWS = 0
+
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x [M, K], weight [N, K], bias [N] or None -> [M, N]."""
+    if x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS and runs_triton(x):
+        from .gemv_triton import gemv_triton
+
+        return gemv_triton(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

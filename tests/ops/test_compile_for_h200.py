@@ -32,7 +32,7 @@ except Exception as e:  # checked before any compile: a failing compile is a fai
 from hybridcache.ops import rms_norm_triton
 from hybridcache.ops.attention import triton_mla, triton_paged
 from hybridcache.ops.conv1d import triton_shift
-from hybridcache.ops import activation_triton, ngram_triton, slot_rows_triton
+from hybridcache.ops import activation_triton, gemv_triton, ngram_triton, slot_rows_triton
 
 def compile_asm(fn, sig, consts, num_warps=4):
     consts = {"PDL": False, **consts}  # every kernel's programmatic-dependent-launch switch, off unless named
@@ -140,6 +140,12 @@ results["sigmoid_mul"] = compile_(activation_triton._sigmoid_mul_kernel, {
 results["sigmoid_gated_add"] = compile_(activation_triton._sigmoid_gated_add_kernel, {
     "base_ptr": "*bf16", "x_ptr": "*bf16", "g_ptr": "*bf16", "y_ptr": "*bf16", "width": "i32", "stride_g": "i64"},
     {"BLOCK": 2048})
+gemv_sig = {**{n: "*bf16" for n in ("x_ptr", "w_ptr", "b_ptr", "y_ptr")}, **{n: "i32" for n in ("M", "N", "K")},
+            **{n: "i64" for n in ("s_xm", "s_wn", "s_ym")}}
+for rows, bias in ((1, False), (4, True)):
+    results[f"gemv-rows{rows}"] = compile_(gemv_triton._gemv_kernel, gemv_sig, {
+        "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias},
+        num_warps=gemv_triton.NUM_WARPS)
 print(json.dumps({"compiled": results, "spills": spills}))
 '''
 CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
@@ -147,7 +153,8 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "conv_shift",
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise",
-         "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1"]
+         "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1", "gemv-rows1",
+         "gemv-rows4"]
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py

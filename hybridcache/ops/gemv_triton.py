@@ -1,0 +1,85 @@
+"""`x @ weight.T (+ bias)` for a few rows (decode at batch 1 to 4) as one Triton launch with no tensor cores:
+a weight read once at the bandwidth limit is the whole cost there, and cuBLAS's picks for those shapes (split-K
+plus a reduce kernel: two launches) read it at about half the copy bandwidth inside a decode step
+(benchmarks/ops_linear.py has the shapes).
+
+A program takes BLOCK_N output columns over the whole width: each step loads a [BLOCK_N, BLOCK_K] block of the
+weight and the rows' [ROWS, BLOCK_K] slice of x, and adds their elementwise products (fp32) into a [ROWS,
+BLOCK_N, BLOCK_K] accumulator, reduced over BLOCK_K once at the end; no program depends on another. The
+result is rounded to x's dtype once, after the bias (fp32).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .pdl_triton import pdl_entry, pdl_launch
+
+MAX_ROWS = 4
+BLOCK_N = 8
+BLOCK_K = 256
+NUM_WARPS = 4
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+):
+    """x [M, K], w [N, K], y [M, N] by their row strides (unit last); b [N] where HAS_BIAS."""
+    pdl_entry(PDL)
+    nn = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = nn < N
+    mm = tl.arange(0, ROWS)
+    m_ok = mm < M
+    acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        w = tl.load(w_ptr + nn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_ptr + mm[:, None] * s_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    y = tl.sum(acc, 2)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + nn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + mm[:, None] * s_ym + nn[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def gemv_triton(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> Tensor:
+    """`F.linear(x, weight, bias)` for x [M, K] with M <= MAX_ROWS, weight [N, K], bias [N] or None -> [M, N] in
+    x's dtype; fp32 accumulation, so the values agree with cuBLAS's within one rounding of the result.
+    `block_n`, `block_k` (powers of two), `num_warps`, `num_stages`: the tiling (defaults BLOCK_N, BLOCK_K,
+    NUM_WARPS, Triton's stages), which changes the result only within rounding."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [M, K] and [N, K]")
+    M, K = x.shape
+    N = weight.shape[0]
+    if M > MAX_ROWS:
+        raise ValueError(f"gemv_triton takes at most {MAX_ROWS} rows, got {M}")
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias {tuple(bias.shape)}: need [{N}]")
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return y
+    if K == 0:
+        return y.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(y))
+    x = x if x.stride(1) == 1 else x.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    bn = block_n or BLOCK_N
+    bk = min(block_k or BLOCK_K, max(16, triton.next_power_of_2(K)))
+    _gemv_kernel[(triton.cdiv(N, bn),)](
+        x, weight, weight if bias is None else bias, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
+        ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None,
+        num_warps=num_warps or NUM_WARPS, **({"num_stages": num_stages} if num_stages else {}), **pdl_launch(x),
+    )
+    return y

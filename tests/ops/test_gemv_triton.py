@@ -1,0 +1,100 @@
+"""The few-row GEMM (`ops/gemv_triton.py`) against an fp64 product of the same inputs: rows 1 to 4 (3: a padded
+row block), widths and output counts off the tiles, bias or none, a strided x, tilings, empty shapes, and typed
+errors for what it does not take. Tolerance: the fp64 product rounded to the dtype, plus fp32 accumulation
+(1e-5 relative in fp32; one bf16 rounding, 2^-8 relative, in bf16). Runs on CUDA, or on CPU tensors in
+Triton's interpreter."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridcache.ops import linear as linear_op
+from hybridcache.ops.triton_support import kernels_on_cpu, triton_testable
+from tests.ops.dispatch import record_calls
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if not triton_testable(torch.empty(0, device=DEVICE)):
+    pytest.skip("needs triton and CUDA, or CPU tensors under TRITON_INTERPRET=1", allow_module_level=True)
+
+from hybridcache.ops import gemv_triton as gemv_module  # noqa: E402
+from hybridcache.ops.gemv_triton import MAX_ROWS, gemv_triton  # noqa: E402
+
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 8e-3)}  # atol, rtol
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    y = x.double() @ w.double().T
+    return (y if b is None else y + b.double()).to(x.dtype)
+
+
+def inputs(M: int, N: int, K: int, dtype, bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(dtype).to(DEVICE)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype).to(DEVICE)
+    b = torch.randn(N, generator=g).to(dtype).to(DEVICE) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(1, 37, 300), (2, 64, 256), (3, 20, 513), (4, 9, 40)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_the_product(M, N, K, dtype, bias):
+    x, w, b = inputs(M, N, K, dtype, bias, seed=M + N)
+    y = gemv_triton(x, w, b)
+    assert y.dtype == dtype and y.shape == (M, N)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(y.cpu(), reference(x, w, b).cpu(), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("block_n,block_k,num_warps", [(4, 64, 1), (16, 128, 2), (32, 32, 8)])
+def test_tilings_agree(block_n, block_k, num_warps):
+    """Tilings change only the summation order: the same values within rounding."""
+    x, w, b = inputs(2, 50, 200, torch.float32, True, seed=3)
+    y = gemv_triton(x, w, b, block_n=block_n, block_k=block_k, num_warps=num_warps)
+    torch.testing.assert_close(y.cpu(), reference(x, w, b).cpu(), atol=1e-5, rtol=1e-5)
+
+
+def test_reads_strided_rows_and_weight_views():
+    """x as every other row of a wider tensor, the weight as a column slice: read through their strides (x's
+    row stride; a weight without a unit last stride is copied)."""
+    x_wide, w, b = inputs(4, 24, 96, torch.float32, False, seed=5)
+    x = torch.cat([x_wide, x_wide], dim=1)[:, :96]
+    assert not x.is_contiguous()
+    y = gemv_triton(x, w)
+    torch.testing.assert_close(y.cpu(), reference(x, w, None).cpu(), atol=1e-5, rtol=1e-5)
+    w_t = w.T.contiguous().T  # stride (1, N): copied
+    torch.testing.assert_close(gemv_triton(x_wide, w_t).cpu(), y.cpu(), atol=0, rtol=0)
+
+
+def test_empty_shapes():
+    x, w, b = inputs(1, 8, 16, torch.float32, True)
+    assert gemv_triton(x[:0], w).shape == (0, 8)
+    assert gemv_triton(x, w[:0]).shape == (1, 0)
+    torch.testing.assert_close(gemv_triton(x[:, :0], w[:, :0], b), b[None])
+    torch.testing.assert_close(gemv_triton(x[:, :0], w[:, :0]), torch.zeros(1, 8, device=DEVICE))
+
+
+def test_typed_errors():
+    x, w, b = inputs(MAX_ROWS + 1, 8, 16, torch.float32, True)
+    with pytest.raises(ValueError, match="at most"):
+        gemv_triton(x, w)
+    with pytest.raises(ValueError, match=r"\[M, K\] and \[N, K\]"):
+        gemv_triton(x[:1], w[:, :8])
+    with pytest.raises(ValueError, match="bias"):
+        gemv_triton(x[:1], w, b[:4])
+
+
+def test_linear_takes_it_up_to_gemv_rows(monkeypatch):
+    """`ops.linear.linear` sends 1 to GEMV_ROWS rows to the kernel where Triton runs (the values of the product
+    within rounding) and more rows, or none while GEMV_ROWS is 0, to F.linear."""
+    calls = record_calls(monkeypatch, gemv_module, "gemv_triton")
+    x, w, b = inputs(3, 16, 32, torch.float32, True, seed=7)
+    with kernels_on_cpu() if DEVICE == "cpu" else torch.no_grad():
+        linear_op.linear(x, w, b)
+        assert calls == []  # GEMV_ROWS = 0: off
+        monkeypatch.setattr(linear_op, "GEMV_ROWS", 2)
+        y2 = linear_op.linear(x[:2], w, b)
+        assert calls == ["gemv_triton"]
+        linear_op.linear(x, w, b)  # 3 rows: F.linear
+        assert calls == ["gemv_triton"]
+    torch.testing.assert_close(y2.cpu(), reference(x[:2], w, b).cpu(), atol=1e-5, rtol=1e-5)
