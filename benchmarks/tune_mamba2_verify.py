@@ -46,7 +46,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--block-p", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--warps", type=int, nargs="+", default=[0], help="closed form: warps a program (0: Triton's 4)")
-    ap.add_argument("--pnat", type=int, default=HIST // 2, help=f"history tokens a row ({HIST - T + 1}+: every row folds)")
+    ap.add_argument("--pnat", type=int, default=HIST // 2,
+                    help=f"history tokens a row ({HIST - T + 1}+: every row folds)")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     print(f"copy bandwidth {copy_bandwidth(DEV):.0f} GB/s; p = {args.pnat}; us (GB/s) per block_p")

@@ -18,6 +18,7 @@ from . import triton_verify_chunked as chunked_form
 if TYPE_CHECKING:
     from .decode import RawGate
 
+
 @triton.jit
 def _gdn_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
