@@ -15,6 +15,39 @@ from ..pdl_triton import pdl_entry, pdl_launch
 if TYPE_CHECKING:
     from .gate import KDARawGate
 
+DEFERRED_DECAY = False  # not yet timed (benchmarks/tune_delta_rule.py "kda verify T=4 deferred decay")
+
+
+@triton.jit
+def _decay_rows(h, d, g, DEFERRED: tl.constexpr):
+    """The state after a token's decay e^g [BK] of its key rows: h [BK, BV] scaled now, or (DEFERRED) only the
+    rows' pending scale d [BK] (the state is diag(d)·h), the tile rescaled only when d leaves [1e-30, 1e30] so
+    that k/d and d·k stay finite. -> (h, d)."""
+    if DEFERRED:
+        d = d * tl.exp(g)
+        if (tl.min(d, 0) < 1e-30) | (tl.max(d, 0) > 1e30):
+            h = h * d[:, None]
+            d = tl.zeros_like(d) + 1.0
+    else:
+        h = h * tl.exp(g)[:, None]
+    return h, d
+
+
+@triton.jit
+def _scaled(x, d, DEFERRED: tl.constexpr):
+    """x [BK] against the state diag(d)·h: d⊙x (DEFERRED), else x."""
+    if DEFERRED:
+        return d * x
+    return x
+
+
+@triton.jit
+def _unscaled(x, d, DEFERRED: tl.constexpr):
+    """x [BK] into the tile h of the state diag(d)·h: x/d (DEFERRED), else x."""
+    if DEFERRED:
+        return x / d
+    return x
+
 
 @triton.jit
 def _kda_verify_kernel(
@@ -29,10 +62,14 @@ def _kda_verify_kernel(
     s_bs, s_bp, s_bh,
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PDL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, DEFERRED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K].
+    DEFERRED: the rows' decays kept as a scale d beside the tile, the state diag(d)·h: hᵀk = hᵀ(d⊙k), the
+    update h += (k/d)·uᵀ, hᵀq = hᵀ(d⊙q); three passes over the tile a token, not four (two a pending draft, not
+    three), and one more to store the state after new token 0.
     A token's hᵀk and hᵀq reduced side by side from the decayed tile, o = hᵀq + (k·q)·u, the last update skipped,
     was slower (H200, 32 value columns x 1 warp, us at batch 16 / 64 / 256: 24.2 / 94.8 / 364.8 against 23.2 /
     88.0 / 340.7), though it spills less (88 bytes against 124 at sm_90). So was a closed form (session 42) that
@@ -45,6 +82,7 @@ def _kda_verify_kernel(
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
     kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
+    d = tl.zeros([BK], dtype=tl.float32) + 1.0  # the rows' pending decay (DEFERRED), else unused
 
     # the accepted pending drafts [0, pend_n)
     for j in range(0, n):
@@ -52,9 +90,9 @@ def _kda_verify_kernel(
         g_j = tl.load(pg_ptr + s * s_gs + j * s_gp + hd * s_gh + kk * s_gk, mask=k_ok, other=0.0).to(tl.float32)
         v_j = tl.load(pv_ptr + s * s_vs + j * s_vp + hd * s_vh + vv * s_vv, mask=v_ok, other=0.0).to(tl.float32)
         b_j = tl.load(pb_ptr + s * s_bs + j * s_bp + hd * s_bh).to(tl.float32)
-        h = h * tl.exp(g_j)[:, None]
-        u_j = b_j * (v_j - tl.sum(h * k_j[:, None], 0))
-        h += k_j[:, None] * u_j[None, :]
+        h, d = _decay_rows(h, d, g_j, DEFERRED)
+        u_j = b_j * (v_j - tl.sum(h * _scaled(k_j, d, DEFERRED)[:, None], 0))
+        h += _unscaled(k_j, d, DEFERRED)[:, None] * u_j[None, :]
 
     B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
     if RAW_GATE:
@@ -67,20 +105,20 @@ def _kda_verify_kernel(
         if RAW_GATE:  # dt_bias read again each token (from L1) rather than held beside the tile
             dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
             g_t, b_t = kda_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
-        h = h * tl.exp(g_t)[:, None]
+        h, d = _decay_rows(h, d, g_t, DEFERRED)
         k_t = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
         if L2NORM:
             k_t = key_l2norm(k_t, True)
         v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0).to(tl.float32)
-        u_t = b_t * (v_t - tl.sum(h * k_t[:, None], 0))
-        h += k_t[:, None] * u_t[None, :]
+        u_t = b_t * (v_t - tl.sum(h * _scaled(k_t, d, DEFERRED)[:, None], 0))
+        h += _unscaled(k_t, d, DEFERRED)[:, None] * u_t[None, :]
         q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
         if L2NORM:
             q_t = key_l2norm(q_t, True)
-        o_t = tl.where(valid, tl.sum(h * (q_t * scale)[:, None], 0), 0.0)
+        o_t = tl.where(valid, tl.sum(h * _scaled(q_t * scale, d, DEFERRED)[:, None], 0), 0.0)
         tl.store(o_ptr + (tok * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
         if t == 0:
-            tl.store(ssm_tile, h, mask=tile & valid)
+            tl.store(ssm_tile, h * d[:, None] if DEFERRED else h, mask=tile & valid)
 
 
 @triton.jit
@@ -146,6 +184,7 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
+    deferred_decay: bool | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -153,6 +192,8 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
+    `deferred_decay` (default DEFERRED_DECAY): the key rows' decays kept beside the tile (`_kda_verify_kernel`),
+    the results the same within rounding.
     Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -181,7 +222,8 @@ def kda_verify_triton(
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
-    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
+    deferred = DEFERRED_DECAY if deferred_decay is None else deferred_decay
+    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV, DEFERRED=deferred,
                                                    num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
