@@ -1,4 +1,4 @@
-# The whole test suite on the GPU machine in one device call: tests spread over 8 processes (pytest-xdist),
+# The whole test suite on the GPU machine in one device call: tests spread over 14 processes (pytest-xdist),
 # because Triton compiles every kernel variant the tests use and compiling is CPU work (16 cores there).
 # Triton's compile cache travels between sessions: `.whl/triton-cache.tgz` (carried with the wheels) is
 # unpacked first, and the cache after the run comes back as $OUT/triton-cache.tgz when it fits (16 MB);
@@ -10,7 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:. HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 mkdir -p "$TRITON_CACHE_DIR"
 [ -f .whl/triton-cache.tgz ] && tar -xzf .whl/triton-cache.tgz -C /tmp && echo "triton cache: $(ls $TRITON_CACHE_DIR | wc -l) entries"
-timeout ${SUITE_TIMEOUT:-560} python3 -m pytest -n ${WORKERS:-8} -p no:cacheprovider -o addopts="" -q -rf ${@:-tests} 2>&1 \
+timeout ${SUITE_TIMEOUT:-580} python3 -m pytest -n ${WORKERS:-14} -p no:cacheprovider -o addopts="" -q -rf ${@:-tests} 2>&1 \
     | grep -v "Warning\|warn(" | tail -40
 if [ -n "${OUT:-}" ]; then
   tar -czf "$OUT/triton-cache.tgz" -C /tmp triton-cache
