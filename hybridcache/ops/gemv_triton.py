@@ -4,9 +4,11 @@ plus a reduce kernel: two launches) read it at about half the copy bandwidth ins
 (benchmarks/ops_linear.py has the shapes).
 
 A program takes BLOCK_N output columns over the whole width: each step loads a [BLOCK_N, BLOCK_K] block of the
-weight and the rows' [ROWS, BLOCK_K] slice of x, and adds their elementwise products (fp32) into a [ROWS,
-BLOCK_N, BLOCK_K] accumulator, reduced over BLOCK_K once at the end; no program depends on another. The
-result is rounded to x's dtype once, after the bias (fp32).
+weight and, for each row of x, its BLOCK_K columns in that block's layout, and adds their elementwise products
+(fp32) into the row's [BLOCK_N, BLOCK_K] accumulator, reduced over BLOCK_K once at the end; no program depends
+on another. The result is rounded to x's dtype once, after the bias (fp32). (Held as one [rows, BLOCK_N,
+BLOCK_K] accumulator instead, the weight and x blocks went through shared memory every step, four barriers a
+step at sm_90.)
 """
 from __future__ import annotations
 
@@ -18,9 +20,28 @@ from torch import Tensor
 from .pdl_triton import pdl_entry, pdl_launch
 
 MAX_ROWS = 4
-BLOCK_N = 8
-BLOCK_K = 256
+# 4 x 1,024 weight elements a step: 64 bytes of loads a thread in flight at 4 warps, and 512 programs for a
+# 2,048-column output (untimed: benchmarks/ops_linear.py --sweep chooses)
+BLOCK_N = 4
+BLOCK_K = 1024
 NUM_WARPS = 4
+
+
+@triton.jit
+def _x_row(x_ptr, r, M, s_xm, nn, kk, k_ok):
+    """Row r of x at columns kk, fp32, loaded as [BLOCK_N, BLOCK_K] (every column block row the same: the weight
+    block's own layout, so no shared-memory round trip to broadcast it); zeros past M."""
+    return tl.load(x_ptr + r * s_xm + (kk[None, :] + 0 * nn[:, None]), mask=(r < M) & k_ok[None, :],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_row(y_ptr, b_ptr, acc, r, M, s_ym, nn, n_ok, HAS_BIAS: tl.constexpr):
+    """y[r, nn] = Σ_k acc (+ bias), rounded once to y's dtype."""
+    y = tl.sum(acc, 1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + nn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + r * s_ym + nn, y.to(y_ptr.dtype.element_ty), mask=n_ok & (r < M))
 
 
 @triton.jit
@@ -28,23 +49,32 @@ def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):
-    """x [M, K], w [N, K], y [M, N] by their row strides (unit last); b [N] where HAS_BIAS."""
+    """x [M, K], w [N, K], y [M, N] by their row strides (unit last); b [N] where HAS_BIAS; ROWS (1 to 4) >= M.
+    One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout."""
     pdl_entry(PDL)
     nn = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = nn < N
-    mm = tl.arange(0, ROWS)
-    m_ok = mm < M
-    acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
         w = tl.load(w_ptr + nn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_ptr + mm[:, None] * s_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    y = tl.sum(acc, 2)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + nn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + mm[:, None] * s_ym + nn[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        w = w.to(tl.float32)
+        acc0 += w * _x_row(x_ptr, 0, M, s_xm, nn, kk, k_ok)
+        if ROWS > 1:
+            acc1 += w * _x_row(x_ptr, 1, M, s_xm, nn, kk, k_ok)
+        if ROWS > 2:
+            acc2 += w * _x_row(x_ptr, 2, M, s_xm, nn, kk, k_ok)
+            acc3 += w * _x_row(x_ptr, 3, M, s_xm, nn, kk, k_ok)
+    _store_row(y_ptr, b_ptr, acc0, 0, M, s_ym, nn, n_ok, HAS_BIAS)
+    if ROWS > 1:
+        _store_row(y_ptr, b_ptr, acc1, 1, M, s_ym, nn, n_ok, HAS_BIAS)
+    if ROWS > 2:
+        _store_row(y_ptr, b_ptr, acc2, 2, M, s_ym, nn, n_ok, HAS_BIAS)
+        _store_row(y_ptr, b_ptr, acc3, 3, M, s_ym, nn, n_ok, HAS_BIAS)
 
 
 def gemv_triton(
