@@ -39,6 +39,11 @@ LOGIT_TILE = 4096  # experts x hidden columns of W a program of several tokens (
 # 2048 in one step: 112 registers a thread compiled for sm_90), so its loads are in flight together instead of
 # one round trip per LOGIT_TILE
 ONE_TOKEN_TILE = 16384
+# warps a one-token program runs with (None: 8 where it holds more than LOGIT_TILE of W, else 4), its W step
+# scaled with them (ONE_TOKEN_TILE at 8). Every reduction of the selection crosses the warps, through shared
+# memory (39 bar.sync in the group router's sm_90 PTX at kimi_linear's shapes); fewer warps trade that for
+# fewer loads in flight. Not yet timed: benchmarks/tune_routers.py.
+ONE_TOKEN_WARPS: int | None = None
 
 
 @triton.jit
@@ -180,9 +185,11 @@ def _prepare(rows_in: Tensor, e: int, block: int, k: int, dtype: torch.dtype, we
     else:
         D = rows_in.shape[1]
         assert weight.shape == (e, D) and weight.is_contiguous(), f"router weight {tuple(weight.shape)}; x {N} x {D}"
-        tile = ONE_TOKEN_TILE if rows == 1 else LOGIT_TILE
+        knob = rows == 1 and ONE_TOKEN_WARPS
+        tile = (ONE_TOKEN_TILE * ONE_TOKEN_WARPS // 8 if knob else ONE_TOKEN_TILE) if rows == 1 else LOGIT_TILE
         block_d = max(16, min(triton.next_power_of_2(D), tile // block))
-        launch = (rows_in, weight, D, rows, block_d, (triton.cdiv(N, rows),), 8 if block * block_d > LOGIT_TILE else 4)
+        warps = ONE_TOKEN_WARPS if knob else 8 if block * block_d > LOGIT_TILE else 4
+        launch = (rows_in, weight, D, rows, block_d, (triton.cdiv(N, rows),), warps)
     return outputs, launch
 
 
