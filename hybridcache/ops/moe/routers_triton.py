@@ -170,9 +170,9 @@ def fuses_logits(n: int, e: int, d: int) -> bool:
 def _prepare(rows_in: Tensor, e: int, block: int, k: int, dtype: torch.dtype, weight: Tensor | None):
     """For `e` experts padded to `block`: the outputs (index [N, k] int64, weight [N, k] `dtype`) and the
     launch: input rows with a unit last stride (logits [N, E], or x [N, D] given the router `weight`
-    [E, D]), W's pointer (the rows again when unused), D, ROWS, BLOCK_D, grid and num_warps. One token a program on CUDA (decode batches are
-    small, every token its own SM); the interpreter, which runs programs one by one at a fixed cost each,
-    takes up to 64 tokens a program."""
+    [E, D]), W's pointer (the rows again when unused), D, ROWS, BLOCK_D, grid and num_warps. One token a
+    program on CUDA (decode batches are small, every token its own SM); the interpreter, which runs programs
+    one by one at a fixed cost each, takes up to 64 tokens a program."""
     N = rows_in.shape[0]
     assert 1 <= k <= e, f"top {k} of {e} experts"
     assert e <= ROUTER_MAX_EXPERTS, f"{e} experts: over the router kernels' {ROUTER_MAX_EXPERTS}"
