@@ -55,13 +55,14 @@ def test_tilings_agree(block_n, block_k, num_warps):
 
 
 def test_reads_strided_rows_and_weight_views():
-    """x as every other row of a wider tensor, the weight as a column slice: read through their strides (x's
-    row stride; a weight without a unit last stride is copied)."""
+    """x as the first columns of a wider tensor (a row stride past its width), read in place; a weight in
+    column-major order (no unit last stride) is copied: both give the contiguous inputs' values, bit for bit."""
     x_wide, w, b = inputs(4, 24, 96, torch.float32, False, seed=5)
     x = torch.cat([x_wide, x_wide], dim=1)[:, :96]
     assert not x.is_contiguous()
     y = gemv_triton(x, w)
     torch.testing.assert_close(y.cpu(), reference(x, w, None).cpu(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gemv_triton(x_wide, w).cpu(), y.cpu(), atol=0, rtol=0)
     w_t = w.T.contiguous().T  # stride (1, N): copied
     torch.testing.assert_close(gemv_triton(x_wide, w_t).cpu(), y.cpu(), atol=0, rtol=0)
 

@@ -271,9 +271,8 @@ def mamba2_verify_triton(
     pnat, buf_idx [S] (read only); slots [B]. Any strides (pool views are read and written in place).
     Returns y: [B, T, H, P] in x's dtype. `block_p` (head channels per program, a power of two >= 16)
     defaults to `default_block_p` and, like `num_warps` (Triton's default 4), does not change the result beyond
-    rounding. `closed_form`: the new tokens as products
-    (`_tokens_closed_form`: tf32x3 for fp32 inputs, tf32 for 16-bit), not token by token; the results agree
-    within rounding. The default for T > 1 (at T = 4 and batch 64, 113 against 180 us on an H100).
+    rounding. `closed_form`: the new tokens as products (`_tokens_closed_form`: tf32x3 for fp32 inputs, tf32 for
+    16-bit), not token by token; the results agree within rounding. The default for T > 1 (at T = 4 and batch 64, 113 against 180 us on an H100).
     """
     batch, steps = x.shape[:2]
     hist = replay_x.shape[2]

@@ -185,10 +185,10 @@ def _prepare(rows_in: Tensor, e: int, block: int, k: int, dtype: torch.dtype, we
     else:
         D = rows_in.shape[1]
         assert weight.shape == (e, D) and weight.is_contiguous(), f"router weight {tuple(weight.shape)}; x {N} x {D}"
-        knob = rows == 1 and ONE_TOKEN_WARPS
-        tile = (ONE_TOKEN_TILE * ONE_TOKEN_WARPS // 8 if knob else ONE_TOKEN_TILE) if rows == 1 else LOGIT_TILE
+        knob = ONE_TOKEN_WARPS if rows == 1 else None
+        tile = LOGIT_TILE if rows > 1 else ONE_TOKEN_TILE * knob // 8 if knob else ONE_TOKEN_TILE
         block_d = max(16, min(triton.next_power_of_2(D), tile // block))
-        warps = ONE_TOKEN_WARPS if knob else 8 if block * block_d > LOGIT_TILE else 4
+        warps = knob or (8 if block * block_d > LOGIT_TILE else 4)
         launch = (rows_in, weight, D, rows, block_d, (triton.cdiv(N, rows),), warps)
     return outputs, launch
 
