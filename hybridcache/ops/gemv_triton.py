@@ -21,7 +21,9 @@ from .pdl_triton import pdl_entry, pdl_launch
 
 MAX_ROWS = 4
 # 4 x 1,024 weight elements a step: 64 bytes of loads a thread in flight at 4 warps, and 512 programs for a
-# 2,048-column output (untimed: benchmarks/ops_linear.py --sweep chooses)
+# 2,048-column output. Timed alone (benchmarks/ops_linear.py --sweep, H100) 8 x 256 was faster on half the
+# decode shapes, but in the batch-1 graph steps it lost by far: nemotron_h 885 tok/s against 1,239, qwen3_next
+# 1,029 against 1,215 (alone, a weight that fits in L2 is read from it again: several shapes beat the copy bandwidth)
 BLOCK_N = 4
 BLOCK_K = 1024
 NUM_WARPS = 4

@@ -2,11 +2,12 @@
 that follow a GEMM where one launch on its output replaces torch's two or three: relu(y)², and silu(gate) * up
 over one gate/up GEMM's halves.
 
-A one-launch skinny Triton GEMM with these activations (and the mixers' conv update) in its epilogue lost to
-cuBLAS in the engine on an H100 (nemotron_h 1b graph step 1.13 vs 1.02 ms at batch 1, 1.85 vs 1.35 ms at batch
-16) and was removed; it is in the history at commits 42922fe and b7b5b70. Up to GEMV_ROWS rows (0: none) take
-`gemv_triton` (no tensor cores, one launch) where Triton runs: off until a step has timed it
-(benchmarks/gpu/gemv.sh).
+A one-launch skinny Triton GEMM with these activations (and the mixers' conv update) in its epilogue lost to cuBLAS
+in the engine on an H100 (nemotron_h 1b graph step 1.13 vs 1.02 ms at batch 1, 1.85 vs 1.35 ms at batch 16) and was
+removed; it is in the history at commits 42922fe and b7b5b70. Up to GEMV_ROWS rows (0: none) take `gemv_triton` (no
+tensor cores, one launch) where Triton runs, and one row does: batch-1 graph steps on an H100, back to back
+(benchmarks/gpu/gemv_steps.sh), gave nemotron_h 1,195 tok/s against cuBLAS's 1,024, qwen3_next 1,198 against 1,122
+and kimi_linear 1,414 against 1,424; at 2 and 4 rows cuBLAS is faster on most shapes (benchmarks/gpu/gemv.sh).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from .triton_support import runs_triton
 
-GEMV_ROWS = 0
+GEMV_ROWS = 1
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -101,7 +101,7 @@ def compiles_launches(call):
 for op in ("gdn", "kda", "mamba2"):  # a k = 3 verify and a one-token step, each at its default tiling
     results[f"{op}_verify"] = all(compiles_launches(lambda T=T: getattr(engine_calls, op)(T)) for T in (4, 1))
 results["mamba2_verify-stepwise"] = compiles_launches(lambda: engine_calls.mamba2(4, closed_form=False))
-results["kda_verify-deferred"] = compiles_launches(lambda: engine_calls.kda(4, deferred_decay=True))
+results["kda_verify-no-prefetch"] = compiles_launches(lambda: engine_calls.kda(4, prefetch=False))
 for family in ("kimi_linear", "qwen3_next"):  # one token a program, as on CUDA
     results[f"router-{family}"] = compiles_launches(lambda: engine_calls.router(family, 1))
 spills = {}
@@ -153,7 +153,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "mla_attention-verify-default",
          "conv_shift",
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
-         "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise", "kda_verify-deferred",
+         "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise", "kda_verify-no-prefetch",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1", "gemv-rows1",
          "gemv-rows4"]
 

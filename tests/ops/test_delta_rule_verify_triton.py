@@ -250,9 +250,9 @@ KDA_CASES = [  # T, P, K, V, dtype, l2norm in kernel
 ]
 
 
-@pytest.mark.parametrize("deferred_decay", [False, True])
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("T,P,K,V,dtype,norm", KDA_CASES)
-def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, deferred_decay):
+def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, prefetch):
     before = kda_pools(P, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)
@@ -261,7 +261,7 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, deferred_de
     o_ref = kda_run(naive_kda_verify, x, ref, slots, **kw)
     o_torch = kda_run(kda_verify, x, torch_p, slots, **kw)
     x_dev = [t.to(DEVICE) for t in x]
-    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), deferred_decay=deferred_decay, **kw)
+    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), prefetch=prefetch, **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     role_tol = lambda r: dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32)  # noqa: E731
@@ -322,8 +322,8 @@ def test_gdn_steps_with_accepts_match_torch():
     assert sum(folds) >= 3, folds
 
 
-@pytest.mark.parametrize("deferred_decay", [False, True])
-def test_kda_steps_with_accepts_match_torch(deferred_decay):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_kda_steps_with_accepts_match_torch(prefetch):
     T, P, K, V = 4, 3, 16, 8
     gen = torch.Generator().manual_seed(0)
     fresh = {
@@ -334,15 +334,15 @@ def test_kda_steps_with_accepts_match_torch(deferred_decay):
         "pend_beta": torch.rand(S, P, H, generator=gen),
         "pend_n": torch.zeros(S, dtype=torch.int32),
     }
-    lockstep(kda_run, partial(kda_verify_triton, deferred_decay=deferred_decay), kda_verify,
+    lockstep(kda_run, partial(kda_verify_triton, prefetch=prefetch), kda_verify,
              lambda p, slots, nv: kda_accept(p["pend_n"], slots, nv),
              fresh, lambda i: delta_inputs(4, T, H, H, K, V, (H, K), seed=i), T, 5, seed=1)
 
 
-@pytest.mark.parametrize("deferred_decay", [False, True])
-def test_kda_verify_takes_strong_decays(deferred_decay):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_kda_verify_takes_strong_decays(prefetch):
     """Decays of up to e^-40 a key row and token, pending and new (-280 over a row's 7 tokens: past fp32's
-    range, so the deferred rows' scale is folded into the tile on the way, and e^-40 of a padded row's scale
+    range, so the rows' pending scale is folded into the tile on the way, and e^-40 of a padded row's scale
     meets rows that barely decay): outputs and the stored state match the naive reference, all finite."""
     T, P, K, V, dtype = 4, 3, 16, 16, torch.float32
     before = kda_pools(P, K, V, dtype)
@@ -356,7 +356,7 @@ def test_kda_verify_takes_strong_decays(deferred_decay):
     slots = torch.tensor(SLOTS)
     o_ref = kda_run(naive_kda_verify, [q, k, v, g, beta], ref, slots, use_qk_l2norm_in_kernel=True)
     o = kda_run(kda_verify_triton, [t.to(DEVICE) for t in (q, k, v, g, beta)], fast, slots.to(DEVICE),
-                use_qk_l2norm_in_kernel=True, deferred_decay=deferred_decay)
+                use_qk_l2norm_in_kernel=True, prefetch=prefetch)
     assert o.isfinite().all()
     close(o.cpu()[LIVE], o_ref[LIVE], dtype_tol(dtype))
     check_roles(fast, ref, before, kda_written(before, T), lambda r: dtype_tol(torch.float32))

@@ -87,12 +87,18 @@ def test_typed_errors():
 
 def test_linear_takes_it_up_to_gemv_rows(monkeypatch):
     """`ops.linear.linear` sends 1 to GEMV_ROWS rows to the kernel where Triton runs (the values of the product
-    within rounding) and more rows, or none while GEMV_ROWS is 0, to F.linear."""
+    within rounding; by default one row) and more rows, or none while GEMV_ROWS is 0, to F.linear."""
     calls = record_calls(monkeypatch, gemv_module, "gemv_triton")
     x, w, b = inputs(3, 16, 32, torch.float32, True, seed=7)
     with kernels_on_cpu() if DEVICE == "cpu" else torch.no_grad():
-        linear_op.linear(x, w, b)
-        assert calls == []  # GEMV_ROWS = 0: off
+        assert linear_op.GEMV_ROWS == 1
+        linear_op.linear(x[:1], w, b)
+        linear_op.linear(x[:2], w, b)
+        assert calls == ["gemv_triton"]
+        calls.clear()
+        monkeypatch.setattr(linear_op, "GEMV_ROWS", 0)
+        linear_op.linear(x[:1], w, b)
+        assert calls == []
         monkeypatch.setattr(linear_op, "GEMV_ROWS", 2)
         y2 = linear_op.linear(x[:2], w, b)
         assert calls == ["gemv_triton"]

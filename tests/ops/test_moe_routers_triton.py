@@ -104,21 +104,3 @@ def test_ties_take_the_lowest_index():
     logits = torch.tensor([[3.0, 3.0, 3.0, 3.0, 1.0, 0.0]], device=DEVICE)
     index, _ = routers_triton.group_topk_triton(logits, torch.zeros(6, device=DEVICE), 2, 3, 1, False, 1.0)
     assert index.tolist() == [[0, 1]]
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="one token a program (where ONE_TOKEN_WARPS applies) only on CUDA")
-@pytest.mark.parametrize("warps", [1, 2, 8])
-def test_one_token_warps_give_the_same_choice(monkeypatch, launches, warps):
-    """ONE_TOKEN_WARPS (a launch knob of the one-token programs): both routers with their logits in the kernel
-    choose the experts of the default launch, weights within an ulp (the logits' sums may reassociate)."""
-    softmax = filled(routers.SoftmaxTopKRouter(D, 8, 2, True, DEVICE, BF16), seed=8)
-    group = filled(routers.TopKRouter(D, 16, 3, 4, 2, True, 2.5, DEVICE), seed=16)
-    x = randn(5, D, seed=1, dtype=BF16)
-    monkeypatch.setattr(routers, "runs_triton", lambda t: True)
-    want = [softmax(x), group(x)]
-    monkeypatch.setattr(routers_triton, "ONE_TOKEN_WARPS", warps)
-    got = [softmax(x), group(x)]
-    for (index, weight), (want_index, want_weight) in zip(got, want):
-        assert torch.equal(index, want_index)
-        torch.testing.assert_close(weight, want_weight, rtol=2 ** -7, atol=1e-6)
-    assert launches

@@ -15,38 +15,52 @@ from ..pdl_triton import pdl_entry, pdl_launch
 if TYPE_CHECKING:
     from .gate import KDARawGate
 
-DEFERRED_DECAY = False  # not yet timed (benchmarks/tune_delta_rule.py "kda verify T=4 deferred decay")
+# the next token's (or pending draft's) vectors loaded while this one's passes over the tile run (not yet timed:
+# benchmarks/tune_delta_rule.py "kda verify T=4 prefetch")
+PREFETCH = True
 
 
 @triton.jit
-def _decay_rows(h, d, g, DEFERRED: tl.constexpr):
-    """The state after a token's decay e^g [BK] of its key rows: h [BK, BV] scaled now, or (DEFERRED) only the
-    rows' pending scale d [BK] (the state is diag(d)·h), the tile rescaled only when d leaves [1e-30, 1e30] so
-    that k/d and d·k stay finite. -> (h, d)."""
-    if DEFERRED:
-        d = d * tl.exp(g)
-        if (tl.min(d, 0) < 1e-30) | (tl.max(d, 0) > 1e30):
-            h = h * d[:, None]
-            d = tl.zeros_like(d) + 1.0
-    else:
-        h = h * tl.exp(g)[:, None]
+def _decay_rows(h, d, g):
+    """The state diag(d)·h [BK, BV] after a token's decay e^g [BK] of its key rows: only d changes, the tile is
+    rescaled (and d reset to ones) when d leaves [1e-30, 1e30], so that k/d and d·k stay finite. -> (h, d)."""
+    d = d * tl.exp(g)
+    if (tl.min(d, 0) < 1e-30) | (tl.max(d, 0) > 1e30):
+        h = h * d[:, None]
+        d = tl.zeros_like(d) + 1.0
     return h, d
 
 
 @triton.jit
-def _scaled(x, d, DEFERRED: tl.constexpr):
-    """x [BK] against the state diag(d)·h: d⊙x (DEFERRED), else x."""
-    if DEFERRED:
-        return d * x
-    return x
+def _new_token(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, t, hd, kk, k_ok, vv, v_ok, neg_A,
+               s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
+               K: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr):
+    """New token t of the row: (q, k, g [BK], v [BV], beta) in fp32, keys normalised, g and beta from the raw
+    gate where RAW_GATE (dt_bias read again each token, from L1, rather than held beside the tile)."""
+    g = tl.load(g_ptr + row * s_gib + t * s_git + hd * s_gih + kk, mask=k_ok, other=0.0).to(tl.float32)
+    b = tl.load(beta_ptr + row * s_bib + t * s_bit + hd * s_bih).to(tl.float32)
+    k = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
+    if RAW_GATE:
+        dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
+        g, b = kda_raw_gate(g, b, neg_A, dt_bias, beta_ptr.dtype.element_ty)  # beta rounded to b's dtype
+    if L2NORM:
+        k = key_l2norm(k, True)
+        q = key_l2norm(q, True)
+    return q, k, g, v, b
 
 
 @triton.jit
-def _unscaled(x, d, DEFERRED: tl.constexpr):
-    """x [BK] into the tile h of the state diag(d)·h: x/d (DEFERRED), else x."""
-    if DEFERRED:
-        return x / d
-    return x
+def _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, n, hd, kk, k_ok, vv, v_ok,
+                   s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp, s_bh):
+    """Pending draft j of slot s: (k, g [BK], v [BV], beta) in fp32; zeros where j >= n."""
+    ok = j < n
+    k = tl.load(pk_ptr + s * s_ks + j * s_kp + hd * s_kh + kk * s_kk, mask=k_ok & ok, other=0.0).to(tl.float32)
+    g = tl.load(pg_ptr + s * s_gs + j * s_gp + hd * s_gh + kk * s_gk, mask=k_ok & ok, other=0.0).to(tl.float32)
+    v = tl.load(pv_ptr + s * s_vs + j * s_vp + hd * s_vh + vv * s_vv, mask=v_ok & ok, other=0.0).to(tl.float32)
+    b = tl.load(pb_ptr + s * s_bs + j * s_bp + hd * s_bh, mask=ok, other=0.0).to(tl.float32)
+    return k, g, v, b
 
 
 @triton.jit
@@ -62,63 +76,81 @@ def _kda_verify_kernel(
     s_bs, s_bp, s_bh,
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, DEFERRED: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K].
-    DEFERRED: the rows' decays kept as a scale d beside the tile, the state diag(d)·h: hᵀk = hᵀ(d⊙k), the
-    update h += (k/d)·uᵀ, hᵀq = hᵀ(d⊙q); three passes over the tile a token, not four (two a pending draft, not
-    three), and one more to store the state after new token 0.
+
+    The rows' decays are kept as a scale d beside the tile, the state diag(d)·h: hᵀk = hᵀ(d⊙k), the update
+    h += (k/d)·uᵀ, hᵀq = hᵀ(d⊙q); three passes over the tile a token (two a pending draft), and one more to store
+    the state after new token 0. Applying each decay to the tile (four passes) was slower: H100, 32 value
+    columns x 1 warp, us at batch 16 / 64 / 256, 24.5 / 100.1 / 386.0 against 22.6 / 94.4 / 360.0 (no drafts
+    pending: 21.3 / 85.3 / 322.1 against 20.2 / 83.7 / 311.9; ops_kda.py's replay verify and accept at batch 64 /
+    256, 0.123 / 0.546 ms against 0.095 / 0.361), and at sm_90 it spilled 124 bytes against 16.
+    PREFETCH: the next token's or draft's vectors are loaded before this one's passes.
+
     A token's hᵀk and hᵀq reduced side by side from the decayed tile, o = hᵀq + (k·q)·u, the last update skipped,
     was slower (H200, 32 value columns x 1 warp, us at batch 16 / 64 / 256: 24.2 / 94.8 / 364.8 against 23.2 /
-    88.0 / 340.7), though it spills less (88 bytes against 124 at sm_90). So was a closed form (session 42) that
-    took the drafts and new tokens as one sequence and met the state only in products (h₀ᵀ(e^Γ⊙k), h₀ᵀ(e^Γ⊙q)
-    and the stored state's e^{Γ_n}⊙h₀ + Wᵀu), with the decays between rows taken a pair of rows at a time over
-    [16, K] (per key row: e^{Γ_r−Γ_s} split into two factors overflows for strong decays): H100, us at batch 16 /
-    64 / 256, 88.8 / 317.5 / 1,217.6 at its best tiling (64 columns x 4 warps) against 23.7 / 100.2 / 386.3 here;
-    the per-pair work, repeated by every value block and reduced across warps, outweighs the state passes saved."""
+    88.0 / 340.7). So was a closed form (session 42) that took the drafts and new tokens as one sequence and met
+    the state only in products (h₀ᵀ(e^Γ⊙k), h₀ᵀ(e^Γ⊙q) and the stored state's e^{Γ_n}⊙h₀ + Wᵀu), with the decays
+    between rows taken a pair of rows at a time over [16, K] (per key row: e^{Γ_r−Γ_s} split into two factors
+    overflows for strong decays): H100, us at batch 16 / 64 / 256, 88.8 / 317.5 / 1,217.6 at its best tiling
+    (64 columns x 4 warps) against 23.7 / 100.2 / 386.3 for the token-by-token kernel then; the per-pair work,
+    repeated by every value block and reduced across warps, outweighs the state passes saved."""
     pdl_entry(PDL)
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
     kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
-    d = tl.zeros([BK], dtype=tl.float32) + 1.0  # the rows' pending decay (DEFERRED), else unused
+    d = tl.zeros([BK], dtype=tl.float32) + 1.0
 
     # the accepted pending drafts [0, pend_n)
+    if PREFETCH:
+        k_j, g_j, v_j, b_j = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, 0, n, hd, kk, k_ok, vv, v_ok,
+                                            s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv,
+                                            s_bs, s_bp, s_bh)
     for j in range(0, n):
-        k_j = tl.load(pk_ptr + s * s_ks + j * s_kp + hd * s_kh + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
-        g_j = tl.load(pg_ptr + s * s_gs + j * s_gp + hd * s_gh + kk * s_gk, mask=k_ok, other=0.0).to(tl.float32)
-        v_j = tl.load(pv_ptr + s * s_vs + j * s_vp + hd * s_vh + vv * s_vv, mask=v_ok, other=0.0).to(tl.float32)
-        b_j = tl.load(pb_ptr + s * s_bs + j * s_bp + hd * s_bh).to(tl.float32)
-        h, d = _decay_rows(h, d, g_j, DEFERRED)
-        u_j = b_j * (v_j - tl.sum(h * _scaled(k_j, d, DEFERRED)[:, None], 0))
-        h += _unscaled(k_j, d, DEFERRED)[:, None] * u_j[None, :]
+        if PREFETCH:
+            k_c, g_c, v_c, b_c = k_j, g_j, v_j, b_j
+            k_j, g_j, v_j, b_j = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j + 1, n, hd, kk, k_ok, vv, v_ok,
+                                                s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh,
+                                                s_vv, s_bs, s_bp, s_bh)
+        else:
+            k_c, g_c, v_c, b_c = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, n, hd, kk, k_ok, vv, v_ok,
+                                                s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh,
+                                                s_vv, s_bs, s_bp, s_bh)
+        h, d = _decay_rows(h, d, g_c)
+        u = b_c * (v_c - tl.sum(h * (d * k_c)[:, None], 0))
+        h += (k_c / d)[:, None] * u[None, :]
 
-    B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
+    neg_A = 0.0
     if RAW_GATE:
         neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
+    if PREFETCH:
+        q_n, k_n, g_n, v_n, b_n = _new_token(
+            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, 0, hd, kk, k_ok, vv, v_ok, neg_A,
+            s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
+            K, L2NORM, RAW_GATE)
     for t in tl.static_range(T):
-        tok = row * T + t
-        # the token's vectors loaded where first used: each costs registers beside the full tile
-        g_t = tl.load(g_ptr + row * s_gib + t * s_git + hd * s_gih + kk, mask=k_ok, other=0.0).to(tl.float32)
-        b_t = tl.load(beta_ptr + row * s_bib + t * s_bit + hd * s_bih).to(tl.float32)
-        if RAW_GATE:  # dt_bias read again each token (from L1) rather than held beside the tile
-            dt_bias = tl.load(dtb_ptr + hd * K + kk, mask=k_ok, other=0.0).to(tl.float32)
-            g_t, b_t = kda_raw_gate(g_t, b_t, neg_A, dt_bias, B_DTYPE)
-        h, d = _decay_rows(h, d, g_t, DEFERRED)
-        k_t = tl.load(k_ptr + row * s_kib + t * s_kit + hd * s_kih + kk, mask=k_ok, other=0.0).to(tl.float32)
-        if L2NORM:
-            k_t = key_l2norm(k_t, True)
-        v_t = tl.load(v_ptr + row * s_vib + t * s_vit + hd * s_vih + vv, mask=v_ok, other=0.0).to(tl.float32)
-        u_t = b_t * (v_t - tl.sum(h * _scaled(k_t, d, DEFERRED)[:, None], 0))
-        h += _unscaled(k_t, d, DEFERRED)[:, None] * u_t[None, :]
-        q_t = tl.load(q_ptr + row * s_qb + t * s_qt + hd * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
-        if L2NORM:
-            q_t = key_l2norm(q_t, True)
-        o_t = tl.where(valid, tl.sum(h * _scaled(q_t * scale, d, DEFERRED)[:, None], 0), 0.0)
-        tl.store(o_ptr + (tok * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
+        if PREFETCH:
+            q_t, k_t, g_t, v_t, b_t = q_n, k_n, g_n, v_n, b_n
+            if t + 1 < T:
+                q_n, k_n, g_n, v_n, b_n = _new_token(
+                    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, t + 1, hd, kk, k_ok, vv, v_ok, neg_A,
+                    s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit,
+                    s_bih, K, L2NORM, RAW_GATE)
+        else:
+            q_t, k_t, g_t, v_t, b_t = _new_token(
+                q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, t, hd, kk, k_ok, vv, v_ok, neg_A,
+                s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
+                K, L2NORM, RAW_GATE)
+        h, d = _decay_rows(h, d, g_t)
+        u_t = b_t * (v_t - tl.sum(h * (d * k_t)[:, None], 0))
+        h += (k_t / d)[:, None] * u_t[None, :]
+        o_t = tl.where(valid, tl.sum(h * (d * q_t * scale)[:, None], 0), 0.0)
+        tl.store(o_ptr + ((row * T + t) * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
         if t == 0:
-            tl.store(ssm_tile, h * d[:, None] if DEFERRED else h, mask=tile & valid)
+            tl.store(ssm_tile, h * d[:, None], mask=tile & valid)
 
 
 @triton.jit
@@ -184,7 +216,7 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
-    deferred_decay: bool | None = None,
+    prefetch: bool | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -192,8 +224,7 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
-    `deferred_decay` (default DEFERRED_DECAY): the key rows' decays kept beside the tile (`_kda_verify_kernel`),
-    the results the same within rounding.
+    `prefetch` (default PREFETCH): the next token's vectors loaded during this one's passes (`_kda_verify_kernel`).
     Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -222,8 +253,8 @@ def kda_verify_triton(
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
-    deferred = DEFERRED_DECAY if deferred_decay is None else deferred_decay
-    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV, DEFERRED=deferred,
+    prefetch = PREFETCH if prefetch is None else prefetch
+    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV, PREFETCH=prefetch,
                                                    num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](

@@ -39,11 +39,10 @@ LOGIT_TILE = 4096  # experts x hidden columns of W a program of several tokens (
 # 2048 in one step: 112 registers a thread compiled for sm_90), so its loads are in flight together instead of
 # one round trip per LOGIT_TILE
 ONE_TOKEN_TILE = 16384
-# warps a one-token program runs with (None: 8 where it holds more than LOGIT_TILE of W, else 4), its W step
-# scaled with them (ONE_TOKEN_TILE at 8). Every reduction of the selection crosses the warps, through shared
-# memory (39 bar.sync in the group router's sm_90 PTX at kimi_linear's shapes); fewer warps trade that for
-# fewer loads in flight. Not yet timed: benchmarks/tune_routers.py.
-ONE_TOKEN_WARPS: int | None = None
+# (Fewer warps for a one-token program, its W step scaled with them, so that each reduction of the selection
+# crosses fewer warps, were no faster than the 8 it takes above LOGIT_TILE of W: H100, us a call at batch 1 at
+# 1 / 2 / 4 warps, kimi_linear 8.4 / 6.6 / 5.7, qwen3_next 7.5 / 5.8 / 4.1; the 8-warp launch, timed twice in
+# the same run, 5.7 and 7.0, 4.9 and 3.8.)
 
 
 @triton.jit
@@ -185,11 +184,9 @@ def _prepare(rows_in: Tensor, e: int, block: int, k: int, dtype: torch.dtype, we
     else:
         D = rows_in.shape[1]
         assert weight.shape == (e, D) and weight.is_contiguous(), f"router weight {tuple(weight.shape)}; x {N} x {D}"
-        knob = ONE_TOKEN_WARPS if rows == 1 else None
-        tile = LOGIT_TILE if rows > 1 else ONE_TOKEN_TILE * knob // 8 if knob else ONE_TOKEN_TILE
+        tile = ONE_TOKEN_TILE if rows == 1 else LOGIT_TILE
         block_d = max(16, min(triton.next_power_of_2(D), tile // block))
-        warps = knob or (8 if block * block_d > LOGIT_TILE else 4)
-        launch = (rows_in, weight, D, rows, block_d, (triton.cdiv(N, rows),), warps)
+        launch = (rows_in, weight, D, rows, block_d, (triton.cdiv(N, rows),), 8 if block * block_d > LOGIT_TILE else 4)
     return outputs, launch
 
 
