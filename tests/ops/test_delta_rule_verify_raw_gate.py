@@ -136,10 +136,9 @@ def kda_gate_on(gate: KDARawGate, device: str) -> KDARawGate:
     return KDARawGate(*(t.to(device) for t in gate))
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("T,P,K,V,dtype", [(1, 3, 16, 8, torch.float32), (4, 4, 32, 40, torch.float32),
                                            (2, 3, 16, 8, torch.bfloat16), (4, 3, 16, 8, torch.bfloat16)])
-def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype, prefetch):
+def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype):
     """`gate=KDARawGate(...)` against g, beta = gate.values() passed in, rows with pend_n 0, 1, P - 1 and P:
     outputs, ssm and every pending role (pend_g and pend_beta, which the second launch computes from the raw
     gate, included) as the kernels with the precomputed gate and the naive reference write them, within the
@@ -155,7 +154,6 @@ def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype, prefetch):
     kw = dict(use_qk_l2norm_in_kernel=True)
     o_ref = kda_run(naive_kda_verify, [q, k, v, g, beta], ref, slots, **kw)
     dev = [t.to(DEVICE) for t in (q, k, v)]
-    kw["prefetch"] = prefetch
     o_pre = kda_run(kda_verify_triton, [*dev, g.to(DEVICE), beta.to(DEVICE)], pre, slots.to(DEVICE), **kw)
     o_raw = kda_run(kda_verify_triton, [*dev, None, None], raw, slots.to(DEVICE), gate=kda_gate_on(gate, DEVICE), **kw)
     check_outputs(o_raw, o_ref, o_pre, dtype_tol(dtype))

@@ -10,7 +10,6 @@ Tolerances: fp32 2e-4 (as tests/ops/delta_rule_cases; recurrent vs closed form, 
 bf16 inputs 2e-2 on outputs and on bf16 roles (one bf16 rounding of a value computed in fp32), 2e-4 on the
 fp32 roles (ssm, G, g, beta: fp32 arithmetic on the same bf16-rounded inputs).
 """
-from functools import partial
 
 import pytest
 import torch
@@ -250,9 +249,8 @@ KDA_CASES = [  # T, P, K, V, dtype, l2norm in kernel
 ]
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("T,P,K,V,dtype,norm", KDA_CASES)
-def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, prefetch):
+def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
     before = kda_pools(P, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)
@@ -261,7 +259,7 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, prefetch):
     o_ref = kda_run(naive_kda_verify, x, ref, slots, **kw)
     o_torch = kda_run(kda_verify, x, torch_p, slots, **kw)
     x_dev = [t.to(DEVICE) for t in x]
-    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), prefetch=prefetch, **kw)
+    o = kda_run(kda_verify_triton, x_dev, fast, slots.to(DEVICE), **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     role_tol = lambda r: dtype_tol(dtype if r in ("pend_k", "pend_v") else torch.float32)  # noqa: E731
@@ -322,8 +320,7 @@ def test_gdn_steps_with_accepts_match_torch():
     assert sum(folds) >= 3, folds
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_kda_steps_with_accepts_match_torch(prefetch):
+def test_kda_steps_with_accepts_match_torch():
     T, P, K, V = 4, 3, 16, 8
     gen = torch.Generator().manual_seed(0)
     fresh = {
@@ -334,13 +331,12 @@ def test_kda_steps_with_accepts_match_torch(prefetch):
         "pend_beta": torch.rand(S, P, H, generator=gen),
         "pend_n": torch.zeros(S, dtype=torch.int32),
     }
-    lockstep(kda_run, partial(kda_verify_triton, prefetch=prefetch), kda_verify,
+    lockstep(kda_run, kda_verify_triton, kda_verify,
              lambda p, slots, nv: kda_accept(p["pend_n"], slots, nv),
              fresh, lambda i: delta_inputs(4, T, H, H, K, V, (H, K), seed=i), T, 5, seed=1)
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_kda_verify_takes_strong_decays(prefetch):
+def test_kda_verify_takes_strong_decays():
     """Decays of up to e^-40 a key row and token, pending and new (-280 over a row's 7 tokens: past fp32's
     range, so the rows' pending scale is folded into the tile on the way, and e^-40 of a padded row's scale
     meets rows that barely decay): outputs and the stored state match the naive reference, all finite."""
@@ -356,7 +352,7 @@ def test_kda_verify_takes_strong_decays(prefetch):
     slots = torch.tensor(SLOTS)
     o_ref = kda_run(naive_kda_verify, [q, k, v, g, beta], ref, slots, use_qk_l2norm_in_kernel=True)
     o = kda_run(kda_verify_triton, [t.to(DEVICE) for t in (q, k, v, g, beta)], fast, slots.to(DEVICE),
-                use_qk_l2norm_in_kernel=True, prefetch=prefetch)
+                use_qk_l2norm_in_kernel=True)
     assert o.isfinite().all()
     close(o.cpu()[LIVE], o_ref[LIVE], dtype_tol(dtype))
     check_roles(fast, ref, before, kda_written(before, T), lambda r: dtype_tol(torch.float32))

@@ -15,10 +15,6 @@ from ..pdl_triton import pdl_entry, pdl_launch
 if TYPE_CHECKING:
     from .gate import KDARawGate
 
-# the next token's (or pending draft's) vectors loaded while this one's passes over the tile run (not yet timed:
-# benchmarks/tune_delta_rule.py "kda verify T=4 prefetch")
-PREFETCH = True
-
 
 @triton.jit
 def _decay_rows(h, d, g):
@@ -52,14 +48,13 @@ def _new_token(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, t, hd, kk, k_
 
 
 @triton.jit
-def _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, n, hd, kk, k_ok, vv, v_ok,
+def _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
                    s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp, s_bh):
-    """Pending draft j of slot s: (k, g [BK], v [BV], beta) in fp32; zeros where j >= n."""
-    ok = j < n
-    k = tl.load(pk_ptr + s * s_ks + j * s_kp + hd * s_kh + kk * s_kk, mask=k_ok & ok, other=0.0).to(tl.float32)
-    g = tl.load(pg_ptr + s * s_gs + j * s_gp + hd * s_gh + kk * s_gk, mask=k_ok & ok, other=0.0).to(tl.float32)
-    v = tl.load(pv_ptr + s * s_vs + j * s_vp + hd * s_vh + vv * s_vv, mask=v_ok & ok, other=0.0).to(tl.float32)
-    b = tl.load(pb_ptr + s * s_bs + j * s_bp + hd * s_bh, mask=ok, other=0.0).to(tl.float32)
+    """Pending draft j of slot s: (k, g [BK], v [BV], beta) in fp32."""
+    k = tl.load(pk_ptr + s * s_ks + j * s_kp + hd * s_kh + kk * s_kk, mask=k_ok, other=0.0).to(tl.float32)
+    g = tl.load(pg_ptr + s * s_gs + j * s_gp + hd * s_gh + kk * s_gk, mask=k_ok, other=0.0).to(tl.float32)
+    v = tl.load(pv_ptr + s * s_vs + j * s_vp + hd * s_vh + vv * s_vv, mask=v_ok, other=0.0).to(tl.float32)
+    b = tl.load(pb_ptr + s * s_bs + j * s_bp + hd * s_bh).to(tl.float32)
     return k, g, v, b
 
 
@@ -76,8 +71,7 @@ def _kda_verify_kernel(
     s_bs, s_bp, s_bh,
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PREFETCH: tl.constexpr,
-    PDL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PDL: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K].
@@ -87,8 +81,11 @@ def _kda_verify_kernel(
     the state after new token 0. Applying each decay to the tile (four passes) was slower: H100, 32 value
     columns x 1 warp, us at batch 16 / 64 / 256, 24.5 / 100.1 / 386.0 against 22.6 / 94.4 / 360.0 (no drafts
     pending: 21.3 / 85.3 / 322.1 against 20.2 / 83.7 / 311.9; ops_kda.py's replay verify and accept at batch 64 /
-    256, 0.123 / 0.546 ms against 0.095 / 0.361), and at sm_90 it spilled 124 bytes against 16.
-    PREFETCH: the next token's or draft's vectors are loaded before this one's passes.
+    256, 0.123 / 0.546 ms against 0.095 / 0.361), and at sm_90 it spilled 124 bytes a thread against none. As
+    it stands (H100, session 43): 21.3 / 85.3 / 318.6 us, 18.9 / 74.8 / 271.5 with no drafts pending. Nsight
+    Compute at batch 64: one warp a program at 255 registers, so 8 warps an SM; most stalls wait on loads. Yet
+    loading the next token's or draft's vectors before this one's passes was slower (120 bytes spilled; 87.9 /
+    326.5 us at batch 64 / 256).
 
     A token's hᵀk and hᵀq reduced side by side from the decayed tile, o = hᵀq + (k·q)·u, the last update skipped,
     was slower (H200, 32 value columns x 1 warp, us at batch 16 / 64 / 256: 24.2 / 94.8 / 364.8 against 23.2 /
@@ -105,45 +102,22 @@ def _kda_verify_kernel(
     d = tl.zeros([BK], dtype=tl.float32) + 1.0
 
     # the accepted pending drafts [0, pend_n)
-    if PREFETCH:
-        k_j, g_j, v_j, b_j = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, 0, n, hd, kk, k_ok, vv, v_ok,
+    for j in range(0, n):
+        k_j, g_j, v_j, b_j = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
                                             s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv,
                                             s_bs, s_bp, s_bh)
-    for j in range(0, n):
-        if PREFETCH:
-            k_c, g_c, v_c, b_c = k_j, g_j, v_j, b_j
-            k_j, g_j, v_j, b_j = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j + 1, n, hd, kk, k_ok, vv, v_ok,
-                                                s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh,
-                                                s_vv, s_bs, s_bp, s_bh)
-        else:
-            k_c, g_c, v_c, b_c = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, n, hd, kk, k_ok, vv, v_ok,
-                                                s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh,
-                                                s_vv, s_bs, s_bp, s_bh)
-        h, d = _decay_rows(h, d, g_c)
-        u = b_c * (v_c - tl.sum(h * (d * k_c)[:, None], 0))
-        h += (k_c / d)[:, None] * u[None, :]
+        h, d = _decay_rows(h, d, g_j)
+        u_j = b_j * (v_j - tl.sum(h * (d * k_j)[:, None], 0))
+        h += (k_j / d)[:, None] * u_j[None, :]
 
     neg_A = 0.0
     if RAW_GATE:
         neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
-    if PREFETCH:
-        q_n, k_n, g_n, v_n, b_n = _new_token(
-            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, 0, hd, kk, k_ok, vv, v_ok, neg_A,
+    for t in tl.static_range(T):
+        q_t, k_t, g_t, v_t, b_t = _new_token(
+            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, t, hd, kk, k_ok, vv, v_ok, neg_A,
             s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
             K, L2NORM, RAW_GATE)
-    for t in tl.static_range(T):
-        if PREFETCH:
-            q_t, k_t, g_t, v_t, b_t = q_n, k_n, g_n, v_n, b_n
-            if t + 1 < T:
-                q_n, k_n, g_n, v_n, b_n = _new_token(
-                    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, t + 1, hd, kk, k_ok, vv, v_ok, neg_A,
-                    s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit,
-                    s_bih, K, L2NORM, RAW_GATE)
-        else:
-            q_t, k_t, g_t, v_t, b_t = _new_token(
-                q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, t, hd, kk, k_ok, vv, v_ok, neg_A,
-                s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
-                K, L2NORM, RAW_GATE)
         h, d = _decay_rows(h, d, g_t)
         u_t = b_t * (v_t - tl.sum(h * (d * k_t)[:, None], 0))
         h += (k_t / d)[:, None] * u_t[None, :]
@@ -216,7 +190,6 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
-    prefetch: bool | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -224,7 +197,6 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
-    `prefetch` (default PREFETCH): the next token's vectors loaded during this one's passes (`_kda_verify_kernel`).
     Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -253,8 +225,7 @@ def kda_verify_triton(
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
-    prefetch = PREFETCH if prefetch is None else prefetch
-    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV, PREFETCH=prefetch,
+    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
                                                    num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
