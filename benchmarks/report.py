@@ -129,7 +129,8 @@ def ops_section(files: list[dict], img: str | None) -> list[str]:
         else:
             shape = f"H={p['heads']}, HV={p['value_heads']}, K=V={p['head_dim']}"
         replayed = "pending drafts" if p["op"] == "kda" else f"HIST {p['hist']}"
-        out += [f"### {p['op']} ({shape}, {p['dtype']}, {replayed}, median of {p['repeats']} runs of "
+        device = data.get("machine", {}).get("device", "?")
+        out += [f"### {p['op']} on {device} ({shape}, {p['dtype']}, {replayed}, median of {p['repeats']} runs of "
                 f"{p['iters']} calls)", ""]
         out += provenance(data) + [""]
         if "copy_gbs" in data.get("extra", {}):
@@ -212,6 +213,16 @@ def kernels_section(files: list[dict], img: str | None) -> list[str]:
 
 
 WEIGHT_BANDWIDTH_TOK_S = {"nemotron_h": 2859, "qwen3_next": 3099, "kimi_linear": 5208}  # 1b at 4.2 TB/s (issue 9)
+COPY_TB_S = {"H200": 4.2, "H100": 3.0}  # the copy bandwidth measured on each (benchmarks/ops_*.py print it)
+
+
+def weight_bandwidth_limit(data: dict) -> float | None:
+    """tok/s of a 1b checkpoint's bytes read once a step at the copy bandwidth of the run's GPU; None where
+    neither applies."""
+    device = data.get("machine", {}).get("device", "")
+    tb_s = next((v for name, v in COPY_TB_S.items() if name in device), None)
+    limit = WEIGHT_BANDWIDTH_TOK_S.get(data["params"]["family"]) if data["params"]["size"] == "1b" else None
+    return limit * tb_s / 4.2 if limit and tb_s else None
 
 
 def step_section(files: list[dict], img: str | None) -> list[str]:
@@ -226,17 +237,19 @@ def step_section(files: list[dict], img: str | None) -> list[str]:
            "the verify steps in flight; since, plain steps after one read); `spec-chain`: every row held in a short back-off "
            "(one-token steps chained on the verify steps in flight, what pauses up to 8 steps run). *replay ms*: the step's graph replayed back to back "
            "alone; *host share* = 1 - replay / wall. The weight-bandwidth limit is the checkpoint's bytes read once "
-           "per step at 4.2 TB/s. Where a family's runs measured different modes or batches, each (batch, mode) "
+           "per step at the GPU's copy bandwidth (H200 4.2 TB/s, H100 3.0 TB/s). Where a family's runs measured different modes or batches, each (batch, mode) "
            "shows its newest run, and the row names its file.", ""]
     for data in files:
         p = data["params"]
-        out += [f"### {p['family']} {p['size']} ({p['dtype']}, prompt {p['prompt_len']}, mean of {p['steps']} steps)", ""]
+        device = data.get("machine", {}).get("device", "?")
+        out += [f"### {p['family']} {p['size']} on {device} ({p['dtype']}, prompt {p['prompt_len']}, mean of "
+                f"{p['steps']} steps)", ""]
         sources = data.get("sources", [data])
         for src in sources:
             out += provenance(src) + [""]
             if src.get("extra", {}).get("note"):
                 out += [src["extra"]["note"], ""]
-        limit = WEIGHT_BANDWIDTH_TOK_S.get(p["family"]) if p["size"] == "1b" else None
+        limit = weight_bandwidth_limit(data)
         replays = any(r.get("replay_ms") for r in data["rows"])
         named = len(sources) > 1  # rows from several runs: each names its file
         rows = [[str(r["batch"]), r["mode"], f"{r['wall_ms']:.2f}", f"{r['gpu_ms']:.2f}", f"{r['gpu_ms'] / r['wall_ms']:.0%}",

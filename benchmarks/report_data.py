@@ -1,6 +1,7 @@
 """Which benchmark JSON files docs/benchmarks.md shows: where a folder holds several files for the same thing
-(a family, an op, a context sweep), the newest wins; step_profile files of a family merge by (batch, mode),
-newer over older, each row naming its file."""
+(a family, an op, a context sweep) on the same kind of device, the newest wins; step_profile files of a family
+merge by (batch, mode), newer over older, each row naming its file. Runs on different GPUs are different
+subjects, each shown."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ MERGED = {"step_profile"}  # a run of some modes leaves the other modes' rows of
 
 
 def load(folder: Path) -> dict[str, list[dict]]:
-    """The newest file per (benchmark, subject), grouped by benchmark (MERGED benchmarks: `merge_rows`)."""
+    """The newest file per (benchmark, subject, device), grouped by benchmark (MERGED benchmarks: `merge_rows`)."""
     files: dict[tuple, list[dict]] = defaultdict(list)
     for path in sorted(folder.glob("*.json")):
         try:
@@ -23,9 +24,9 @@ def load(folder: Path) -> dict[str, list[dict]]:
         if not isinstance(data, dict) or "benchmark" not in data or "rows" not in data:
             continue
         data["file"] = path.name
-        files[(data["benchmark"], subject(data))].append(data)
+        files[(data["benchmark"], subject(data), data.get("machine", {}).get("device"))].append(data)
     out: dict[str, list[dict]] = defaultdict(list)
-    for (bench, _), group in sorted(files.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+    for (bench, *_), group in sorted(files.items(), key=lambda kv: (kv[0][0], str(kv[0][1:]))):
         group.sort(key=lambda d: d.get("created", ""))  # stable: of equal times the later name is the newest
         out[bench].append(merge_rows(group) if bench in MERGED else group[-1])
     return out

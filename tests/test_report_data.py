@@ -1,0 +1,34 @@
+"""docs/benchmarks.md's file choice (`benchmarks/report_data.py`) and the decode step's weight-bandwidth limit:
+runs of one subject on different GPUs are each shown, against their own GPU's copy bandwidth."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.report import weight_bandwidth_limit
+from benchmarks.report_data import load
+
+
+def step_file(device: str, created: str, tok_s: float) -> dict:
+    return {"benchmark": "step_profile", "created": created, "machine": {"device": device},
+            "params": {"family": "nemotron_h", "size": "1b", "dtype": "bfloat16", "steps": 20, "prompt_len": 128},
+            "rows": [{"batch": 1, "mode": "graph", "wall_ms": 1.0, "gpu_ms": 1.0, "launches": 1, "tok_s": tok_s}]}
+
+
+def test_each_gpu_keeps_its_newest_run(tmp_path):
+    files = {"h200-old": step_file("NVIDIA H200", "2026-12-01", 1.0),
+             "h200-new": step_file("NVIDIA H200", "2026-12-02", 2.0),
+             "h100": step_file("NVIDIA H100 80GB HBM3", "2026-12-03", 3.0)}
+    for name, data in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    shown = load(tmp_path)["step_profile"]
+    assert sorted((d["machine"]["device"], d["rows"][0]["tok_s"]) for d in shown) == [
+        ("NVIDIA H100 80GB HBM3", 3.0), ("NVIDIA H200", 2.0)]
+
+
+def test_weight_bandwidth_limit_follows_the_gpu():
+    h200 = weight_bandwidth_limit(step_file("NVIDIA H200", "", 0.0))
+    h100 = weight_bandwidth_limit(step_file("NVIDIA H100 80GB HBM3", "", 0.0))
+    assert h200 == pytest.approx(2859) and h100 == pytest.approx(2859 * 3.0 / 4.2)
+    assert weight_bandwidth_limit(step_file("cpu", "", 0.0)) is None
