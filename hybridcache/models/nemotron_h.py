@@ -64,9 +64,16 @@ class Block(nn.Module):
 
     def residual(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The block on the stream x + delta (delta None: x), as (stream, mixer output): the residual add is
-        fused into the norm of the block after it (`RMSNorm.add`)."""
-        h, x = self.norm.add(x, delta)
-        return x, self.tp.all_reduce(self.mixer(h, batch) if self.reads_batch else self.mixer(h))
+        fused into the norm of the block after it (`RMSNorm.add`), and with the mixer's first GEMM where it has
+        one (`input_projection`; the MoE's router and experts share their input)."""
+        if hasattr(self.mixer, "input_projection"):
+            projected, x = self.norm.add_linear(x, delta, *self.mixer.input_projection)
+            out = self.mixer.forward_projected(projected, batch) if self.reads_batch else \
+                self.mixer.forward_projected(projected)
+        else:
+            h, x = self.norm.add(x, delta)
+            out = self.mixer(h, batch) if self.reads_batch else self.mixer(h)
+        return x, self.tp.all_reduce(out)
 
 
 def _blocks(s: NemotronHSpec, device: Device, dtype: torch.dtype, tp: TPGroup, stage: Stage) -> dict[int, Block]:

@@ -18,6 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .pdl_triton import pdl_entry, pdl_launch
+from .rms_norm_triton import _round
 
 MAX_ROWS = 4
 # 4 x 1,024 weight elements a step: 64 bytes of loads a thread in flight at 4 warps, and 512 programs for a
@@ -27,6 +28,9 @@ MAX_ROWS = 4
 BLOCK_N = 4
 BLOCK_K = 1024
 NUM_WARPS = 4
+# `add_rms_norm_gemv_triton`'s step: it also loads the stream and the norm weight in the weight block's layout,
+# so at 1,024 it compiles to 190 registers a thread (sm_90), at 512 to 94 (untimed)
+NORM_BLOCK_K = 512
 
 
 @triton.jit
@@ -115,3 +119,93 @@ def gemv_triton(
         num_warps=num_warps or NUM_WARPS, **({"num_stages": num_stages} if num_stages else {}), **pdl_launch(x),
     )
     return y
+
+
+@triton.jit
+def _stream(x_ptr, d_ptr, at, ok, X: tl.constexpr, HAS_DELTA: tl.constexpr):
+    """The stream x + delta at offsets `at` (any shape), fp32, rounded as torch's add in x's dtype
+    (`rms_norm_triton`'s ADD); x where not HAS_DELTA; zeros where not ok."""
+    s = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        s = _round(s + tl.load(d_ptr + at, mask=ok, other=0.0).to(tl.float32), X)
+    return s
+
+
+@triton.jit
+def _norm_gemv_kernel(
+    x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, s_ptr, N, K, eps, s_wn,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_DELTA: tl.constexpr, ZERO_CENTRED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+):
+    """One row: the stream s = x + delta [K] (rounded to x's dtype, as `x + delta` is; x where not HAS_DELTA),
+    y = W·(s ⊙ nw)·rstd (+ b) with rstd = 1 / rms(s): the norm's scale applied after the sum, so one pass over
+    the weight also gathers Σs². Program 0 stores s where HAS_DELTA."""
+    pdl_entry(PDL)
+    X: tl.constexpr = x_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    nn = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = nn < N
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        w = tl.load(w_ptr + nn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        # s twice: as [BLOCK_K] for Σs² and the stream, and in the weight block's layout for the product (see
+        # `_x_row`), each computed from its own loads (L1 hits) rather than converted between layouts
+        s1 = _stream(x_ptr, d_ptr, kk, k_ok, X, HAS_DELTA)
+        squares += s1 * s1
+        if HAS_DELTA:
+            tl.store(s_ptr + kk, s1.to(X), mask=k_ok & (pid == 0))
+        at = kk[None, :] + 0 * nn[:, None]
+        scale = tl.load(nw_ptr + at, mask=k_ok[None, :], other=0.0).to(tl.float32)
+        if ZERO_CENTRED:
+            scale += 1.0
+        acc += w.to(tl.float32) * (_stream(x_ptr, d_ptr, at, k_ok[None, :], X, HAS_DELTA) * scale)
+    rstd = tl.rsqrt(tl.math.div_rn(tl.sum(squares, 0), K * 1.0) + eps)  # mean(s²), as the norm kernel's
+    y = tl.sum(acc, 1) * rstd
+    if HAS_BIAS:
+        y += tl.load(b_ptr + nn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + nn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+def add_rms_norm_gemv_triton(
+    x: Tensor,
+    delta: Tensor | None,
+    norm_weight: Tensor,
+    eps: float,
+    zero_centred: bool,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    block_k: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """A pre-norm layer's residual add, RMSNorm and first GEMM for one row, in one launch: x, delta [1, K] (delta
+    None: no add), norm_weight [K] (used as 1 + w where `zero_centred`), weight [N, K], bias [N] or None ->
+    (y [1, N], stream [1, K]): stream = x + delta in x's dtype (x itself without delta) and y =
+    `F.linear(RMSNorm(stream), weight, bias)`, fp32 throughout: the normalised row is not rounded to x's dtype
+    before the product, as the two-launch path rounds it, so y agrees with it within a rounding of y.
+    `block_k` (a power of two, default NORM_BLOCK_K): the step over K, BLOCK_N outputs a program."""
+    if x.dim() != 2 or x.shape[0] != 1 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [1, K] and [N, K]")
+    K, N = x.shape[1], weight.shape[0]
+    if delta is not None and delta.shape != x.shape:
+        raise ValueError(f"delta {tuple(delta.shape)}: need {tuple(x.shape)}")
+    if norm_weight.shape != (K,):
+        raise ValueError(f"norm weight {tuple(norm_weight.shape)}: need [{K}]")
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias {tuple(bias.shape)}: need [{N}]")
+    if K == 0:
+        raise ValueError("RMSNorm of an empty row")
+    y = torch.empty(1, N, dtype=x.dtype, device=x.device)
+    stream = x if delta is None else torch.empty_like(x, memory_format=torch.contiguous_format)
+    if N == 0 and delta is None:
+        return y, stream
+    x, weight = x.contiguous(), weight if weight.stride(1) == 1 else weight.contiguous()
+    bk = min(block_k or NORM_BLOCK_K, max(16, triton.next_power_of_2(K)))
+    _norm_gemv_kernel[(max(1, triton.cdiv(N, BLOCK_N)),)](
+        x, x if delta is None else delta.contiguous(), norm_weight.contiguous(), weight,
+        weight if bias is None else bias, y, stream, N, K, eps, weight.stride(0),
+        BLOCK_N=BLOCK_N, BLOCK_K=bk, HAS_DELTA=delta is not None, ZERO_CENTRED=zero_centred,
+        HAS_BIAS=bias is not None, num_warps=NUM_WARPS, **pdl_launch(x),
+    )
+    return y, stream

@@ -18,6 +18,10 @@ from torch import Tensor
 from .triton_support import runs_triton
 
 GEMV_ROWS = 1
+# A pre-norm block's residual add and RMSNorm folded into its first GEMM where that takes the gemv (one row):
+# one launch instead of two (`gemv_triton.add_rms_norm_gemv_triton`). Off: not yet timed
+# (benchmarks/gpu/norm_gemv.sh).
+FUSE_NORM = False
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -27,6 +31,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
         return gemv_triton(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def fuses_norm(x: Tensor) -> bool:
+    """Whether a norm over x [M, K] and the GEMM after it run as one launch (`add_rms_norm_gemv_triton`)."""
+    return FUSE_NORM and x.dim() == 2 and x.shape[0] == 1 <= GEMV_ROWS and runs_triton(x)
 
 
 def relu2(x: Tensor) -> Tensor:

@@ -146,6 +146,11 @@ for rows, bias in ((1, False), (4, True)):
     results[f"gemv-rows{rows}"] = compile_(gemv_triton._gemv_kernel, gemv_sig, {
         "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias},
         num_warps=gemv_triton.NUM_WARPS)
+norm_gemv_sig = {**{n: "*bf16" for n in ("x_ptr", "d_ptr", "nw_ptr", "w_ptr", "b_ptr", "y_ptr", "s_ptr")},
+                 "N": "i32", "K": "i32", "eps": "fp32", "s_wn": "i64"}
+results["norm_gemv"] = compile_(gemv_triton._norm_gemv_kernel, norm_gemv_sig, {
+    "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.NORM_BLOCK_K, "HAS_DELTA": True, "ZERO_CENTRED": False,
+    "HAS_BIAS": False}, num_warps=gemv_triton.NUM_WARPS)
 print(json.dumps({"compiled": results, "spills": spills}))
 '''
 CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
@@ -154,7 +159,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1", "gemv-rows1",
-         "gemv-rows4"]
+         "gemv-rows4", "norm_gemv"]
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py

@@ -45,6 +45,15 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(inner, part, hidden, bias, tp, device, dtype)
         self.act = ACTIVATIONS[act]
 
+    @property
+    def input_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """up_proj's (weight, bias): the GEMM a caller may fuse with the norm before it (`forward_projected`)."""
+        return self.up_proj.weight, self.up_proj.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
-        return self.down_proj(self.act(self.up_proj(x)))
+        return self.forward_projected(self.up_proj(x))
+
+    def forward_projected(self, projected: torch.Tensor) -> torch.Tensor:
+        """`forward` from up_proj's output [N, I]."""
+        return self.down_proj(self.act(projected))

@@ -1,0 +1,49 @@
+"""A nemotron_h block with its residual add and norm folded into the mixer's first GEMM (FUSE_NORM,
+`RMSNorm.add_linear`) against the same block with them apart: the stream bit for bit and the block's output
+within fp32 summation order, one row, an MLP block (no batch state), with a delta and without. Runs the Triton
+kernels in the interpreter (CPU) or on CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridcache.models.layers.mlp import MLP
+from hybridcache.models.layers.norm import RMSNorm
+from hybridcache.models.nemotron_h import Block
+from hybridcache.ops import linear
+from hybridcache.ops.triton_support import HAS_TRITON, interpreting, kernels_on_cpu
+from tests.ops.dispatch import record_calls
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not (HAS_TRITON and interpreting()),
+                                reason="needs CUDA, or triton's CPU interpreter (TRITON_INTERPRET=1)")
+
+
+def mlp_block(hidden: int = 48, inner: int = 80, seed: int = 0) -> Block:
+    block = Block("-", MLP(hidden, inner, "relu2", False, DEVICE, torch.float32),
+                  RMSNorm(hidden, 1e-5, DEVICE, torch.float32), reads_batch=False)
+    g = torch.Generator().manual_seed(seed)
+    for p in block.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+    return block
+
+
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_folded_norm_gives_the_separate_launches_values(monkeypatch, with_delta):
+    from hybridcache.ops import gemv_triton
+
+    block = mlp_block()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 48, generator=g).to(DEVICE)
+    delta = torch.randn(1, 48, generator=g).to(DEVICE) if with_delta else None
+    calls = record_calls(monkeypatch, gemv_triton, "add_rms_norm_gemv_triton")
+    with kernels_on_cpu() if DEVICE == "cpu" else torch.no_grad():
+        stream, out = block.residual(x, delta, None)
+        assert calls == []
+        monkeypatch.setattr(linear, "FUSE_NORM", True)
+        fused_stream, fused_out = block.residual(x, delta, None)
+        assert calls == ["add_rms_norm_gemv_triton"]
+        block.residual(torch.cat([x, x]), None if delta is None else torch.cat([delta, delta]), None)
+        assert calls == ["add_rms_norm_gemv_triton"]  # two rows: apart
+    assert torch.equal(fused_stream, stream)
+    torch.testing.assert_close(fused_out, out, atol=1e-5, rtol=1e-5)
