@@ -18,6 +18,7 @@ from .layers.mamba2_mixer import STATE_NAME, Mamba2Mixer
 from .layers.mlp import MLP, Linear
 from .layers.moe import MoE
 from .layers.norm import RMSNorm
+from .layers.prenorm import prenorm
 from .nemotron_h_config import NemotronHSpec
 from .registry import register
 
@@ -64,15 +65,9 @@ class Block(nn.Module):
 
     def residual(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The block on the stream x + delta (delta None: x), as (stream, mixer output): the residual add is
-        fused into the norm of the block after it (`RMSNorm.add`), and with the mixer's first GEMM where it has
-        one (`input_projection`; the MoE's router and experts share their input)."""
-        if hasattr(self.mixer, "input_projection"):
-            projected, x = self.norm.add_linear(x, delta, *self.mixer.input_projection)
-            out = self.mixer.forward_projected(projected, batch) if self.reads_batch else \
-                self.mixer.forward_projected(projected)
-        else:
-            h, x = self.norm.add(x, delta)
-            out = self.mixer(h, batch) if self.reads_batch else self.mixer(h)
+        fused into the norm of the block after it (`RMSNorm.add`), and that into the mixer's first GEMM where
+        it has one (`prenorm`)."""
+        out, x = prenorm(self.norm, self.mixer, x, delta, *((batch,) if self.reads_batch else ()))
         return x, self.tp.all_reduce(out)
 
 

@@ -19,8 +19,8 @@ from .triton_support import runs_triton
 
 GEMV_ROWS = 1
 # A pre-norm block's residual add and RMSNorm folded into its first GEMM where that takes the gemv (one row):
-# one launch instead of two (`gemv_triton.add_rms_norm_gemv_triton`). Off: not yet timed
-# (benchmarks/gpu/norm_gemv.sh).
+# one launch instead of two (`gemv_triton.add_rms_norm_gemv_triton`, `models/layers/prenorm.py`). Off: not yet
+# timed (benchmarks/gpu/norm_gemv.sh).
 FUSE_NORM = False
 
 

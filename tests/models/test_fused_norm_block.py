@@ -1,5 +1,5 @@
 """A nemotron_h block with its residual add and norm folded into the mixer's first GEMM (FUSE_NORM,
-`RMSNorm.add_linear`) against the same block with them apart: the stream bit for bit and the block's output
+`layers/prenorm.py`) against the same block with them apart: the stream bit for bit and the block's output
 within fp32 summation order, one row, an MLP block (no batch state), with a delta and without. Runs the Triton
 kernels in the interpreter (CPU) or on CUDA."""
 from __future__ import annotations
@@ -47,3 +47,38 @@ def test_folded_norm_gives_the_separate_launches_values(monkeypatch, with_delta)
         assert calls == ["add_rms_norm_gemv_triton"]  # two rows: apart
     assert torch.equal(fused_stream, stream)
     torch.testing.assert_close(fused_out, out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the tiny models' kernels on CPU tensors (interpreter)")
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_next", "kimi_linear"])
+def test_one_row_decode_logits_with_the_norm_folded(family, tmp_path, monkeypatch):
+    """Each family's tiny model decoding one request (one row a step: every block's norm folded into its mixer's
+    first GEMM where it has one) gives the logits of the same steps with the norms apart, within fp32
+    summation order; the fold ran."""
+    from hybridcache.models.loader import load_model
+    from hybridcache.ops import gemv_triton
+    from tests.models import helpers, test_kimi_linear, test_qwen3_next
+
+    save = {"nemotron_h": helpers.save_tiny, "qwen3_next": test_qwen3_next.save_tiny,
+            "kimi_linear": test_kimi_linear.save_tiny}[family]
+    path, _ = save(tmp_path / family)
+    model = load_model(path)
+    calls = record_calls(monkeypatch, gemv_triton, "add_rms_norm_gemv_triton")
+
+    def decode(fused: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(linear, "FUSE_NORM", fused)
+        drv = helpers.Driver(model)
+        drv.prefill({"a": [3 + i % 7 for i in range(9)]})
+        out = []
+        with kernels_on_cpu():
+            for token in (5, 9, 4):
+                out += drv.step([], [("a", [token])])
+                drv.accept()
+        return out
+
+    apart = decode(False)
+    assert calls == []
+    folded = decode(True)
+    assert len(calls) >= 3
+    for a, f in zip(apart, folded):
+        torch.testing.assert_close(f, a, atol=1e-5, rtol=1e-5)

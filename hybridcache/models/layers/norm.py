@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops.linear import fuses_norm, linear
 from ...ops.triton_support import runs_triton
 from ...parallel import TPGroup
 from .params import param
@@ -60,17 +59,6 @@ class RMSNorm(WeightedNorm):
             return add_rms_norm_triton(x, delta, self.weight, self.eps, self.zero_centred)
         x = x + delta
         return self(x), x
-
-    def add_linear(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                   bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(linear(norm(x + delta), weight, bias), x + delta): `add` and the GEMM after it, one launch where
-        `fuses_norm` (the normalised row then not rounded to x's dtype before the GEMM: the same within a
-        rounding of the result), else two."""
-        if fuses_norm(x):
-            from ...ops.gemv_triton import add_rms_norm_gemv_triton
-            return add_rms_norm_gemv_triton(x, delta, self.weight, self.eps, self.zero_centred, weight, bias)
-        h, x = self.add(x, delta)
-        return linear(h, weight, bias), x
 
 
 class GatedGroupRMSNorm(WeightedNorm):
