@@ -104,14 +104,14 @@ def test_kernels_give_the_torch_paths_tokens(checkpoint, mode, launched, monkeyp
     assert expected <= launched, f"not launched: {sorted(expected - launched)}"
 
 
-@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_next", "kimi_linear"])
-def test_norm_folded_into_the_first_gemm_gives_the_same_tokens(family, tmp_path, launched, monkeypatch):
-    """FUSE_NORM (`ops/linear.py`): the blocks fold their residual add and norm into the mixer's first GEMM at
-    one row a step (`layers/prenorm.py`), which the steps reach once one request is left; the tokens are the
-    torch paths'."""
+def test_norm_folded_into_the_first_gemm_gives_the_same_tokens(tmp_path, launched, monkeypatch):
+    """FUSE_NORM (`ops/linear.py`) through the engine: nemotron_h's blocks fold their residual add and norm into
+    the mixer's first GEMM at one row a step (`layers/prenorm.py`), which the steps reach once one request is
+    left; the tokens are the torch paths'. (Every family's logits, folded against apart:
+    tests/models/test_fused_norm_block.py.)"""
     from hybridcache.ops import linear
 
-    path, _ = SAVERS[family](tmp_path / family)
+    path, _ = SAVERS["nemotron_h"](tmp_path / "nemotron_h")
     torch_paths = run(path, "plain", kernels=False)
     monkeypatch.setattr(linear, "FUSE_NORM", True)
     assert run(path, "plain", kernels=True) == torch_paths
