@@ -7,7 +7,8 @@ between): wall - replay is the host's share of a step, replay - GPU the gaps bet
 
     python benchmarks/step_profile.py --family nemotron_h --size 1b --device cuda --dtype bfloat16
     python benchmarks/step_profile.py ... --by-module     # also: kernels and their time per layer kind
-                                                          # (graph modes: the kernels taking the most time)
+                                                          # (graph modes: the kernels taking the most time,
+                                                          # kept in the JSON row as `kernels`)
 
 `--by-module` profiles one eager step (the graph replays the same kernels) with a profiler range around
 every leaf-most module's forward, and charges each kernel to the innermost module that launched it
@@ -131,20 +132,26 @@ def by_module(llm, device: str, steps: int) -> None:
     for kind, (count, ms) in sorted(counts.items(), key=lambda kv: -kv[1][1]):
         print(f"    {kind:28} {count / steps:7.0f} {ms / steps:8.3f}   {ms / total:5.1%}")
     if cuda:
-        top_kernels(prof, steps)
+        print_kernels(top_kernels(prof, steps))
 
 
-def top_kernels(prof, steps: int, rows: int = 25) -> None:
-    """The kernels that take the most GPU time per step, by name (a graph's replayed kernels included)."""
+def top_kernels(prof, steps: int, rows: int = 25) -> list[list]:
+    """The kernels that take the most GPU time per step, by name (a graph's replayed kernels included):
+    [[name, launches a step, GPU ms a step], ...], most time first."""
     by_name: dict[str, list[float]] = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("module::"):
             entry = by_name.setdefault(e.name[:70], [0, 0.0])
             entry[0] += 1
             entry[1] += e.device_time / 1e3
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:rows]
+    return [[name, count / steps, ms / steps] for name, (count, ms) in ranked]
+
+
+def print_kernels(kernels: list[list]) -> None:
     print("  per step, the kernels that take the most GPU time (count, ms):")
-    for name, (count, ms) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:rows]:
-        print(f"    {count / steps:5.0f} {ms / steps:7.3f}  {name}")
+    for name, count, ms in kernels:
+        print(f"    {count:5.0f} {ms:7.3f}  {name}")
 
 
 def replay_ms(llm, steps: int) -> float | None:
@@ -262,15 +269,16 @@ def main() -> None:
             if args.host_profile:
                 host_profile(llm, args.steps)  # before the replays below, which rerun a step on its slots
             replay = replay_ms(llm, args.steps) if cuda and not eager else None
+            top = top_kernels(prof, args.steps) if args.by_module and cuda and not eager else None
             record.add(batch=b, mode=mode, wall_ms=wall * 1e3, gpu_ms=gpu, launches=len(kernels) / args.steps,
-                       tok_s=per_step / wall, replay_ms=replay)
+                       tok_s=per_step / wall, replay_ms=replay, **({"kernels": top} if top else {}))
             extra = "" if replay is None else f" {replay:>9.2f} {1 - replay / (wall * 1e3):>10.0%}"
             print(f"{b:>5} {mode:>10} {wall * 1e3:>8.2f} {gpu:>7.2f} {gpu / (wall * 1e3):>5.0%} "
                   f"{len(kernels) / args.steps:>9.0f} {per_step / wall:>8.0f}{extra}")
             if eager and args.by_module:
                 by_module(llm, args.device, min(args.steps, 5))
-            elif args.by_module and cuda:
-                top_kernels(prof, args.steps)
+            elif top:
+                print_kernels(top)
             del llm
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
