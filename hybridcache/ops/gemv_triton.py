@@ -188,8 +188,8 @@ def add_rms_norm_gemv_triton(
     if x.dim() != 2 or x.shape[0] != 1 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [1, K] and [N, K]")
     K, N = x.shape[1], weight.shape[0]
-    if delta is not None and delta.shape != x.shape:
-        raise ValueError(f"delta {tuple(delta.shape)}: need {tuple(x.shape)}")
+    if delta is not None and (delta.shape != x.shape or delta.dtype != x.dtype):
+        raise ValueError(f"delta {tuple(delta.shape)} {delta.dtype}: need {tuple(x.shape)} {x.dtype}")
     if norm_weight.shape != (K,):
         raise ValueError(f"norm weight {tuple(norm_weight.shape)}: need [{K}]")
     if bias is not None and bias.shape != (N,):

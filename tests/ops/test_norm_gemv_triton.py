@@ -83,6 +83,8 @@ def test_rejects_what_it_does_not_take():
         add_rms_norm_gemv_triton(torch.cat([x, x]), None, nw, EPS, False, w)
     with pytest.raises(ValueError, match="delta"):
         add_rms_norm_gemv_triton(x, delta[:, :16], nw, EPS, False, w)
+    with pytest.raises(ValueError, match="delta"):
+        add_rms_norm_gemv_triton(x, delta.double(), nw, EPS, False, w)
     with pytest.raises(ValueError, match="norm weight"):
         add_rms_norm_gemv_triton(x, delta, nw[:16], EPS, False, w)
     with pytest.raises(ValueError, match="bias"):
