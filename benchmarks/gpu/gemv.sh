@@ -1,7 +1,8 @@
 # See README.md here: one device call, from the repository root, about 60 s on an H100. The few-row Triton GEMM
 # (`ops/gemv_triton.py`, one row by default: `ops/linear.py` GEMV_ROWS = 1) against cuBLAS: its GPU tests; the
 # decode GEMMs through every path at 1 row with its tilings swept (`ops_linear.py --sweep`), then at 4 rows; into
-# $OUT. Timed alone a weight that fits in L2 is read from it again: `gemv_steps.sh` times it inside the steps.
+# $OUT. (Before session 43's copies, a weight timed alone was read from L2: 8 x 256 won there and lost in the
+# steps.) `gemv_steps.sh` times it inside the steps.
 set -u
 source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
