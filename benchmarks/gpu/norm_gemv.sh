@@ -1,14 +1,14 @@
 # See README.md here: one device call, from the repository root, about 500 s on a cold compile cache. The
-# residual add + RMSNorm folded into a block's first GEMM at one row (`ops/linear.py` FUSE_NORM, off by default;
-# `gemv_triton.add_rms_norm_gemv_triton`, `models/layers/prenorm.py`): its GPU tests; the two launches against
-# one, alone (`ops_linear.py --norm`); then each of $FAMILIES' batch-1 graph step with it off and on (at
-# NORM_BLOCK_K $BLOCKS, default 512), back to back, by module; into $OUT. Set FUSE_NORM and NORM_BLOCK_K from it.
+# residual add + RMSNorm folded into a block's first GEMM or router at one row (`ops/linear.py` FUSE_NORM, off by
+# default; `models/layers/prenorm.py`): its GPU tests; the two launches against one, alone (`ops_linear.py
+# --norm`); then each of $FAMILIES' batch-1 graph step with it off and on (at NORM_BLOCK_K $BLOCKS, default 512),
+# back to back, by module; into $OUT. Set FUSE_NORM and NORM_BLOCK_K from it.
 set -u
 source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 build_checkpoints >/dev/null 2>&1
 timeout 60 python3 -m pytest -n 4 -p no:cacheprovider -o addopts="" -q -rf tests/ops/test_norm_gemv_triton.py \
-    tests/models/test_fused_norm_block.py 2>&1 | grep -v "Warning\|warn(" | tail -3
+    tests/ops/test_moe_routers_norm.py tests/models/test_fused_norm_block.py 2>&1 | grep -v "Warning\|warn(" | tail -3
 timeout 90 python3 benchmarks/ops_linear.py --rows 1 --norm --json $OUT/ops_linear-norm.json 2>&1 | grep -v Warn
 for f in $FAMILIES; do
   for setting in "False 512" $(for b in ${BLOCKS:-512}; do echo "True_$b"; done); do

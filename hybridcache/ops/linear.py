@@ -18,9 +18,10 @@ from torch import Tensor
 from .triton_support import runs_triton
 
 GEMV_ROWS = 1
-# A pre-norm block's residual add and RMSNorm folded into its first GEMM where that takes the gemv (one row):
-# one launch instead of two (`gemv_triton.add_rms_norm_gemv_triton`, `models/layers/prenorm.py`). Off: not yet
-# timed (benchmarks/gpu/norm_gemv.sh).
+# A pre-norm block's residual add and RMSNorm folded into its first GEMM where that takes the gemv (one row), or
+# into its mixture's router: one launch instead of two (`gemv_triton.add_rms_norm_gemv_triton`,
+# `moe/routers_triton.add_rms_norm_*_topk_triton`, `models/layers/prenorm.py`). Off: not yet timed
+# (benchmarks/gpu/norm_gemv.sh).
 FUSE_NORM = False
 
 

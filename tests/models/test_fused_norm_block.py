@@ -53,10 +53,11 @@ def test_folded_norm_gives_the_separate_launches_values(monkeypatch, with_delta)
 @pytest.mark.parametrize("family", ["nemotron_h", "qwen3_next", "kimi_linear"])
 def test_one_row_decode_logits_with_the_norm_folded(family, tmp_path, monkeypatch):
     """Each family's tiny model decoding one request (one row a step: every block's norm folded into its mixer's
-    first GEMM where it has one) gives the logits of the same steps with the norms apart, within fp32
-    summation order; the fold ran."""
+    first GEMM, or its mixture's router) gives the logits of the same steps with the norms apart, within fp32
+    summation order; both folds ran."""
     from hybridcache.models.loader import load_model
     from hybridcache.ops import gemv_triton
+    from hybridcache.ops.moe import routers_triton
     from tests.models import helpers, test_kimi_linear, test_qwen3_next
 
     save = {"nemotron_h": helpers.save_tiny, "qwen3_next": test_qwen3_next.save_tiny,
@@ -64,6 +65,10 @@ def test_one_row_decode_logits_with_the_norm_folded(family, tmp_path, monkeypatc
     path, _ = save(tmp_path / family)
     model = load_model(path)
     calls = record_calls(monkeypatch, gemv_triton, "add_rms_norm_gemv_triton")
+    routed = record_calls(monkeypatch, routers_triton, "add_rms_norm_softmax_topk_triton",
+                          "add_rms_norm_group_topk_triton")
+    routed = record_calls(monkeypatch, routers_triton, "add_rms_norm_softmax_topk_triton",
+                          "add_rms_norm_group_topk_triton")
 
     def decode(fused: bool) -> list[torch.Tensor]:
         monkeypatch.setattr(linear, "FUSE_NORM", fused)
@@ -77,8 +82,8 @@ def test_one_row_decode_logits_with_the_norm_folded(family, tmp_path, monkeypatc
         return out
 
     apart = decode(False)
-    assert calls == []
+    assert calls == routed == []
     folded = decode(True)
-    assert len(calls) >= 3
+    assert len(calls) >= 3 and len(routed) >= 3  # a step each, at least
     for a, f in zip(apart, folded):
         torch.testing.assert_close(f, a, atol=1e-5, rtol=1e-5)

@@ -3,8 +3,10 @@ module's first GEMM where that runs as one launch (one row, `ops/linear.py` FUSE
 
 A module that starts with one GEMM of its whole input exposes it as `input_projection` (weight [O, D], bias
 [O] or None) and its remainder as `forward_projected(projected, *args)`: `forward(x, *args)` is
-`forward_projected(linear(x, *input_projection), *args)`. Where the fold does not run, the module's own
-`forward` runs (hooks and subclasses see it as before)."""
+`forward_projected(linear(x, *input_projection), *args)`. A mixture of experts whose router (`gate`) computes
+its logits in its kernel exposes `forward_routed(x, index, weight)`, and the router folds the norm in
+(`add_norm_route`: the normalised rows for the experts come out of the same launch). Where no fold runs, the
+module's own `forward` runs (hooks and subclasses see it as before)."""
 from __future__ import annotations
 
 import torch
@@ -23,5 +25,10 @@ def prenorm(norm: RMSNorm, module: nn.Module, x: torch.Tensor, delta: torch.Tens
         projected, x = add_rms_norm_gemv_triton(x, delta, norm.weight, norm.eps, norm.zero_centred,
                                                 *module.input_projection)
         return module.forward_projected(projected, *args), x
+    if fuses_norm(x) and hasattr(module, "forward_routed"):
+        routed = module.gate.add_norm_route(x, delta, norm)
+        if routed is not None:
+            h, x, index, weight = routed
+            return module.forward_routed(h, index, weight, *args), x
     h, x = norm.add(x, delta)
     return module(h, *args), x

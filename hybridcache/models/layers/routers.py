@@ -10,6 +10,21 @@ from ...ops.triton_support import runs_triton
 from .params import param
 
 
+def _folds_norm(router: nn.Module, x: torch.Tensor) -> bool:
+    """Whether `router` computes its logits of x [N, D] in its kernel, where a norm before it can fold in."""
+    (n, d), e = x.shape, router.weight.shape[0]
+    if not (runs_triton(x) and e <= ROUTER_MAX_EXPERTS):
+        return False
+    from ...ops.moe.routers_triton import fuses_logits
+    return fuses_logits(n, e, d)
+
+
+def _add_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module):
+    from ...ops.moe.routers_triton import AddNorm
+    return AddNorm(torch.zeros_like(x) if delta is None else delta.contiguous(), norm.weight, norm.eps,
+                   norm.zero_centred)
+
+
 class TopKRouter(nn.Module):
     """weight `[E, D]` and e_score_correction_bias `[E]`, both kept in fp32.
 
@@ -53,6 +68,18 @@ class TopKRouter(nn.Module):
             weight = weight / (weight.sum(-1, keepdim=True) + 1e-20)
         return index, weight * self.scaling
 
+    def add_norm_route(self, x: torch.Tensor, delta: torch.Tensor | None,
+                       norm: nn.Module) -> tuple[torch.Tensor, ...] | None:
+        """(h = norm(x + delta), x + delta, index, weight) in one launch with the RMSNorm `norm` folded in, where
+        the kernel computes the logits (`routers_triton.add_rms_norm_group_topk_triton`); else None."""
+        if not _folds_norm(self, x):
+            return None
+        from ...ops.moe.routers_triton import add_rms_norm_group_topk_triton
+        index, weight, h, stream = add_rms_norm_group_topk_triton(
+            x.contiguous(), _add_norm(x, delta, norm), self.e_score_correction_bias, self.top_k, self.n_group,
+            self.topk_group, self.norm_topk_prob, self.scaling, self.weight)
+        return h, stream, index, weight
+
 
 class SoftmaxTopKRouter(nn.Module):
     """weight `[E, D]`; probabilities softmax(logits) in fp32, top k of them, renormalised if `norm_topk_prob`."""
@@ -79,3 +106,14 @@ class SoftmaxTopKRouter(nn.Module):
         if self.norm_topk_prob:
             weight = weight / weight.sum(-1, keepdim=True)
         return index, weight.to(logits.dtype)
+
+    def add_norm_route(self, x: torch.Tensor, delta: torch.Tensor | None,
+                       norm: nn.Module) -> tuple[torch.Tensor, ...] | None:
+        """(h = norm(x + delta), x + delta, index, weight) in one launch with the RMSNorm `norm` folded in, where
+        the kernel computes the logits (`routers_triton.add_rms_norm_softmax_topk_triton`); else None."""
+        if not _folds_norm(self, x):
+            return None
+        from ...ops.moe.routers_triton import add_rms_norm_softmax_topk_triton
+        index, weight, h, stream = add_rms_norm_softmax_topk_triton(
+            x.contiguous(), _add_norm(x, delta, norm), self.top_k, self.norm_topk_prob, self.weight)
+        return h, stream, index, weight
