@@ -1,6 +1,8 @@
 """Expert routers: `x [N, D] -> (expert index [N, k], weight [N, k])`."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,19 +12,20 @@ from ...ops.triton_support import runs_triton
 from .params import param
 
 
-def _folds_norm(router: nn.Module, x: torch.Tensor) -> bool:
-    """Whether `router` computes its logits of x [N, D] in its kernel, where a norm before it can fold in."""
+def _route_normed(router: nn.Module, x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module,
+                  route: Callable) -> tuple[torch.Tensor, ...] | None:
+    """`add_norm_route` of `router`: route(x, AddNorm) -> (index, weight, h, stream) where the router computes
+    its logits of x [N, D] in its kernel (`fuses_logits`), as (h, stream, index, weight); else None."""
     (n, d), e = x.shape, router.weight.shape[0]
     if not (runs_triton(x) and e <= ROUTER_MAX_EXPERTS):
-        return False
-    from ...ops.moe.routers_triton import fuses_logits
-    return fuses_logits(n, e, d)
-
-
-def _add_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module):
-    from ...ops.moe.routers_triton import AddNorm
-    return AddNorm(torch.zeros_like(x) if delta is None else delta.contiguous(), norm.weight, norm.eps,
-                   norm.zero_centred)
+        return None
+    from ...ops.moe.routers_triton import AddNorm, fuses_logits
+    if not fuses_logits(n, e, d):
+        return None
+    add_norm = AddNorm(torch.zeros_like(x) if delta is None else delta.contiguous(), norm.weight, norm.eps,
+                       norm.zero_centred)
+    index, weight, h, stream = route(x.contiguous(), add_norm)
+    return h, stream, index, weight
 
 
 class TopKRouter(nn.Module):
@@ -72,13 +75,12 @@ class TopKRouter(nn.Module):
                        norm: nn.Module) -> tuple[torch.Tensor, ...] | None:
         """(h = norm(x + delta), x + delta, index, weight) in one launch with the RMSNorm `norm` folded in, where
         the kernel computes the logits (`routers_triton.add_rms_norm_group_topk_triton`); else None."""
-        if not _folds_norm(self, x):
-            return None
-        from ...ops.moe.routers_triton import add_rms_norm_group_topk_triton
-        index, weight, h, stream = add_rms_norm_group_topk_triton(
-            x.contiguous(), _add_norm(x, delta, norm), self.e_score_correction_bias, self.top_k, self.n_group,
-            self.topk_group, self.norm_topk_prob, self.scaling, self.weight)
-        return h, stream, index, weight
+        def route(x, add_norm):
+            from ...ops.moe.routers_triton import add_rms_norm_group_topk_triton
+            return add_rms_norm_group_topk_triton(x, add_norm, self.e_score_correction_bias, self.top_k, self.n_group,
+                                                  self.topk_group, self.norm_topk_prob, self.scaling, self.weight)
+
+        return _route_normed(self, x, delta, norm, route)
 
 
 class SoftmaxTopKRouter(nn.Module):
@@ -111,9 +113,8 @@ class SoftmaxTopKRouter(nn.Module):
                        norm: nn.Module) -> tuple[torch.Tensor, ...] | None:
         """(h = norm(x + delta), x + delta, index, weight) in one launch with the RMSNorm `norm` folded in, where
         the kernel computes the logits (`routers_triton.add_rms_norm_softmax_topk_triton`); else None."""
-        if not _folds_norm(self, x):
-            return None
-        from ...ops.moe.routers_triton import add_rms_norm_softmax_topk_triton
-        index, weight, h, stream = add_rms_norm_softmax_topk_triton(
-            x.contiguous(), _add_norm(x, delta, norm), self.top_k, self.norm_topk_prob, self.weight)
-        return h, stream, index, weight
+        def route(x, add_norm):
+            from ...ops.moe.routers_triton import add_rms_norm_softmax_topk_triton
+            return add_rms_norm_softmax_topk_triton(x, add_norm, self.top_k, self.norm_topk_prob, self.weight)
+
+        return _route_normed(self, x, delta, norm, route)
