@@ -31,6 +31,14 @@ NUM_WARPS = 4
 # `add_rms_norm_gemv_triton`'s step: it also loads the stream and the norm weight in the weight block's layout,
 # so at 1,024 it compiles to 190 registers a thread (sm_90), at 512 to 94 (untimed)
 NORM_BLOCK_K = 512
+# Triton's CPU interpreter runs programs one by one at a fixed cost each: there a program takes up to this many
+# outputs (the tiny test models' whole GEMM, in one to a few programs), the same values within summation order
+INTERPRETER_BLOCK_N = 64
+
+
+def _block_n(x: Tensor, N: int, block_n: int | None) -> int:
+    """Outputs a program: `block_n`, else BLOCK_N on a GPU and up to INTERPRETER_BLOCK_N in the interpreter."""
+    return block_n or (BLOCK_N if x.is_cuda else min(INTERPRETER_BLOCK_N, max(BLOCK_N, triton.next_power_of_2(N))))
 
 
 @triton.jit
@@ -94,8 +102,8 @@ def gemv_triton(
 ) -> Tensor:
     """`F.linear(x, weight, bias)` for x [M, K] with M <= MAX_ROWS, weight [N, K], bias [N] or None -> [M, N] in
     x's dtype; fp32 accumulation, so the values agree with cuBLAS's within one rounding of the result.
-    `block_n`, `block_k` (powers of two), `num_warps`, `num_stages`: the tiling (defaults BLOCK_N, BLOCK_K,
-    NUM_WARPS, Triton's stages), which changes the result only within rounding."""
+    `block_n`, `block_k` (powers of two), `num_warps`, `num_stages`: the tiling (defaults BLOCK_N (`_block_n`),
+    BLOCK_K, NUM_WARPS, Triton's stages), which changes the result only within rounding."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [M, K] and [N, K]")
     M, K = x.shape
@@ -111,7 +119,7 @@ def gemv_triton(
         return y.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(y))
     x = x if x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
-    bn = block_n or BLOCK_N
+    bn = _block_n(x, N, block_n)
     bk = min(block_k or BLOCK_K, max(16, triton.next_power_of_2(K)))
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x, weight, weight if bias is None else bias, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
@@ -202,10 +210,11 @@ def add_rms_norm_gemv_triton(
         return y, stream
     x, weight = x.contiguous(), weight if weight.stride(1) == 1 else weight.contiguous()
     bk = min(block_k or NORM_BLOCK_K, max(16, triton.next_power_of_2(K)))
-    _norm_gemv_kernel[(max(1, triton.cdiv(N, BLOCK_N)),)](
+    bn = _block_n(x, N, None)
+    _norm_gemv_kernel[(max(1, triton.cdiv(N, bn)),)](
         x, x if delta is None else delta.contiguous(), norm_weight.contiguous(), weight,
         weight if bias is None else bias, y, stream, N, K, eps, weight.stride(0),
-        BLOCK_N=BLOCK_N, BLOCK_K=bk, HAS_DELTA=delta is not None, ZERO_CENTRED=zero_centred,
+        BLOCK_N=bn, BLOCK_K=bk, HAS_DELTA=delta is not None, ZERO_CENTRED=zero_centred,
         HAS_BIAS=bias is not None, num_warps=NUM_WARPS, **pdl_launch(x),
     )
     return y, stream

@@ -63,6 +63,18 @@ def test_steps_agree(block_k):
     torch.testing.assert_close(y.cpu(), reference(x + delta, nw, False, w, b).cpu(), atol=1e-5, rtol=1e-5)
 
 
+def test_many_programs_one_stream_writer(monkeypatch):
+    """At the GPU's 4 outputs a program (the interpreter's default takes up to 64), 10 programs share the row:
+    program 0 alone stores the stream, every program's outputs are right."""
+    from hybridcache.ops import gemv_triton as gemv_module
+
+    monkeypatch.setattr(gemv_module, "INTERPRETER_BLOCK_N", gemv_module.BLOCK_N)
+    x, delta, nw, w, b = inputs(37, 300, torch.float32, True, True, seed=6)
+    y, stream = add_rms_norm_gemv_triton(x, delta, nw, EPS, True, w, b)
+    assert torch.equal(stream.cpu(), (x + delta).cpu())
+    torch.testing.assert_close(y.cpu(), reference(x + delta, nw, True, w, b).cpu(), atol=1e-5, rtol=1e-5)
+
+
 def test_without_delta_the_stream_is_x():
     x, _, nw, w, b = inputs(20, 200, torch.float32, True, False, seed=1)
     y, stream = add_rms_norm_gemv_triton(x, None, nw, EPS, False, w, b)
