@@ -18,7 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .pdl_triton import pdl_entry, pdl_launch
-from .rms_norm_triton import _round
+from .rms_norm_triton import _norm_weight, _stream
 
 MAX_ROWS = 4
 # 4 x 1,024 weight elements a step: 64 bytes of loads a thread in flight at 4 warps, and 512 programs for a
@@ -130,16 +130,6 @@ def gemv_triton(
 
 
 @triton.jit
-def _stream(x_ptr, d_ptr, at, ok, X: tl.constexpr, HAS_DELTA: tl.constexpr):
-    """The stream x + delta at offsets `at` (any shape), fp32, rounded as torch's add in x's dtype
-    (`rms_norm_triton`'s ADD); x where not HAS_DELTA; zeros where not ok."""
-    s = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    if HAS_DELTA:
-        s = _round(s + tl.load(d_ptr + at, mask=ok, other=0.0).to(tl.float32), X)
-    return s
-
-
-@triton.jit
 def _norm_gemv_kernel(
     x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, s_ptr, N, K, eps, s_wn,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_DELTA: tl.constexpr, ZERO_CENTRED: tl.constexpr,
@@ -166,9 +156,7 @@ def _norm_gemv_kernel(
         if HAS_DELTA:
             tl.store(s_ptr + kk, s1.to(X), mask=k_ok & (pid == 0))
         at = kk[None, :] + 0 * nn[:, None]
-        scale = tl.load(nw_ptr + at, mask=k_ok[None, :], other=0.0).to(tl.float32)
-        if ZERO_CENTRED:
-            scale += 1.0
+        scale = _norm_weight(nw_ptr, at, k_ok[None, :], ZERO_CENTRED)
         acc += w.to(tl.float32) * (_stream(x_ptr, d_ptr, at, k_ok[None, :], X, HAS_DELTA) * scale)
     rstd = tl.rsqrt(tl.math.div_rn(tl.sum(squares, 0), K * 1.0) + eps)  # mean(s²), as the norm kernel's
     y = tl.sum(acc, 1) * rstd

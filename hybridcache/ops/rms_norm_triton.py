@@ -68,6 +68,26 @@ def _sigmoid(v):
 
 
 @triton.jit
+def _stream(x_ptr, d_ptr, at, ok, X: tl.constexpr, HAS_DELTA: tl.constexpr):
+    """The residual stream x + d at offsets `at` (any shape) in fp32, rounded to X as torch's add in x's dtype
+    (the ADD mode's rounding); x where not HAS_DELTA; zeros where not ok. For kernels that fold this norm into
+    the op after it (`gemv_triton`, `moe/routers_triton`)."""
+    s = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        s = _round(s + tl.load(d_ptr + at, mask=ok, other=0.0).to(tl.float32), X)
+    return s
+
+
+@triton.jit
+def _norm_weight(w_ptr, at, ok, ZERO_CENTRED: tl.constexpr):
+    """The PLAIN norm's weight at offsets `at` in fp32: w, or 1 + w where zero-centred; zeros where not ok."""
+    w = tl.load(w_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    if ZERO_CENTRED:
+        w += 1.0
+    return w
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, z_ptr, w_ptr, out_ptr, sum_ptr,
     rows, G, stride_xm, stride_xg, stride_zm, stride_zg, eps,

@@ -19,14 +19,14 @@ from .norm import RMSNorm
 def prenorm(norm: RMSNorm, module: nn.Module, x: torch.Tensor, delta: torch.Tensor | None,
             *args) -> tuple[torch.Tensor, torch.Tensor]:
     """(module(norm(x + delta), *args), x + delta); delta None: no add."""
-    if fuses_norm(x) and hasattr(module, "input_projection"):
-        from ...ops.gemv_triton import add_rms_norm_gemv_triton  # triton is imported only where it runs
+    if fuses_norm(x):
+        if hasattr(module, "input_projection"):
+            from ...ops.gemv_triton import add_rms_norm_gemv_triton  # triton is imported only where it runs
 
-        projected, x = add_rms_norm_gemv_triton(x, delta, norm.weight, norm.eps, norm.zero_centred,
-                                                *module.input_projection)
-        return module.forward_projected(projected, *args), x
-    if fuses_norm(x) and hasattr(module, "forward_routed"):
-        routed = module.gate.add_norm_route(x, delta, norm)
+            projected, x = add_rms_norm_gemv_triton(x, delta, norm.weight, norm.eps, norm.zero_centred,
+                                                    *module.input_projection)
+            return module.forward_projected(projected, *args), x
+        routed = module.gate.add_norm_route(x, delta, norm) if hasattr(module, "forward_routed") else None
         if routed is not None:
             h, x, index, weight = routed
             return module.forward_routed(h, index, weight, *args), x

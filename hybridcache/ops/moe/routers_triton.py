@@ -27,7 +27,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..pdl_triton import pdl_entry, pdl_launch
-from ..rms_norm_triton import _round
+from ..rms_norm_triton import _norm_weight, _round, _stream
 from . import ROUTER_MAX_EXPERTS
 
 
@@ -63,47 +63,33 @@ def _logits(x_ptr, w_ptr, n, N, D, stride_xn, expert, real,
 
 
 @triton.jit
-def _normed_logits(x_ptr, d_ptr, nw_ptr, w_ptr, n, N, D, stride_xn, expert, real, ZERO_CENTRED: tl.constexpr,
-                   ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
-    """`_logits` of the normalised stream s = x + d (rounded to x's dtype) before the norm's scale: Σ (s ⊙ w)·W
-    [ROWS, FLAT] and Σ s² [ROWS]; the caller multiplies by 1 / rms(s)."""
+def _normed_logits(x_ptr, d_ptr, nw_ptr, w_ptr, h_ptr, s_ptr, eps, n, N, D, stride_xn, expert, real,
+                   ZERO_CENTRED: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
+    """`_logits` of the rows h = RMSNorm(s), s = x + d (norm weight nw_ptr, `eps`): Σ (s ⊙ w)·W and Σ s² in one
+    pass, the logits scaled by 1 / rms(s) after their sum; then a second pass over s (L1 / L2 hits) stores s
+    and h [N, D], contiguous in x's dtype, as `add_rms_norm_triton` writes them (s_ptr, h_ptr). -> [ROWS, FLAT]."""
     X: tl.constexpr = x_ptr.dtype.element_ty
     acc = tl.full([ROWS, FLAT], 0.0, tl.float32)
     squares = tl.full([ROWS], 0.0, tl.float32)
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
-        at = n.to(tl.int64)[:, None] * stride_xn + d[None, :]
-        mask = (n < N)[:, None] & (d < D)[None, :]
-        xs = _round(tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
-                    + tl.load(d_ptr + at, mask=mask, other=0.0).to(tl.float32), X)  # [ROWS, BLOCK_D]
+        xs = _stream(x_ptr, d_ptr, n.to(tl.int64)[:, None] * stride_xn + d[None, :],
+                     (n < N)[:, None] & (d < D)[None, :], X, True)  # [ROWS, BLOCK_D]
         squares += tl.reduce(xs * xs, 1, _SUM)
-        scale = tl.load(nw_ptr + d, mask=d < D, other=0.0).to(tl.float32)
-        if ZERO_CENTRED:
-            scale += 1.0
         ws = tl.load(w_ptr + expert.to(tl.int64)[:, None] * D + d[None, :],
                      mask=real[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [FLAT, BLOCK_D]
-        acc += tl.reduce((xs * scale[None, :])[:, None, :] * ws[None, :, :], 2, _SUM)
-    return acc, squares
-
-
-@triton.jit
-def _store_normed(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, n, N, D, stride_xn, rstd, ZERO_CENTRED: tl.constexpr,
-                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """s = x + d and h = RMSNorm(s) = rnd_x((s·rstd)·w), both [N, D] contiguous in x's dtype, as
-    `add_rms_norm_triton` gives them (rstd [ROWS] from the caller)."""
-    X: tl.constexpr = x_ptr.dtype.element_ty
+        scaled = xs * _norm_weight(nw_ptr, d, d < D, ZERO_CENTRED)[None, :]
+        acc += tl.reduce(scaled[:, None, :] * ws[None, :, :], 2, _SUM)
+    rstd = tl.rsqrt(tl.math.div_rn(squares, D * 1.0) + eps)
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
-        at = n.to(tl.int64)[:, None] * stride_xn + d[None, :]
         mask = (n < N)[:, None] & (d < D)[None, :]
-        xs = _round(tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
-                    + tl.load(d_ptr + at, mask=mask, other=0.0).to(tl.float32), X)
-        scale = tl.load(nw_ptr + d, mask=d < D, other=0.0).to(tl.float32)
-        if ZERO_CENTRED:
-            scale += 1.0
+        xs = _stream(x_ptr, d_ptr, n.to(tl.int64)[:, None] * stride_xn + d[None, :], mask, X, True)
+        h = _round(xs * rstd[:, None] * _norm_weight(nw_ptr, d, d < D, ZERO_CENTRED)[None, :], X)
         out = n.to(tl.int64)[:, None] * D + d[None, :]
         tl.store(s_ptr + out, xs.to(X), mask=mask)
-        tl.store(h_ptr + out, _round(xs * rstd[:, None] * scale[None, :], X).to(X), mask=mask)
+        tl.store(h_ptr + out, h.to(X), mask=mask)
+    return acc * rstd[:, None]
 
 
 @triton.jit
@@ -122,12 +108,8 @@ def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_
     if FROM_X:  # logits_ptr is x; the logits rounded to x's dtype, as F.linear's output is
         experts = tl.arange(0, BLOCK_E)
         if ADD_NORM:
-            logit, squares = _normed_logits(logits_ptr, d_ptr, nw_ptr, w_ptr, n, N, D, stride_n, experts,
-                                            experts < E, ZERO_CENTRED, ROWS, BLOCK_D, BLOCK_E)
-            rstd = tl.rsqrt(tl.math.div_rn(squares, D * 1.0) + eps)
-            logit = logit * rstd[:, None]
-            _store_normed(logits_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, n, N, D, stride_n, rstd, ZERO_CENTRED, ROWS,
-                          BLOCK_D)
+            logit = _normed_logits(logits_ptr, d_ptr, nw_ptr, w_ptr, h_ptr, s_ptr, eps, n, N, D, stride_n, experts,
+                                   experts < E, ZERO_CENTRED, ROWS, BLOCK_D, BLOCK_E)
         else:
             logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, experts < E, ROWS, BLOCK_D, BLOCK_E)
         X: tl.constexpr = logits_ptr.dtype.element_ty
@@ -177,12 +159,8 @@ def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D,
         f = tl.arange(0, FLAT_E)
         experts, real = (f // BLOCK_EG) * EG + f % BLOCK_EG, (f // BLOCK_EG < G) & (f % BLOCK_EG < EG)
         if ADD_NORM:
-            logit, squares = _normed_logits(logits_ptr, d_ptr, nw_ptr, w_ptr, n, N, D, stride_n, experts, real,
-                                            ZERO_CENTRED, ROWS, BLOCK_D, FLAT_E)
-            rstd = tl.rsqrt(tl.math.div_rn(squares, D * 1.0) + eps)
-            logit = logit * rstd[:, None]
-            _store_normed(logits_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, n, N, D, stride_n, rstd, ZERO_CENTRED, ROWS,
-                          BLOCK_D)
+            logit = _normed_logits(logits_ptr, d_ptr, nw_ptr, w_ptr, h_ptr, s_ptr, eps, n, N, D, stride_n, experts,
+                                   real, ZERO_CENTRED, ROWS, BLOCK_D, FLAT_E)
         else:
             logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, real, ROWS, BLOCK_D, FLAT_E)
         logit = tl.reshape(logit, [ROWS, BLOCK_G, BLOCK_EG])
