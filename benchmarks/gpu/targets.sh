@@ -2,8 +2,9 @@
 # target figures on the GPU it runs on: the replay verify of each recurrent op against per-token states
 # (ops_gdn.py, ops_mamba2.py, ops_kda.py: GB/s against the measured copy bandwidth), then the batch-1 graph
 # step of each 1B-class family (tok/s against the weight-bandwidth limit, docs/benchmarks.md); into $OUT, named
-# by the GPU, for docs/bench-data. FOLD=1: also the norm fold's GPU tests, and each step again with the residual
-# add + RMSNorm folded into the next op (`ops/linear.py` FUSE_NORM), back to back (files `-fold`).
+# by the GPU, for docs/bench-data. FOLD=1: also the folds' GPU tests, and each step again with the residual add +
+# RMSNorm folded into the next op (`ops/linear.py` FUSE_NORM) and the MLP activation into the down projection's gemv
+# (FUSE_ACT), back to back (files `-norm`, `-norm+act`).
 set -u
 source benchmarks/gpu/common.sh
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o "H[0-9]00" | tr H h)
@@ -15,16 +16,20 @@ for op in gdn mamba2 kda; do
 done
 wait
 [ "${FOLD:-0}" = 1 ] && timeout 60 python3 -m pytest -n 4 -p no:cacheprovider -o addopts="" -q -rf \
-    tests/ops/test_norm_gemv_triton.py tests/ops/test_moe_routers_norm.py tests/models/test_fused_norm_block.py 2>&1 \
+    tests/ops/test_norm_gemv_triton.py tests/ops/test_moe_routers_norm.py tests/models/test_fused_norm_block.py \
+    tests/ops/test_gemv_activation.py 2>&1 \
     | grep -v "Warning\|warn(" | tail -3
 for f in $FAMILIES; do
-  for fold in False $([ "${FOLD:-0}" = 1 ] && echo True); do
-    name=step_profile-$f-bs1-$gpu$([ $fold = True ] && echo -fold).json
-    echo "== $f FUSE_NORM=$fold"
+  # FOLD=1: the folds off, the norm folded (FUSE_NORM), and with nemotron_h's relu² MLPs the activation too (FUSE_ACT)
+  settings="off"
+  [ "${FOLD:-0}" = 1 ] && settings="off norm norm+act" && [ $f != nemotron_h ] && settings="off norm+act"
+  for setting in $settings; do
+    name=step_profile-$f-bs1-$gpu$([ $setting != off ] && echo "-$setting").json
+    echo "== $f folds: $setting"
     timeout ${STEP_CAP:-110} python3 -c "
 import runpy, sys
 from hybridcache.ops import linear
-linear.FUSE_NORM = $fold
+linear.FUSE_NORM, linear.FUSE_ACT = 'norm' in '$setting', 'act' in '$setting'
 sys.argv = ['step_profile', '--family', '$f', '--size', '1b', '--device', 'cuda', '--dtype', 'bfloat16',
             '--batch', '1', '--steps', '20', '--modes', 'graph', '--by-module', '--json', '$OUT/$name']
 runpy.run_path('benchmarks/step_profile.py', run_name='__main__')" 2>&1 | grep -v "Warn\|warn\|Loading\|shards" | head -14

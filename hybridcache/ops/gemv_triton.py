@@ -18,7 +18,10 @@ import triton.language as tl
 from torch import Tensor
 
 from .pdl_triton import pdl_entry, pdl_launch
-from .rms_norm_triton import _norm_weight, _stream
+from .rms_norm_triton import _norm_weight, _round, _silu, _stream
+
+NONE, RELU2, SILU_MUL = (tl.constexpr(a) for a in range(3))  # the activation `_gemv_kernel` applies to x first
+_ACT = {None: NONE, "relu2": RELU2, "silu_mul": SILU_MUL}
 
 MAX_ROWS = 4
 # 4 x 1,024 weight elements a step: 64 bytes of loads a thread in flight at 4 warps, and 512 programs for a
@@ -42,11 +45,21 @@ def _block_n(x: Tensor, N: int, block_n: int | None) -> int:
 
 
 @triton.jit
-def _x_row(x_ptr, r, M, s_xm, nn, kk, k_ok):
-    """Row r of x at columns kk, fp32, loaded as [BLOCK_N, BLOCK_K] (every column block row the same: the weight
-    block's own layout, so no shared-memory round trip to broadcast it); zeros past M."""
-    return tl.load(x_ptr + r * s_xm + (kk[None, :] + 0 * nn[:, None]), mask=(r < M) & k_ok[None, :],
-                   other=0.0).to(tl.float32)
+def _x_row(x_ptr, r, M, s_xm, nn, kk, k_ok, K, ACT: tl.constexpr):
+    """Row r of act(x) at columns kk, fp32, loaded as [BLOCK_N, BLOCK_K] (every column block row the same: the
+    weight block's own layout, so no shared-memory round trip to broadcast it); zeros past M. ACT RELU2:
+    relu(x)²; SILU_MUL: silu(x[:, :K]) · x[:, K:2K]; each rounded to x's dtype where `activation_triton`'s kernels
+    round, so the GEMM reads the values their launch would have stored."""
+    at = x_ptr + r * s_xm + (kk[None, :] + 0 * nn[:, None])
+    ok = (r < M) & k_ok[None, :]
+    v = tl.load(at, mask=ok, other=0.0).to(tl.float32)
+    X: tl.constexpr = x_ptr.dtype.element_ty
+    if ACT == RELU2:
+        v = _round(tl.maximum(v, 0.0) * tl.maximum(v, 0.0), X)
+    elif ACT == SILU_MUL:
+        up = tl.load(at + K, mask=ok, other=0.0).to(tl.float32)
+        v = _round(_round(_silu(v), X) * up, X)
+    return v
 
 
 @triton.jit
@@ -61,10 +74,12 @@ def _store_row(y_ptr, b_ptr, acc, r, M, s_ym, nn, n_ok, HAS_BIAS: tl.constexpr):
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """x [M, K], w [N, K], y [M, N] by their row strides (unit last); b [N] where HAS_BIAS; ROWS (1 to 4) >= M.
-    One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout."""
+    """y = act(x)·wᵀ: x [M, K] ([M, 2K] for SILU_MUL), w [N, K], y [M, N] by their row strides (unit last); b [N]
+    where HAS_BIAS; ROWS (1 to 4) >= M. One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's
+    layout."""
     pdl_entry(PDL)
     nn = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = nn < N
@@ -77,12 +92,12 @@ def _gemv_kernel(
         k_ok = kk < K
         w = tl.load(w_ptr + nn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         w = w.to(tl.float32)
-        acc0 += w * _x_row(x_ptr, 0, M, s_xm, nn, kk, k_ok)
+        acc0 += w * _x_row(x_ptr, 0, M, s_xm, nn, kk, k_ok, K, ACT)
         if ROWS > 1:
-            acc1 += w * _x_row(x_ptr, 1, M, s_xm, nn, kk, k_ok)
+            acc1 += w * _x_row(x_ptr, 1, M, s_xm, nn, kk, k_ok, K, ACT)
         if ROWS > 2:
-            acc2 += w * _x_row(x_ptr, 2, M, s_xm, nn, kk, k_ok)
-            acc3 += w * _x_row(x_ptr, 3, M, s_xm, nn, kk, k_ok)
+            acc2 += w * _x_row(x_ptr, 2, M, s_xm, nn, kk, k_ok, K, ACT)
+            acc3 += w * _x_row(x_ptr, 3, M, s_xm, nn, kk, k_ok, K, ACT)
     _store_row(y_ptr, b_ptr, acc0, 0, M, s_ym, nn, n_ok, HAS_BIAS)
     if ROWS > 1:
         _store_row(y_ptr, b_ptr, acc1, 1, M, s_ym, nn, n_ok, HAS_BIAS)
@@ -99,14 +114,22 @@ def gemv_triton(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    act: str | None = None,
 ) -> Tensor:
-    """`F.linear(x, weight, bias)` for x [M, K] with M <= MAX_ROWS, weight [N, K], bias [N] or None -> [M, N] in
-    x's dtype; fp32 accumulation, so the values agree with cuBLAS's within one rounding of the result.
-    `block_n`, `block_k` (powers of two), `num_warps`, `num_stages`: the tiling (defaults BLOCK_N (`_block_n`),
-    BLOCK_K, NUM_WARPS, Triton's stages), which changes the result only within rounding."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [M, K] and [N, K]")
-    M, K = x.shape
+    """`F.linear(act(x), weight, bias)` for x [M, K] with M <= MAX_ROWS, weight [N, K], bias [N] or None -> [M, N]
+    in x's dtype; fp32 accumulation, so the values agree with cuBLAS's within one rounding of the result.
+    `act`: None; "relu2", relu(x)²; "silu_mul", silu(x[:, :K]) · x[:, K:2K] for x [M, >= 2K] (a fused gate/up
+    GEMM's output), each with the values `activation_triton`'s kernel would have stored, so the result is the
+    gemv of that tensor. `block_n`, `block_k` (powers of two), `num_warps`, `num_stages`: the tiling (defaults
+    BLOCK_N (`_block_n`), BLOCK_K, NUM_WARPS, Triton's stages), which changes the result only within rounding."""
+    if act not in _ACT:
+        raise ValueError(f"act {act!r}: one of {sorted(a for a in _ACT if a)} or None")
+    gated = act == "silu_mul"
+    if x.dim() != 2 or weight.dim() != 2 or not (x.shape[1] >= 2 * weight.shape[1] if gated
+                                                 else x.shape[1] == weight.shape[1]):
+        need = "[M, >= 2K]" if gated else "[M, K]"
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need {need} and [N, K]")
+    M, K = x.shape[0], weight.shape[1]
     N = weight.shape[0]
     if M > MAX_ROWS:
         raise ValueError(f"gemv_triton takes at most {MAX_ROWS} rows, got {M}")
@@ -123,7 +146,7 @@ def gemv_triton(
     bk = min(block_k or BLOCK_K, max(16, triton.next_power_of_2(K)))
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x, weight, weight if bias is None else bias, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
-        ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None,
+        ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None, ACT=_ACT[act],
         num_warps=num_warps or NUM_WARPS, **({"num_stages": num_stages} if num_stages else {}), **pdl_launch(x),
     )
     return y

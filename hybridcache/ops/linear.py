@@ -23,6 +23,9 @@ GEMV_ROWS = 1
 # `moe/routers_triton.add_rms_norm_*_topk_triton`, `models/layers/prenorm.py`). Off: not yet timed
 # (benchmarks/gpu/norm_gemv.sh).
 FUSE_NORM = False
+# The MLP activation before a down projection (relu(x)², silu(gate)·up) applied to the gemv's input as it loads
+# it (`gemv_triton(act=...)`): one launch instead of two, the same values. Off: not yet timed.
+FUSE_ACT = False
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -37,6 +40,20 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 def fuses_norm(x: Tensor) -> bool:
     """Whether a norm over x [M, K] and the GEMM after it run as one launch (`add_rms_norm_gemv_triton`)."""
     return FUSE_NORM and x.dim() == 2 and x.shape[0] == 1 <= GEMV_ROWS and runs_triton(x)
+
+
+def activated_linear(x: Tensor, act: str, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """`linear(relu2(x), weight, bias)` (act "relu2", x [M, K]) or `linear(silu_mul(x, K), weight, bias)` (act
+    "silu_mul", x [M, >= 2K]), K = weight's width; one launch where the gemv runs and FUSE_ACT is on."""
+    if FUSE_ACT and x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS and runs_triton(x):
+        from .gemv_triton import gemv_triton
+
+        return gemv_triton(x, weight, bias, act=act)
+    if act == "relu2":
+        return linear(relu2(x), weight, bias)
+    if act == "silu_mul":
+        return linear(silu_mul(x, weight.shape[1]), weight, bias)
+    raise ValueError(f"act {act!r}: 'relu2' or 'silu_mul'")
 
 
 def relu2(x: Tensor) -> Tensor:

@@ -67,8 +67,6 @@ def test_one_row_decode_logits_with_the_norm_folded(family, tmp_path, monkeypatc
     calls = record_calls(monkeypatch, gemv_triton, "add_rms_norm_gemv_triton")
     routed = record_calls(monkeypatch, routers_triton, "add_rms_norm_softmax_topk_triton",
                           "add_rms_norm_group_topk_triton")
-    routed = record_calls(monkeypatch, routers_triton, "add_rms_norm_softmax_topk_triton",
-                          "add_rms_norm_group_topk_triton")
 
     def decode(fused: bool) -> list[torch.Tensor]:
         monkeypatch.setattr(linear, "FUSE_NORM", fused)

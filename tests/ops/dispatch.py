@@ -6,9 +6,9 @@ from __future__ import annotations
 def record_calls(monkeypatch, module, *names: str) -> list[str]:
     calls: list[str] = []
     for name in names:
-        def wrapper(*args, _real=getattr(module, name), _name=name):
+        def wrapper(*args, _real=getattr(module, name), _name=name, **kwargs):
             calls.append(_name)
-            return _real(*args)
+            return _real(*args, **kwargs)
 
         monkeypatch.setattr(module, name, wrapper)
     return calls

@@ -143,10 +143,10 @@ results["sigmoid_gated_add"] = compile_(activation_triton._sigmoid_gated_add_ker
     {"BLOCK": 2048})
 gemv_sig = {**{n: "*bf16" for n in ("x_ptr", "w_ptr", "b_ptr", "y_ptr")}, **{n: "i32" for n in ("M", "N", "K")},
             **{n: "i64" for n in ("s_xm", "s_wn", "s_ym")}}
-for rows, bias in ((1, False), (4, True)):
-    results[f"gemv-rows{rows}"] = compile_(gemv_triton._gemv_kernel, gemv_sig, {
-        "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias},
-        num_warps=gemv_triton.NUM_WARPS)
+for rows, bias, act in ((1, False, None), (4, True, None), (1, False, "relu2"), (1, False, "silu_mul")):
+    results[f"gemv-rows{rows}" + (f"-{act}" if act else "")] = compile_(gemv_triton._gemv_kernel, gemv_sig, {
+        "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias,
+        "ACT": gemv_triton._ACT[act]}, num_warps=gemv_triton.NUM_WARPS)
 norm_gemv_sig = {**{n: "*bf16" for n in ("x_ptr", "d_ptr", "nw_ptr", "w_ptr", "b_ptr", "y_ptr", "s_ptr")},
                  "N": "i32", "K": "i32", "eps": "fp32", "s_wn": "i64"}
 results["norm_gemv"] = compile_(gemv_triton._norm_gemv_kernel, norm_gemv_sig, {
@@ -160,7 +160,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise",
          "router-kimi_linear", "router-qwen3_next", "router-kimi_linear-norm", "router-qwen3_next-norm", "moe_sorted-shared4-logit", "moe_sorted-shared1", "gemv-rows1",
-         "gemv-rows4", "norm_gemv"]
+         "gemv-rows4", "gemv-rows1-relu2", "gemv-rows1-silu_mul", "norm_gemv"]
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from ...ops.moe import SharedExpert
-from ...ops.linear import linear, silu_mul
+from ...ops.linear import linear
 from ...parallel import SINGLE, TPGroup, head_share
 from ...parallel.linear import RowParallelLinear
 from .attention import fused_rows
@@ -79,5 +79,7 @@ class GatedMLP(nn.Module):
 
     def _from_projection(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         I = self.inner
-        inner = silu_mul(h, I) if self.act_name == "silu" else self.act(h[:, :I]) * h[:, I : 2 * I]
-        return self.down_proj(inner), h[:, 2 * I : 2 * I + self.extra_rows]
+        extra = h[:, 2 * I : 2 * I + self.extra_rows]
+        if self.act_name == "silu":
+            return self.down_proj.forward_activated(h, "silu_mul"), extra
+        return self.down_proj(self.act(h[:, :I]) * h[:, I : 2 * I]), extra

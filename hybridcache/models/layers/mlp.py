@@ -43,7 +43,7 @@ class MLP(nn.Module):
         part = [head_share(tp, inner, "the MLP's intermediate size")]
         self.up_proj = ColumnParallelLinear(hidden, inner, part, bias, device, dtype)
         self.down_proj = RowParallelLinear(inner, part, hidden, bias, tp, device, dtype)
-        self.act = ACTIVATIONS[act]
+        self.act_name, self.act = act, ACTIVATIONS[act]
 
     @property
     def input_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -56,4 +56,6 @@ class MLP(nn.Module):
 
     def forward_projected(self, projected: torch.Tensor) -> torch.Tensor:
         """`forward` from up_proj's output [N, I]."""
+        if self.act_name == "relu2":
+            return self.down_proj.forward_activated(projected, "relu2")
         return self.down_proj(self.act(projected))
