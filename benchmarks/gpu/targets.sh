@@ -5,7 +5,7 @@
 # by the GPU, for docs/bench-data. FOLD=1: also the folds' GPU tests, and each step again with the residual add +
 # RMSNorm folded into the next op (`ops/linear.py` FUSE_NORM) and the MLP activation into the down projection's gemv
 # (FUSE_ACT), back to back (files `-norm`, `-norm+act`). OPS=0 skips the verify ops, FOLD_TESTS=0 the folds' tests
-# (after suite.sh on the same machine).
+# (after suite.sh on the same machine); SETTINGS (e.g. "off norm+act") the folds each family's step runs with.
 set -u
 source benchmarks/gpu/common.sh
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o "H[0-9]00" | tr H h)
@@ -15,15 +15,16 @@ for op in $([ "${OPS:-1}" = 1 ] && echo gdn mamba2 kda); do
   timeout 60 python3 benchmarks/ops_$op.py --device cuda --batches 1 16 64 256 --drafts 3 \
       --json $OUT/ops_$op-$gpu.json 2>&1 | grep -v Warn | tail -6
 done
-wait
 [ "${FOLD:-0}" = 1 ] && [ "${FOLD_TESTS:-1}" = 1 ] && timeout 60 python3 -m pytest -n 4 -p no:cacheprovider -o addopts="" -q -rf \
     tests/ops/test_norm_gemv_triton.py tests/ops/test_moe_routers_norm.py tests/models/test_fused_norm_block.py \
-    tests/ops/test_gemv_activation.py 2>&1 \
+    tests/ops/test_gemv_activation.py tests/ops/test_gemv_triton.py 2>&1 \
     | grep -v "Warning\|warn(" | tail -3
+wait
 for f in $FAMILIES; do
   # FOLD=1: the folds off, the norm folded (FUSE_NORM), and with nemotron_h's relu² MLPs the activation too (FUSE_ACT)
   settings="off"
   [ "${FOLD:-0}" = 1 ] && settings="off norm norm+act" && [ $f != nemotron_h ] && settings="off norm+act"
+  settings=${SETTINGS:-$settings}
   for setting in $settings; do
     name=step_profile-$f-bs1-$gpu$([ $setting != off ] && echo "-$setting").json
     echo "== $f folds: $setting"
