@@ -18,7 +18,8 @@ import triton.language as tl
 from torch import Tensor
 
 from .pdl_triton import pdl_entry, pdl_launch
-from .rms_norm_triton import _norm_weight, _round, _silu, _stream
+from .rms_norm_triton import (GROUP, SIGMOID, SILU, _TL_DTYPE, _norm_input, _norm_output, _norm_weight, _round, _silu,
+                              _stream)
 
 NONE, RELU2, SILU_MUL = (tl.constexpr(a) for a in range(3))  # the activation `_gemv_kernel` applies to x first
 _ACT = {None: NONE, "relu2": RELU2, "silu_mul": SILU_MUL}
@@ -229,3 +230,87 @@ def add_rms_norm_gemv_triton(
         HAS_BIAS=bias is not None, num_warps=NUM_WARPS, **pdl_launch(x),
     )
     return y, stream
+
+
+@triton.jit
+def _gated_norm_gemv_kernel(
+    y_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, N, G, eps, s_yg, s_zg, s_wn,
+    GS: tl.constexpr, GPS: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, MID: tl.constexpr,
+    O: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+):
+    """One row: y, z [G, GS] by their group strides (unit last); the gated norm of MODE (`rms_norm_triton`'s
+    GROUP, SILU, SIGMOID) over each group of GS channels, rounded to O as its launch stores it, then W·that
+    (+ b) for W [N, G·GS]. GPS groups a step, each group's Σh² in the step that reads it, all in the weight
+    block's [BLOCK_N, GPS, GS] layout (see `_x_row`)."""
+    pdl_entry(PDL)
+    X: tl.constexpr = y_ptr.dtype.element_ty
+    nn = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = nn < N
+    c = tl.arange(0, GS)[None, None, :]
+    lead = 0 * nn[:, None, None]
+    acc = tl.zeros([BLOCK_N, GPS, GS], dtype=tl.float32)
+    for g0 in range(0, G, GPS):
+        g = (g0 + tl.arange(0, GPS)).to(tl.int64)[None, :, None]
+        g_ok = g < G
+        z = tl.load(z_ptr + g * s_zg + c + lead, mask=g_ok, other=0.0).to(tl.float32)
+        h = _norm_input(tl.load(y_ptr + g * s_yg + c + lead, mask=g_ok, other=0.0).to(tl.float32), z, MODE)
+        rstd = tl.rsqrt(tl.math.div_rn(tl.sum(h * h, 2), GS * 1.0) + eps)  # each group's mean(h²)
+        if MODE == GROUP:  # this group's slice of the weight; the others share one [GS]
+            wn = tl.load(nw_ptr + g * GS + c + lead, mask=g_ok, other=0.0).to(tl.float32)
+        else:
+            wn = tl.load(nw_ptr + 0 * g + c + lead, mask=g_ok, other=0.0).to(tl.float32)
+        normed = _norm_output(h * rstd[:, :, None], z, wn, MODE, False, X, MID, O)
+        w = tl.load(w_ptr + nn[:, None, None] * s_wn + g * GS + c, mask=n_ok[:, None, None] & g_ok, other=0.0)
+        acc += w.to(tl.float32) * normed
+    y = tl.sum(tl.sum(acc, 2), 1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + nn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + nn, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+_GATED_MODES = {"group": GROUP, "silu": SILU, "sigmoid": SIGMOID}
+
+
+def gated_norm_gemv_triton(
+    y: Tensor,
+    z: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    mode: str,
+    weight: Tensor,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """A mixer's gated RMSNorm and the projection after it for one row, in one launch: y, z [1, G, GS] (unit last
+    stride, any group stride; GS a power of two), mode "group" (`GatedGroupRMSNorm`: norm_weight [G·GS]),
+    "silu" (`GatedRMSNorm`) or "sigmoid" (`SigmoidGatedRMSNorm`: norm_weight [GS] each), weight [N, G·GS], bias
+    [N] or None -> `F.linear(norm(y, z).reshape(1, -1), weight, bias)` [1, N] in the norm's output dtype. The
+    normalised row takes the norm kernel's roundings; the product sums in fp32 in another order than the gemv's,
+    so the result agrees with the two launches within a rounding of it."""
+    if mode not in _GATED_MODES:
+        raise ValueError(f"mode {mode!r}: one of {sorted(_GATED_MODES)}")
+    if y.dim() != 3 or y.shape[0] != 1 or z.shape != y.shape or y.stride(2) != 1 or z.stride(2) != 1:
+        raise ValueError(f"y {tuple(y.shape)}, z {tuple(z.shape)}: need one [1, G, GS] each, unit last stride")
+    G, GS = y.shape[1], y.shape[2]
+    if GS & (GS - 1) or GS == 0:
+        raise ValueError(f"groups of {GS} channels: need a power of two")
+    if norm_weight.shape != ((G * GS,) if mode == "group" else (GS,)):
+        raise ValueError(f"norm weight {tuple(norm_weight.shape)} for mode {mode!r} and y {tuple(y.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != G * GS:
+        raise ValueError(f"weight {tuple(weight.shape)}: need [N, {G * GS}]")
+    N = weight.shape[0]
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias {tuple(bias.shape)}: need [{N}]")
+    mid = torch.promote_types(norm_weight.dtype, y.dtype)
+    out_dtype = mid if mode == "group" else y.dtype
+    out = torch.empty(1, N, dtype=out_dtype, device=y.device)
+    if N == 0:
+        return out
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    bn = _block_n(y, N, None)
+    _gated_norm_gemv_kernel[(triton.cdiv(N, bn),)](
+        y, z, norm_weight.contiguous(), weight, weight if bias is None else bias, out, N, G, eps, y.stride(1),
+        z.stride(1), weight.stride(0), GS=GS, GPS=max(1, NORM_BLOCK_K // GS), BLOCK_N=bn,
+        MODE=_GATED_MODES[mode], MID=_TL_DTYPE[mid], O=_TL_DTYPE[out_dtype], HAS_BIAS=bias is not None,
+        num_warps=NUM_WARPS, **pdl_launch(y),
+    )
+    return out

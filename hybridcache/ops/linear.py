@@ -26,6 +26,9 @@ FUSE_NORM = False
 # The MLP activation before a down projection (relu(x)², silu(gate)·up) applied to the gemv's input as it loads
 # it (`gemv_triton(act=...)`): one launch instead of two, the same values. Off: not yet timed.
 FUSE_ACT = False
+# A mixer's gated RMSNorm folded into the projection after it at one row (`gemv_triton.gated_norm_gemv_triton`,
+# `models/layers/norm.GatedNorm.project`): one launch instead of two. Off: not yet timed.
+FUSE_GATED_NORM = False
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -54,6 +57,11 @@ def activated_linear(x: Tensor, act: str, weight: Tensor, bias: Tensor | None = 
     if act == "silu_mul":
         return linear(silu_mul(x, weight.shape[1]), weight, bias)
     raise ValueError(f"act {act!r}: 'relu2' or 'silu_mul'")
+
+
+def fuses_gated_norm(y: Tensor) -> bool:
+    """Whether a gated norm over one row y [1, ...] and the projection after it run as one launch."""
+    return FUSE_GATED_NORM and y.shape[0] == 1 <= GEMV_ROWS and runs_triton(y)
 
 
 def relu2(x: Tensor) -> Tensor:

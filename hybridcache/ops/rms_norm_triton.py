@@ -102,19 +102,37 @@ def _rms_norm_kernel(
     mask = (r < rows)[:, None] & (c < D)[None, :]
     x = tl.load(x_ptr + (m * stride_xm + g * stride_xg)[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
     X: tl.constexpr = x_ptr.dtype.element_ty
+    z = x  # read by no PLAIN step
     if MODE != PLAIN or ADD:  # a gate: z (GROUP, SILU) or gate (SIGMOID); with ADD the delta
         z = tl.load(z_ptr + (m * stride_zm + g * stride_zg)[:, None] + c[None, :], mask=mask, other=0.0)
         z = z.to(tl.float32)
     if ADD:  # the residual stream x + d, rounded as torch's add in x's dtype, kept and normalised
         x = _round(x + z, X)
         tl.store(sum_ptr + r.to(tl.int64)[:, None] * D + c[None, :], x.to(X), mask=mask)
-    if MODE == GROUP:  # gate first; the weight slice of this row's group
-        x = x * _silu(z)
+    x = _norm_input(x, z, MODE)
+    if MODE == GROUP:  # the weight slice of this row's group
         w = tl.load(w_ptr + (g * D)[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
     else:
         w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
     n = x * tl.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps)[:, None]  # mean(h²)
+    O: tl.constexpr = out_ptr.dtype.element_ty
+    out = _norm_output(n, z, w, MODE, ZERO_CENTRED, X, MID, O)
+    tl.store(out_ptr + r.to(tl.int64)[:, None] * D + c[None, :], out.to(O), mask=mask)
 
+
+@triton.jit
+def _norm_input(x, z, MODE: tl.constexpr):
+    """What a MODE normalises, fp32: GROUP gates first (x·silu(z)); the others normalise x itself."""
+    if MODE == GROUP:
+        x = x * _silu(z)
+    return x
+
+
+@triton.jit
+def _norm_output(n, z, w, MODE: tl.constexpr, ZERO_CENTRED: tl.constexpr, X: tl.constexpr, MID: tl.constexpr,
+                 O: tl.constexpr):
+    """A MODE's output from the normalised n = h·rsqrt(mean(h²) + eps), its gate z and weight w (fp32, any one
+    shape), rounded to O (as fp32): the table above."""
     if MODE == PLAIN:
         if ZERO_CENTRED:
             w = 1.0 + w
@@ -125,8 +143,7 @@ def _rms_norm_kernel(
         out = _round(w * _round(n, X), MID) * _silu(z)
     else:  # SIGMOID
         out = w * n * _sigmoid(z)
-    O: tl.constexpr = out_ptr.dtype.element_ty
-    tl.store(out_ptr + r.to(tl.int64)[:, None] * D + c[None, :], _round(out, O).to(O), mask=mask)
+    return _round(out, O)
 
 
 def _rows(x: Tensor) -> Tensor:

@@ -152,6 +152,13 @@ norm_gemv_sig = {**{n: "*bf16" for n in ("x_ptr", "d_ptr", "nw_ptr", "w_ptr", "b
 results["norm_gemv"] = compile_(gemv_triton._norm_gemv_kernel, norm_gemv_sig, {
     "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.NORM_BLOCK_K, "HAS_DELTA": True, "ZERO_CENTRED": False,
     "HAS_BIAS": False}, num_warps=gemv_triton.NUM_WARPS)
+gated_sig = {**{n: "*bf16" for n in ("y_ptr", "z_ptr", "nw_ptr", "w_ptr", "b_ptr", "out_ptr")}, "N": "i32", "G": "i32",
+             "eps": "fp32", **{n: "i64" for n in ("s_yg", "s_zg", "s_wn")}}
+for mode, gs in (("group", 512), ("silu", 128), ("sigmoid", 128)):  # nemotron_h's, qwen3_next's, kimi_linear's
+    results[f"gated_norm_gemv-{mode}"] = compile_(gemv_triton._gated_norm_gemv_kernel, gated_sig, {
+        "GS": gs, "GPS": max(1, gemv_triton.NORM_BLOCK_K // gs), "BLOCK_N": gemv_triton.BLOCK_N,
+        "MODE": gemv_triton._GATED_MODES[mode], "MID": tl.bfloat16, "O": tl.bfloat16, "HAS_BIAS": False},
+        num_warps=gemv_triton.NUM_WARPS)
 print(json.dumps({"compiled": results, "spills": spills}))
 '''
 CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
@@ -160,7 +167,8 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise",
          "router-kimi_linear", "router-qwen3_next", "router-kimi_linear-norm", "router-qwen3_next-norm", "moe_sorted-shared4-logit", "moe_sorted-shared1", "gemv-rows1",
-         "gemv-rows4", "gemv-rows1-relu2", "gemv-rows1-silu_mul", "norm_gemv"]
+         "gemv-rows4", "gemv-rows1-relu2", "gemv-rows1-silu_mul", "norm_gemv",
+         "gated_norm_gemv-group", "gated_norm_gemv-silu", "gated_norm_gemv-sigmoid"]
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py

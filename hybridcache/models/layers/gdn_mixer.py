@@ -172,4 +172,4 @@ class GatedDeltaNetMixer(nn.Module):
                                gate=gate)
             outs.append(o.reshape(bg * steps, self.HV, self.V))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return self.out_proj(self.norm(o, z).reshape(n, -1))
+        return self.norm.project(o, z, self.out_proj)

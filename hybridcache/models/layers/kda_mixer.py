@@ -145,4 +145,4 @@ class KDAMixer(nn.Module):
                 o = kda_decode(q, k, v, g_g, beta_g, ssm, slots, use_qk_l2norm_in_kernel=True, gate=raw_gate)
             outs.append(o.reshape(bg * steps, H, K))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return self.o_proj(self.o_norm(o, gate).reshape(n, self.width))
+        return self.o_norm.project(o, gate, self.o_proj)

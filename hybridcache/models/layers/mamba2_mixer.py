@@ -123,4 +123,4 @@ class Mamba2Mixer(nn.Module):
                 y = mamba2_decode(xs[:, 0], dt_g[:, 0], A, B[:, 0], C[:, 0], ssm, slots, **scan)
             outs.append(y.reshape(bg * steps, self.inner))
         y = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return self.out_proj(self.norm(y, z))
+        return self.norm.project(y, z, self.out_proj)
