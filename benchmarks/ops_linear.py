@@ -4,9 +4,7 @@ for nemotron_h's 2,048-row outputs over 4,096 and 5,120 columns at one row: 27 o
 on the H200), `torch.mv` (a matrix-vector product, one row only) and `weight @ x.T` (the transposed problem),
 and our `gemv_triton` up to its MAX_ROWS rows; bf16, GB/s of the weight read once, against the measured copy
 bandwidth. What would change `ops/linear.py`. `--sweep` also times gemv_triton at each tiling of --block-n x
---block-k x --warps and prints the best per shape and row count. `--norm` also times, at one row, a pre-norm
-block's residual add + RMSNorm and its first GEMM as two launches (`add_rms_norm_triton`, then the gemv) and as
-one (`add_rms_norm_gemv_triton`, ops/linear.py FUSE_NORM).
+--block-k x --warps and prints the best per shape and row count.
 
     PYTHONPATH=. python benchmarks/ops_linear.py --rows 1 4 16 --json bench-out/ops_linear.json
 
@@ -27,12 +25,10 @@ import torch.nn.functional as F
 from benchmarks.ops_mamba2 import copy_bandwidth, timed
 from benchmarks.record import Record, add_json_arg
 from benchmarks.timing import graphed
-from hybridcache.ops.gemv_triton import MAX_ROWS, add_rms_norm_gemv_triton, gemv_triton
-from hybridcache.ops.rms_norm_triton import add_rms_norm_triton
+from hybridcache.ops.gemv_triton import MAX_ROWS, gemv_triton
 
 DEV, ACT = "cuda", torch.bfloat16
 PAST_L2 = 100 * 2 ** 20  # bytes of weight copies a replay walks through (2 x 50 MB)
-EPS = 1e-6
 # (GEMM, output rows N, input width K)
 SHAPES = [
     ("nemotron_h mamba in_proj", 10304, 2048), ("nemotron_h mamba out_proj", 2048, 4096),
@@ -59,16 +55,6 @@ def per_call_us(fn, weights: list[torch.Tensor], iters: int) -> float:
     return timed(replay, DEV, iters) * 1e6 / len(weights)
 
 
-def norm_paths(x: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor) -> dict:
-    """name -> fn(weight [N, K]): the add + norm and the GEMM, as two launches and as one."""
-    def two(w):
-        h, _ = add_rms_norm_triton(x, delta, norm_weight, EPS)
-        return gemv_triton(h, w)
-
-    return {"norm, gemv": two,
-            "norm-gemv": lambda w: add_rms_norm_gemv_triton(x, delta, norm_weight, EPS, False, w)[0]}
-
-
 def sweep(x: torch.Tensor, weights: list[torch.Tensor], args) -> str:
     """gemv_triton at each tiling: the best, and every tiling's us."""
     times = {}
@@ -89,7 +75,6 @@ def main() -> None:
     ap.add_argument("--block-k", type=int, nargs="+", default=[128, 256, 512])
     ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--copies", type=int, help="weight copies a replay walks through (default: past L2)")
-    ap.add_argument("--norm", action="store_true", help="at one row: add + norm + GEMM, two launches and one")
     add_json_arg(ap)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -107,10 +92,6 @@ def main() -> None:
                 row = dict(gemm=name, N=N, K=K, rows=rows, copies=len(weights),
                            roofline_us=weight_bytes / bandwidth / 1e3)
                 timings = {path: (fn, F.linear(x, weight)) for path, fn in paths(x).items()}
-                if args.norm and rows == 1:
-                    delta, norm_weight = torch.randn_like(x), (1 + 0.1 * torch.randn(K, device=DEV)).to(ACT)
-                    normed = F.linear(add_rms_norm_triton(x, delta, norm_weight, EPS)[0], weight)
-                    timings.update({path: (fn, normed) for path, fn in norm_paths(x, delta, norm_weight).items()})
                 for path, (fn, want) in timings.items():
                     err = (fn(weight).float() - want.float()).abs().max().item()
                     assert err <= 0.05 * want.float().abs().max().item(), f"{path} disagrees by {err}"

@@ -18,7 +18,6 @@ from .layers.mamba2_mixer import STATE_NAME, Mamba2Mixer
 from .layers.mlp import MLP, Linear
 from .layers.moe import MoE
 from .layers.norm import RMSNorm
-from .layers.prenorm import prenorm
 from .nemotron_h_config import NemotronHSpec
 from .registry import register
 
@@ -65,10 +64,9 @@ class Block(nn.Module):
 
     def residual(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The block on the stream x + delta (delta None: x), as (stream, mixer output): the residual add is
-        fused into the norm of the block after it (`RMSNorm.add`), and that into the mixer's first GEMM where
-        it has one (`prenorm`)."""
-        out, x = prenorm(self.norm, self.mixer, x, delta, *((batch,) if self.reads_batch else ()))
-        return x, self.tp.all_reduce(out)
+        fused into the norm of the block after it (`RMSNorm.add`)."""
+        h, x = self.norm.add(x, delta)
+        return x, self.tp.all_reduce(self.mixer(h, batch) if self.reads_batch else self.mixer(h))
 
 
 def _blocks(s: NemotronHSpec, device: Device, dtype: torch.dtype, tp: TPGroup, stage: Stage) -> dict[int, Block]:

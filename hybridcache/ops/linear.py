@@ -8,6 +8,14 @@ removed; it is in the history at commits 42922fe and b7b5b70. Up to GEMV_ROWS ro
 tensor cores, one launch) where Triton runs, and one row does: batch-1 graph steps on an H100, back to back
 (benchmarks/gpu/gemv_steps.sh), gave nemotron_h 1,195 tok/s against cuBLAS's 1,024, qwen3_next 1,198 against 1,122
 and kimi_linear 1,414 against 1,424; at 2 and 4 rows cuBLAS is faster on most shapes (benchmarks/gpu/gemv.sh).
+
+Folding the small launches around a one-row GEMM into the gemv (every program recomputing them from the whole row
+as it loads it) cut the launches but slowed the step, and was removed (history: 6aaa5b2). H100, batch-1 graph
+steps, replay ms (tok/s), all three folds off against on, back to back: nemotron_h 0.77 (1,225) against 1.05 (918),
+147 -> 96 launches; qwen3_next 0.78 (1,196) against 0.95 (998), 135 -> 102; kimi_linear 0.68 (1,371) with them
+on, 116 launches (its run with them off hit its time cap). The folds: a block's residual add + RMSNorm into its
+first GEMM or its mixture's router, the MLP activation into the down projection (alone: nemotron_h 0.77 against
+0.81 ms, 147 -> 135 launches), and a mixer's gated norm into its output projection.
 """
 from __future__ import annotations
 
@@ -18,17 +26,6 @@ from torch import Tensor
 from .triton_support import runs_triton
 
 GEMV_ROWS = 1
-# A pre-norm block's residual add and RMSNorm folded into its first GEMM where that takes the gemv (one row), or
-# into its mixture's router: one launch instead of two (`gemv_triton.add_rms_norm_gemv_triton`,
-# `moe/routers_triton.add_rms_norm_*_topk_triton`, `models/layers/prenorm.py`). Off: not yet timed
-# (benchmarks/gpu/norm_gemv.sh).
-FUSE_NORM = False
-# The MLP activation before a down projection (relu(x)², silu(gate)·up) applied to the gemv's input as it loads
-# it (`gemv_triton(act=...)`): one launch instead of two, the same values. Off: not yet timed.
-FUSE_ACT = False
-# A mixer's gated RMSNorm folded into the projection after it at one row (`gemv_triton.gated_norm_gemv_triton`,
-# `models/layers/norm.GatedNorm.project`): one launch instead of two. Off: not yet timed.
-FUSE_GATED_NORM = False
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -38,30 +35,6 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
         return gemv_triton(x, weight, bias)
     return F.linear(x, weight, bias)
-
-
-def fuses_norm(x: Tensor) -> bool:
-    """Whether a norm over x [M, K] and the GEMM after it run as one launch (`add_rms_norm_gemv_triton`)."""
-    return FUSE_NORM and x.dim() == 2 and x.shape[0] == 1 <= GEMV_ROWS and runs_triton(x)
-
-
-def activated_linear(x: Tensor, act: str, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """`linear(relu2(x), weight, bias)` (act "relu2", x [M, K]) or `linear(silu_mul(x, K), weight, bias)` (act
-    "silu_mul", x [M, >= 2K]), K = weight's width; one launch where the gemv runs and FUSE_ACT is on."""
-    if FUSE_ACT and x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS and runs_triton(x):
-        from .gemv_triton import gemv_triton
-
-        return gemv_triton(x, weight, bias, act=act)
-    if act == "relu2":
-        return linear(relu2(x), weight, bias)
-    if act == "silu_mul":
-        return linear(silu_mul(x, weight.shape[1]), weight, bias)
-    raise ValueError(f"act {act!r}: 'relu2' or 'silu_mul'")
-
-
-def fuses_gated_norm(y: Tensor) -> bool:
-    """Whether a gated norm over one row y [1, ...] and the projection after it run as one launch."""
-    return FUSE_GATED_NORM and y.shape[0] == 1 <= GEMV_ROWS and runs_triton(y)
 
 
 def relu2(x: Tensor) -> Tensor:

@@ -68,26 +68,6 @@ def _sigmoid(v):
 
 
 @triton.jit
-def _stream(x_ptr, d_ptr, at, ok, X: tl.constexpr, HAS_DELTA: tl.constexpr):
-    """The residual stream x + d at offsets `at` (any shape) in fp32, rounded to X as torch's add in x's dtype
-    (the ADD mode's rounding); x where not HAS_DELTA; zeros where not ok. For kernels that fold this norm into
-    the op after it (`gemv_triton`, `moe/routers_triton`)."""
-    s = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    if HAS_DELTA:
-        s = _round(s + tl.load(d_ptr + at, mask=ok, other=0.0).to(tl.float32), X)
-    return s
-
-
-@triton.jit
-def _norm_weight(w_ptr, at, ok, ZERO_CENTRED: tl.constexpr):
-    """The PLAIN norm's weight at offsets `at` in fp32: w, or 1 + w where zero-centred; zeros where not ok."""
-    w = tl.load(w_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    if ZERO_CENTRED:
-        w += 1.0
-    return w
-
-
-@triton.jit
 def _rms_norm_kernel(
     x_ptr, z_ptr, w_ptr, out_ptr, sum_ptr,
     rows, G, stride_xm, stride_xg, stride_zm, stride_zg, eps,
@@ -102,37 +82,19 @@ def _rms_norm_kernel(
     mask = (r < rows)[:, None] & (c < D)[None, :]
     x = tl.load(x_ptr + (m * stride_xm + g * stride_xg)[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
     X: tl.constexpr = x_ptr.dtype.element_ty
-    z = x  # read by no PLAIN step
     if MODE != PLAIN or ADD:  # a gate: z (GROUP, SILU) or gate (SIGMOID); with ADD the delta
         z = tl.load(z_ptr + (m * stride_zm + g * stride_zg)[:, None] + c[None, :], mask=mask, other=0.0)
         z = z.to(tl.float32)
     if ADD:  # the residual stream x + d, rounded as torch's add in x's dtype, kept and normalised
         x = _round(x + z, X)
         tl.store(sum_ptr + r.to(tl.int64)[:, None] * D + c[None, :], x.to(X), mask=mask)
-    x = _norm_input(x, z, MODE)
-    if MODE == GROUP:  # the weight slice of this row's group
+    if MODE == GROUP:  # gate first; the weight slice of this row's group
+        x = x * _silu(z)
         w = tl.load(w_ptr + (g * D)[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
     else:
         w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
     n = x * tl.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps)[:, None]  # mean(h²)
-    O: tl.constexpr = out_ptr.dtype.element_ty
-    out = _norm_output(n, z, w, MODE, ZERO_CENTRED, X, MID, O)
-    tl.store(out_ptr + r.to(tl.int64)[:, None] * D + c[None, :], out.to(O), mask=mask)
 
-
-@triton.jit
-def _norm_input(x, z, MODE: tl.constexpr):
-    """What a MODE normalises, fp32: GROUP gates first (x·silu(z)); the others normalise x itself."""
-    if MODE == GROUP:
-        x = x * _silu(z)
-    return x
-
-
-@triton.jit
-def _norm_output(n, z, w, MODE: tl.constexpr, ZERO_CENTRED: tl.constexpr, X: tl.constexpr, MID: tl.constexpr,
-                 O: tl.constexpr):
-    """A MODE's output from the normalised n = h·rsqrt(mean(h²) + eps), its gate z and weight w (fp32, any one
-    shape), rounded to O (as fp32): the table above."""
     if MODE == PLAIN:
         if ZERO_CENTRED:
             w = 1.0 + w
@@ -143,7 +105,8 @@ def _norm_output(n, z, w, MODE: tl.constexpr, ZERO_CENTRED: tl.constexpr, X: tl.
         out = _round(w * _round(n, X), MID) * _silu(z)
     else:  # SIGMOID
         out = w * n * _sigmoid(z)
-    return _round(out, O)
+    O: tl.constexpr = out_ptr.dtype.element_ty
+    tl.store(out_ptr + r.to(tl.int64)[:, None] * D + c[None, :], _round(out, O).to(O), mask=mask)
 
 
 def _rows(x: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..ops.linear import activated_linear, linear
+from ..ops.linear import linear
 
 from .group import TPGroup
 from .shard import shard
@@ -51,7 +51,3 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, local in] -> [N, d_out], this rank's partial sum (all of it for one rank)."""
         return linear(x, self.weight, self.bias)
-
-    def forward_activated(self, x: torch.Tensor, act: str) -> torch.Tensor:
-        """`forward(act(x))` (`ops/linear.activated_linear`: act "relu2", or "silu_mul" of x [N, >= 2 · local in])."""
-        return activated_linear(x, act, self.weight, self.bias)

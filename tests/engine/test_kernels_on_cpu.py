@@ -102,18 +102,3 @@ def test_kernels_give_the_torch_paths_tokens(checkpoint, mode, launched, monkeyp
         steps = steps | {"_ngram_kernel", "_append_kernel"}
     expected = COMMON | steps | MOE[family] | ATTENTION[family]
     assert expected <= launched, f"not launched: {sorted(expected - launched)}"
-
-
-def test_norm_folded_into_the_first_gemm_gives_the_same_tokens(tmp_path, launched, monkeypatch):
-    """FUSE_NORM (`ops/linear.py`) through the engine: nemotron_h's blocks fold their residual add and norm into
-    the mixer's first GEMM at one row a step (`layers/prenorm.py`), which the steps reach once one request is
-    left; the fold runs inside the engine and the tokens are the torch paths'. A coarse check: these greedy
-    tokens outlast a 1% error put into the fold (it was tried); the fine one is every family's logits, folded
-    against apart, in tests/models/test_fused_norm_block.py."""
-    from hybridcache.ops import linear
-
-    path, _ = SAVERS["nemotron_h"](tmp_path / "nemotron_h")
-    torch_paths = run(path, "plain", kernels=False)
-    monkeypatch.setattr(linear, "FUSE_NORM", True)
-    assert run(path, "plain", kernels=True) == torch_paths
-    assert "_norm_gemv_kernel" in launched

@@ -40,20 +40,11 @@ class PagedGQAAttention(nn.Module):
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         return fused_rows(self.rows, self.qkv_weight, self.qkv_bias)
 
-    @property
-    def input_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The fused q/k/v (weight, bias): the GEMM a caller may fuse with the norm before it
-        (`forward_projected`)."""
-        return self.qkv_weight, self.qkv_bias
-
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] (all rows, context and generation) -> [N, D]; writes the new tokens' K/V into the pages."""
-        return self.forward_projected(linear(x, self.qkv_weight, self.qkv_bias), batch)
-
-    def forward_projected(self, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """`forward` from the q/k/v projection [N, (Hq + 2·Hkv)·Dh]."""
-        n, dh = projected.shape[0], self.head_dim
-        q, k, v = projected.split([self.num_heads * dh, self.num_kv_heads * dh, self.num_kv_heads * dh], dim=-1)
+        n, dh = x.shape[0], self.head_dim
+        q, k, v = linear(x, self.qkv_weight, self.qkv_bias).split(
+            [self.num_heads * dh, self.num_kv_heads * dh, self.num_kv_heads * dh], dim=-1)
         kv = batch.pages[KV_ROLE][self.index]
         o = paged_attention(q.view(n, self.num_heads, dh), k.view(n, self.num_kv_heads, dh),
                             v.view(n, self.num_kv_heads, dh), kv, batch.page_table, batch.cached_lens,

@@ -6,7 +6,6 @@ from torch import nn
 
 from ...parallel import SINGLE, TPGroup
 from ..batch import ForwardBatch
-from .prenorm import prenorm
 
 
 class DecoderLayer(nn.Module):
@@ -36,8 +35,7 @@ class DecoderLayer(nn.Module):
 
     def residual(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer on the stream x + delta (delta None: x), returned as (stream, the MLP's output) whose sum
-        is the layer's output: each residual add is fused into the norm after it (`RMSNorm.add`), and that into
-        the module's first GEMM where it has one (`prenorm`)."""
-        out, x = prenorm(self.input_layernorm, self.mixer, x, delta, batch)
-        out, x = prenorm(self.post_attention_layernorm, self.mlp, x, self.tp.all_reduce(out))
-        return x, self.tp.all_reduce(out)
+        is the layer's output: each residual add is fused into the norm after it (`RMSNorm.add`)."""
+        h, x = self.input_layernorm.add(x, delta)
+        h, x = self.post_attention_layernorm.add(x, self.tp.all_reduce(self.mixer(h, batch)))
+        return x, self.tp.all_reduce(self.mlp(h))

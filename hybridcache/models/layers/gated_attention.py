@@ -43,36 +43,26 @@ class GatedPagedAttention(nn.Module):
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         return fused_rows(self.rows, self.qkv_weight, self.qkv_bias)
 
-    @property
-    def input_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The fused q+gate/k/v (weight, bias): the GEMM a caller may fuse with the norm before it
-        (`forward_projected`)."""
-        return self.qkv_weight, self.qkv_bias
-
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] (all rows) -> [N, D], rotated at `batch.positions`; writes the new tokens' K/V into this
         layer's pages."""
-        return self.forward_projected(linear(x, self.qkv_weight, self.qkv_bias), batch)
-
-    def forward_projected(self, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """`forward` from the q+gate/k/v projection [N, Hq·2·Dh + 2·Hkv·Dh]."""
-        n, dh = projected.shape[0], self.head_dim
+        n, dh = x.shape[0], self.head_dim
         hq, hkv = self.num_heads, self.num_kv_heads
-        qg, k, v = projected.split([hq * 2 * dh, hkv * dh, hkv * dh], dim=-1)
+        qg, k, v = linear(x, self.qkv_weight, self.qkv_bias).split([hq * 2 * dh, hkv * dh, hkv * dh], dim=-1)
         q, gate = qg.view(n, hq, 2 * dh).split(dh, dim=-1)
         k, v = k.view(n, hkv, dh), v.view(n, hkv, dh)
-        if runs_triton(projected):  # both norms and both rotations in one launch
+        if runs_triton(x):  # both norms and both rotations in one launch
             from ...ops.attention.triton_norm_rope import norm_rope_triton  # triton is imported only where it runs
             q, k = norm_rope_triton(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, batch.positions,
                                     self.rope.inv_freq, self.rope.rotary_dim)
         else:
-            cos_sin = self.rope.cos_sin(batch.positions, projected.dtype)
+            cos_sin = self.rope.cos_sin(batch.positions, x.dtype)
             q, k = self.rope(self.q_norm(q), *cos_sin), self.rope(self.k_norm(k), *cos_sin)
         kv = batch.pages[KV_ROLE][self.index]
         o = paged_attention(q, k, v, kv, batch.page_table, batch.cached_lens, batch.cu_seqlens, scale=dh ** -0.5,
                             host=batch.host_rows)
         o = o.reshape(n, -1)
-        if runs_triton(projected) and o.is_contiguous():  # the gate and the product in one launch
+        if runs_triton(x) and o.is_contiguous():  # the gate and the product in one launch
             from ...ops.activation_triton import sigmoid_mul_triton
 
             return self.o_proj(sigmoid_mul_triton(o, gate))

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from ...ops.moe import SharedExpert
-from ...ops.linear import linear
+from ...ops.linear import linear, silu_mul
 from ...parallel import SINGLE, TPGroup, head_share
 from ...parallel.linear import RowParallelLinear
 from .attention import fused_rows
@@ -59,27 +59,13 @@ class GatedMLP(nn.Module):
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         return fused_rows(self.rows, self.gate_up_weight[: 2 * self.inner], None)
 
-    @property
-    def input_projection(self) -> tuple[torch.Tensor, None]:
-        """The gate/up (and extra rows') (weight, bias): the GEMM a caller may fuse with the norm before it
-        (`forward_projected`)."""
-        return self.gate_up_weight, None
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
         return self.forward_extra(x)[0]
 
-    def forward_projected(self, projected: torch.Tensor) -> torch.Tensor:
-        """`forward` from the gate/up projection's output."""
-        return self._from_projection(projected)[0]
-
     def forward_extra(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, D] -> (the MLP's output [N, D], the extra rows' projection of x [N, extra_rows], a view)."""
-        return self._from_projection(linear(x, self.gate_up_weight))
-
-    def _from_projection(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         I = self.inner
-        extra = h[:, 2 * I : 2 * I + self.extra_rows]
-        if self.act_name == "silu":
-            return self.down_proj.forward_activated(h, "silu_mul"), extra
-        return self.down_proj(self.act(h[:, :I]) * h[:, I : 2 * I]), extra
+        h = linear(x, self.gate_up_weight)
+        inner = silu_mul(h, I) if self.act_name == "silu" else self.act(h[:, :I]) * h[:, I : 2 * I]
+        return self.down_proj(inner), h[:, 2 * I : 2 * I + self.extra_rows]

@@ -102,25 +102,15 @@ class GatedDeltaNetMixer(nn.Module):
                 w.copy_(regroup_rows(w, self.H, parts))
         self.kernel_layout = True
 
-    @property
-    def input_projection(self) -> tuple[torch.Tensor, None]:
-        """The one input projection's (weight, bias): the GEMM a caller may fuse with the norm before it
-        (`forward_projected`)."""
-        return self.in_weight, None
-
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x: [N, D] -> `_split_projected` of the input projection."""
-        return self._split_projected(linear(x, self.in_weight))
-
-    def _split_projected(self, projected: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The projection's output [N, C + HV·V + 2·HV] -> qkv [N, C] (conv input), z [N, HV, V], b, a [N, HV]:
-        column slices (views, unit last stride)."""
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [N, D] -> qkv [N, C] (conv input), z [N, HV, V], b, a [N, HV]: column slices (views, unit last
+        stride) of the one projection's output."""
         if not self.kernel_layout:  # checkpoint row order read as the kernel layout would be silently wrong
             raise RuntimeError(f"GDN layer {self.index}: weights not in the kernel layout; load the model with "
                                "hybridcache.models.loader.load_model (or call finish_load once after filling them)")
         HV = self.HV
-        qkv, z, b, a = projected.split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
-        return qkv, z.view(projected.shape[0], HV, self.V), b, a
+        qkv, z, b, a = linear(x, self.in_weight).split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
+        return qkv, z.view(x.shape[0], HV, self.V), b, a
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[..., C] -> q, k [..., H, K], v [..., HV, V]."""
@@ -131,22 +121,14 @@ class GatedDeltaNetMixer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """hidden: [N, D] -> [N, D]; updates this layer's conv / ssm / replay roles of the batch's slots."""
-        return self._mix(*self._project(hidden), batch)
-
-    def forward_projected(self, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """`forward` from the input projection's output."""
-        return self._mix(*self._split_projected(projected), batch)
-
-    def _mix(self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-             batch: ForwardBatch) -> torch.Tensor:
-        """`forward` from the projection's parts (`_split_projected`)."""
         roles = batch.states[STATE_NAME]
-        i, n = self.index, qkv.shape[0]
+        i = self.index
         conv, ssm = roles["conv"][i], roles["ssm"][i]
+        qkv, z, b, a = self._project(hidden)
         weight = self.conv1d.weight[:, 0]
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
-        fused = runs_triton(qkv)  # the generation rows' kernels then compute their own gate (RawGate)
-        rows = nc if fused else n  # the rows whose g, beta are computed here
+        fused = runs_triton(hidden)  # the generation rows' kernels then compute their own gate (RawGate)
+        rows = nc if fused else hidden.shape[0]  # the rows whose g, beta are computed here
         g, beta = gdn_gate(a[:rows], b[:rows], self.A_log, self.dt_bias) if rows else (None, None)
         outs = []
         if bc:
@@ -172,4 +154,4 @@ class GatedDeltaNetMixer(nn.Module):
                                gate=gate)
             outs.append(o.reshape(bg * steps, self.HV, self.V))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return self.norm.project(o, z, self.out_proj)
+        return self.out_proj(self.norm(o, z).reshape(hidden.shape[0], -1))

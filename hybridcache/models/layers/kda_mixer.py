@@ -83,41 +83,23 @@ class KDAMixer(nn.Module):
                 "A_log": shard(self.A_log, 2, full // self.head_dim, self.heads),
                 "dt_bias": self.dt_bias}
 
-    @property
-    def input_projection(self) -> tuple[torch.Tensor, None]:
-        """The fused input projection's (weight, bias): the GEMM a caller may fuse with the norm before it
-        (`forward_projected`)."""
-        return self.in_weight, None
-
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [N, D] -> `_split_projected` of the input projection."""
-        return self._split_projected(linear(x, self.in_weight))
-
-    def _split_projected(self, projected: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The input projection's output [N, 3·H·K + 2·K + H] -> qkv [N, 3*H*K] (the conv input), g_raw [N, H, K]
-        (f_b_proj's output), b [N, H] (the raw beta logits), gate [N, H, K] (g_b_proj's output, for the norm):
-        column slices of it and of the low-rank up GEMM's output (views, unit last stride)."""
-        n, H, K, W = projected.shape[0], self.num_heads, self.head_dim, self.width
-        qkv, low_rank, b = projected.split([3 * W, 2 * K, H], dim=-1)  # low_rank: f_a, g_a
+        """x: [N, D] -> qkv [N, 3*H*K] (the conv input), g_raw [N, H, K] (f_b_proj's output), b [N, H]
+        (the raw beta logits), gate [N, H, K] (g_b_proj's output, for the norm): column slices of two GEMMs'
+        outputs (views, unit last stride)."""
+        n, H, K, W = x.shape[0], self.num_heads, self.head_dim, self.width
+        qkv, low_rank, b = linear(x, self.in_weight).split([3 * W, 2 * K, H], dim=-1)  # low_rank: f_a, g_a
         g_raw, gate = linear(low_rank, self.up_weight).split([W, W], dim=-1)
         return qkv, g_raw.view(n, H, K), b, gate.view(n, H, K)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] -> [N, D]; updates this layer's conv / ssm (/ pending) roles of the batch's slots."""
-        return self._mix(*self._project(x), batch)
-
-    def forward_projected(self, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """`forward` from the input projection's output."""
-        return self._mix(*self._split_projected(projected), batch)
-
-    def _mix(self, qkv: torch.Tensor, g_raw: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
-             batch: ForwardBatch) -> torch.Tensor:
-        """`forward` from the projections' parts (`_split_projected`)."""
         roles = batch.states[STATE_NAME]
-        i, n, H, K = self.index, qkv.shape[0], self.num_heads, self.head_dim
+        i, n, H, K = self.index, x.shape[0], self.num_heads, self.head_dim
         conv, ssm = roles["conv"][i], roles["ssm"][i]
+        qkv, g_raw, b, gate = self._project(x)
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
-        fused = runs_triton(qkv)  # the generation rows' kernels then compute their own gate (KDARawGate)
+        fused = runs_triton(x)  # the generation rows' kernels then compute their own gate (KDARawGate)
         rows = nc if fused else n  # the rows whose g [rows, H, K] fp32 and beta [rows, H] are computed here
         g, beta = (kda_gate(g_raw[:rows], self.A_log, self.dt_bias), torch.sigmoid(b[:rows])) if rows else (None, None)
         outs = []
@@ -145,4 +127,4 @@ class KDAMixer(nn.Module):
                 o = kda_decode(q, k, v, g_g, beta_g, ssm, slots, use_qk_l2norm_in_kernel=True, gate=raw_gate)
             outs.append(o.reshape(bg * steps, H, K))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return self.o_norm.project(o, gate, self.o_proj)
+        return self.o_proj(self.o_norm(o, gate).reshape(n, self.width))

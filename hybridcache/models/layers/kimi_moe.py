@@ -28,11 +28,7 @@ class KimiMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism: experts expert-internal, shared experts
         over their intermediate size, the router replicated)."""
-        return self.forward_routed(x, *self.gate(x))
-
-    def forward_routed(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """`forward` given the router's choice for x (a caller may fold the norm before it into the router:
-        `layers/prenorm.py`)."""
+        index, weight = self.gate(x)
         if self.shared_experts is None:
             return self.experts(x, index, weight)
         shared = self.shared_experts.as_shared_expert()

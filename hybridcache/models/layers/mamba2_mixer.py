@@ -84,21 +84,12 @@ class Mamba2Mixer(nn.Module):
         return (xs.reshape(*lead, self.num_heads, self.head_dim),
                 B.reshape(*lead, self.n_groups, self.state_size), C.reshape(*lead, self.n_groups, self.state_size))
 
-    @property
-    def input_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """in_proj's (weight, bias): the GEMM a caller may fuse with the norm before it (`forward_projected`)."""
-        return self.in_proj.weight, self.in_proj.bias
-
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """hidden: [N, D] -> [N, D]; updates this layer's conv / ssm / replay roles of the batch's slots."""
-        return self.forward_projected(self.in_proj(hidden), batch)
-
-    def forward_projected(self, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """`forward` from in_proj's output [N, I + C + H]."""
         roles = batch.states[STATE_NAME]
         i = self.index
         conv, ssm = roles["conv"][i], roles["ssm"][i]
-        z, xbc, dt = projected.split([self.inner, self.conv_dim, self.num_heads], dim=-1)
+        z, xbc, dt = self.in_proj(hidden).split([self.inner, self.conv_dim, self.num_heads], dim=-1)
         weight, bias = self.conv1d.weight[:, 0], self.conv1d.bias
         A = self.A if self.A is not None else -torch.exp(self.A_log.float())
         scan = dict(D=self.D, dt_bias=self.dt_bias, dt_limit=self.dt_limit)
@@ -123,4 +114,4 @@ class Mamba2Mixer(nn.Module):
                 y = mamba2_decode(xs[:, 0], dt_g[:, 0], A, B[:, 0], C[:, 0], ssm, slots, **scan)
             outs.append(y.reshape(bg * steps, self.inner))
         y = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return self.norm.project(y, z, self.out_proj)
+        return self.out_proj(self.norm(y, z))

@@ -63,26 +63,15 @@ class MLAAttention(nn.Module):
         views.pop("q_proj.bias", None)  # not in checkpoints: q_proj has no bias
         return views
 
-    @property
-    def input_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The fused q (or q_a) and kv_a projection's (weight, bias): the GEMM a caller may fuse with the norm
-        before it (`forward_projected`)."""
-        return self.in_weight, self.in_bias
-
-    def _split_projected(self, projected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fused projection's output -> queries [N, H*(Dn+Dr)], kv_a_proj_with_mqa's output [N, R+Dr] (a
-        column slice)."""
-        q, kv = projected.split([row[2][1] for row in self.rows], dim=-1)
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [N, D] -> queries [N, H*(Dn+Dr)], kv_a_proj_with_mqa's output [N, R+Dr] (a column slice)."""
+        q, kv = linear(x, self.in_weight, self.in_bias).split([row[2][1] for row in self.rows], dim=-1)
         return (self.q_b_proj(self.q_a_layernorm(q)) if self.q_lora else q), kv
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] (all rows) -> [N, D]; writes the new tokens' latent and rope key into the pages."""
-        return self.forward_projected(linear(x, self.in_weight, self.in_bias), batch)
-
-    def forward_projected(self, projected: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """`forward` from the fused projection's output."""
-        n, H, R = projected.shape[0], self.num_heads, self.kv_lora_rank
-        q, kv = self._split_projected(projected)
+        n, H, R = x.shape[0], self.num_heads, self.kv_lora_rank
+        q, kv = self._project(x)
         q_nope, q_rope = q.view(n, H, -1).split([self.nope_dim, self.rope_dim], dim=-1)
         latent, k_rope = kv.split([R, self.rope_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)

@@ -43,19 +43,8 @@ class MLP(nn.Module):
         part = [head_share(tp, inner, "the MLP's intermediate size")]
         self.up_proj = ColumnParallelLinear(hidden, inner, part, bias, device, dtype)
         self.down_proj = RowParallelLinear(inner, part, hidden, bias, tp, device, dtype)
-        self.act_name, self.act = act, ACTIVATIONS[act]
-
-    @property
-    def input_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """up_proj's (weight, bias): the GEMM a caller may fuse with the norm before it (`forward_projected`)."""
-        return self.up_proj.weight, self.up_proj.bias
+        self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
-        return self.forward_projected(self.up_proj(x))
-
-    def forward_projected(self, projected: torch.Tensor) -> torch.Tensor:
-        """`forward` from up_proj's output [N, I]."""
-        if self.act_name == "relu2":
-            return self.down_proj.forward_activated(projected, "relu2")
-        return self.down_proj(self.act(projected))
+        return self.down_proj(self.act(self.up_proj(x)))

@@ -31,11 +31,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
-        return self.forward_routed(x, *self.gate(x))
-
-    def forward_routed(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """`forward` given the router's choice for x (a caller may fold the norm before it into the router:
-        `layers/prenorm.py`)."""
+        index, weight = self.gate(x)
         h = self.fc1_latent_proj(x) if self.fc1_latent_proj is not None else x
         h = self.experts(h, index, weight).to(x.dtype)
         if self.fc2_latent_proj is not None:

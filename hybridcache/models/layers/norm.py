@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops.linear import fuses_gated_norm
 from ...ops.triton_support import runs_triton
 from ...parallel import TPGroup
 from .params import param
@@ -62,44 +61,17 @@ class RMSNorm(WeightedNorm):
         return self(x), x
 
 
-class GatedNorm(WeightedNorm):
-    """A mixer's gated RMSNorm, whose output feeds one projection (`project`). FOLD_MODE names it for
-    `gemv_triton.gated_norm_gemv_triton`."""
-
-    FOLD_MODE = ""
-
-    def group_size(self, y: torch.Tensor) -> int | None:
-        """Channels a group of y's normalises over, where the fold can take this norm (else None)."""
-        return y.shape[-1]
-
-    def project(self, y: torch.Tensor, z: torch.Tensor, proj: nn.Module) -> torch.Tensor:
-        """`proj(self(y, z))` with the output flattened to [N, width]: y, z [N, ...]; proj a linear with `weight`
-        [O, width] and `bias`. At one row (`ops/linear.FUSE_GATED_NORM`) one launch, where the group size allows."""
-        gs = self.group_size(y)
-        if fuses_gated_norm(y) and gs is not None and gs & (gs - 1) == 0:
-            from ...ops.gemv_triton import gated_norm_gemv_triton  # triton is imported only where it runs
-
-            return gated_norm_gemv_triton(y.reshape(1, -1, gs), z.reshape(1, -1, gs), self.weight, self.eps,
-                                          self.FOLD_MODE, proj.weight, proj.bias)
-        return proj(self(y, z).reshape(y.shape[0], -1))
-
-
-class GatedGroupRMSNorm(GatedNorm):
+class GatedGroupRMSNorm(WeightedNorm):
     """Mamba2's `weight * norm_g(y * silu(z))`: gate first, RMS over each of `groups` equal channel slices.
 
     `span` = (tp, g, G, width): under tensor parallelism this rank's `size` channels are part of group `g`
     of `G`, `width` channels wide, whose other channels live on other ranks; the sum of squares is then
     all-reduced (a `[N, G]` buffer, each rank adding its group's column)."""
 
-    FOLD_MODE = "group"
-
     def __init__(self, size: int, groups: int, eps: float, device: torch.device | str, dtype: torch.dtype,
                  span: tuple[TPGroup, int, int, int] | None = None) -> None:
         super().__init__(size, eps, device, dtype)
         self.groups, self.span = groups, span
-
-    def group_size(self, y: torch.Tensor) -> int | None:
-        return None if self.span is not None else y.shape[-1] // self.groups  # a group split over ranks: no fold
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y, z: [N, I] -> [N, I] in y's dtype (the weight multiplies after the cast, as transformers does)."""
@@ -119,10 +91,8 @@ class GatedGroupRMSNorm(GatedNorm):
         return self.weight * g.view(h.shape).to(y.dtype)
 
 
-class GatedRMSNorm(GatedNorm):
+class GatedRMSNorm(WeightedNorm):
     """GDN's `weight * norm(y) * silu(z)` over the last dim (one value head); norm before gate, weight as stored."""
-
-    FOLD_MODE = "silu"
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y, z: [..., V] -> [..., V] in y's dtype."""
@@ -133,10 +103,8 @@ class GatedRMSNorm(GatedNorm):
         return (h * F.silu(z.float())).to(y.dtype)
 
 
-class SigmoidGatedRMSNorm(GatedNorm):
+class SigmoidGatedRMSNorm(WeightedNorm):
     """KDA's `weight * norm(o) * sigmoid(gate)` over the last dim, all in fp32, result in o's dtype."""
-
-    FOLD_MODE = "sigmoid"
 
     def forward(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """o, gate: [..., D] -> [..., D]."""

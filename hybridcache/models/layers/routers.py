@@ -1,8 +1,6 @@
 """Expert routers: `x [N, D] -> (expert index [N, k], weight [N, k])`."""
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,22 +8,6 @@ from torch import nn
 from ...ops.moe import ROUTER_MAX_EXPERTS
 from ...ops.triton_support import runs_triton
 from .params import param
-
-
-def _route_normed(router: nn.Module, x: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module,
-                  route: Callable) -> tuple[torch.Tensor, ...] | None:
-    """`add_norm_route` of `router`: route(x, AddNorm) -> (index, weight, h, stream) where the router computes
-    its logits of x [N, D] in its kernel (`fuses_logits`), as (h, stream, index, weight); else None."""
-    (n, d), e = x.shape, router.weight.shape[0]
-    if not (runs_triton(x) and e <= ROUTER_MAX_EXPERTS):
-        return None
-    from ...ops.moe.routers_triton import AddNorm, fuses_logits
-    if not fuses_logits(n, e, d):
-        return None
-    add_norm = AddNorm(torch.zeros_like(x) if delta is None else delta.contiguous(), norm.weight, norm.eps,
-                       norm.zero_centred)
-    index, weight, h, stream = route(x.contiguous(), add_norm)
-    return h, stream, index, weight
 
 
 class TopKRouter(nn.Module):
@@ -71,17 +53,6 @@ class TopKRouter(nn.Module):
             weight = weight / (weight.sum(-1, keepdim=True) + 1e-20)
         return index, weight * self.scaling
 
-    def add_norm_route(self, x: torch.Tensor, delta: torch.Tensor | None,
-                       norm: nn.Module) -> tuple[torch.Tensor, ...] | None:
-        """(h = norm(x + delta), x + delta, index, weight) in one launch with the RMSNorm `norm` folded in, where
-        the kernel computes the logits (`routers_triton.add_rms_norm_group_topk_triton`); else None."""
-        def route(x, add_norm):
-            from ...ops.moe.routers_triton import add_rms_norm_group_topk_triton
-            return add_rms_norm_group_topk_triton(x, add_norm, self.e_score_correction_bias, self.top_k, self.n_group,
-                                                  self.topk_group, self.norm_topk_prob, self.scaling, self.weight)
-
-        return _route_normed(self, x, delta, norm, route)
-
 
 class SoftmaxTopKRouter(nn.Module):
     """weight `[E, D]`; probabilities softmax(logits) in fp32, top k of them, renormalised if `norm_topk_prob`."""
@@ -108,13 +79,3 @@ class SoftmaxTopKRouter(nn.Module):
         if self.norm_topk_prob:
             weight = weight / weight.sum(-1, keepdim=True)
         return index, weight.to(logits.dtype)
-
-    def add_norm_route(self, x: torch.Tensor, delta: torch.Tensor | None,
-                       norm: nn.Module) -> tuple[torch.Tensor, ...] | None:
-        """(h = norm(x + delta), x + delta, index, weight) in one launch with the RMSNorm `norm` folded in, where
-        the kernel computes the logits (`routers_triton.add_rms_norm_softmax_topk_triton`); else None."""
-        def route(x, add_norm):
-            from ...ops.moe.routers_triton import add_rms_norm_softmax_topk_triton
-            return add_rms_norm_softmax_topk_triton(x, add_norm, self.top_k, self.norm_topk_prob, self.weight)
-
-        return _route_normed(self, x, delta, norm, route)

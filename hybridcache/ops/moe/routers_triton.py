@@ -19,15 +19,13 @@ in-kernel logits sum the products in another order than cuBLAS: an ulp or so too
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from ..pdl_triton import pdl_entry, pdl_launch
-from ..rms_norm_triton import _norm_weight, _round, _stream
+from ..rms_norm_triton import _round
 from . import ROUTER_MAX_EXPERTS
 
 
@@ -63,55 +61,17 @@ def _logits(x_ptr, w_ptr, n, N, D, stride_xn, expert, real,
 
 
 @triton.jit
-def _normed_logits(x_ptr, d_ptr, nw_ptr, w_ptr, h_ptr, s_ptr, eps, n, N, D, stride_xn, expert, real,
-                   ZERO_CENTRED: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
-    """`_logits` of the rows h = RMSNorm(s), s = x + d (norm weight nw_ptr, `eps`): Σ (s ⊙ w)·W and Σ s² in one
-    pass, the logits scaled by 1 / rms(s) after their sum; then a second pass over s (L1 / L2 hits) stores s
-    and h [N, D], contiguous in x's dtype, as `add_rms_norm_triton` writes them (s_ptr, h_ptr). -> [ROWS, FLAT]."""
-    X: tl.constexpr = x_ptr.dtype.element_ty
-    acc = tl.full([ROWS, FLAT], 0.0, tl.float32)
-    squares = tl.full([ROWS], 0.0, tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        xs = _stream(x_ptr, d_ptr, n.to(tl.int64)[:, None] * stride_xn + d[None, :],
-                     (n < N)[:, None] & (d < D)[None, :], X, True)  # [ROWS, BLOCK_D]
-        squares += tl.reduce(xs * xs, 1, _SUM)
-        ws = tl.load(w_ptr + expert.to(tl.int64)[:, None] * D + d[None, :],
-                     mask=real[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [FLAT, BLOCK_D]
-        scaled = xs * _norm_weight(nw_ptr, d, d < D, ZERO_CENTRED)[None, :]
-        acc += tl.reduce(scaled[:, None, :] * ws[None, :, :], 2, _SUM)
-    rstd = tl.rsqrt(tl.math.div_rn(squares, D * 1.0) + eps)
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        mask = (n < N)[:, None] & (d < D)[None, :]
-        xs = _stream(x_ptr, d_ptr, n.to(tl.int64)[:, None] * stride_xn + d[None, :], mask, X, True)
-        h = _round(xs * rstd[:, None] * _norm_weight(nw_ptr, d, d < D, ZERO_CENTRED)[None, :], X)
-        out = n.to(tl.int64)[:, None] * D + d[None, :]
-        tl.store(s_ptr + out, xs.to(X), mask=mask)
-        tl.store(h_ptr + out, h.to(X), mask=mask)
-    return acc * rstd[:, None]
-
-
-@triton.jit
 def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_n,
-                         d_ptr, nw_ptr, h_ptr, s_ptr, eps,
                          E: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, FROM_X: tl.constexpr,
-                         ADD_NORM: tl.constexpr, ZERO_CENTRED: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
                          PDL: tl.constexpr):
-    """ADD_NORM (with FROM_X): the rows are RMSNorm(x + d) (weight nw_ptr, `eps`), the logits taken before the
-    norm's scale and scaled after; the stream and the normalised rows are stored (s_ptr, h_ptr)."""
     pdl_entry(PDL)
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK_E)[None, :]
     valid = (n < N)[:, None] & (c < E)
     if FROM_X:  # logits_ptr is x; the logits rounded to x's dtype, as F.linear's output is
-        experts = tl.arange(0, BLOCK_E)
-        if ADD_NORM:
-            logit = _normed_logits(logits_ptr, d_ptr, nw_ptr, w_ptr, h_ptr, s_ptr, eps, n, N, D, stride_n, experts,
-                                   experts < E, ZERO_CENTRED, ROWS, BLOCK_D, BLOCK_E)
-        else:
-            logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, experts < E, ROWS, BLOCK_D, BLOCK_E)
+        logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_E) < E,
+                        ROWS, BLOCK_D, BLOCK_E)
         X: tl.constexpr = logits_ptr.dtype.element_ty
         logit = _round(logit, X)
     else:
@@ -142,12 +102,9 @@ def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_
 
 @triton.jit
 def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D, stride_n, scaling,
-                       d_ptr, nw_ptr, h_ptr, s_ptr, eps,
                        G: tl.constexpr, EG: tl.constexpr, TOPG: tl.constexpr, K: tl.constexpr,
-                       NORM: tl.constexpr, FROM_X: tl.constexpr, ADD_NORM: tl.constexpr, ZERO_CENTRED: tl.constexpr,
-                       ROWS: tl.constexpr, BLOCK_G: tl.constexpr,
+                       NORM: tl.constexpr, FROM_X: tl.constexpr, ROWS: tl.constexpr, BLOCK_G: tl.constexpr,
                        BLOCK_EG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    """ADD_NORM: as `_softmax_topk_kernel`'s."""
     pdl_entry(PDL)
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.arange(0, BLOCK_G)
@@ -157,12 +114,8 @@ def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D,
     if FROM_X:  # logits_ptr is x; the logits over the padded experts flattened, then in groups
         FLAT_E: tl.constexpr = BLOCK_G * BLOCK_EG
         f = tl.arange(0, FLAT_E)
-        experts, real = (f // BLOCK_EG) * EG + f % BLOCK_EG, (f // BLOCK_EG < G) & (f % BLOCK_EG < EG)
-        if ADD_NORM:
-            logit = _normed_logits(logits_ptr, d_ptr, nw_ptr, w_ptr, h_ptr, s_ptr, eps, n, N, D, stride_n, experts,
-                                   real, ZERO_CENTRED, ROWS, BLOCK_D, FLAT_E)
-        else:
-            logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, real, ROWS, BLOCK_D, FLAT_E)
+        logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, (f // BLOCK_EG) * EG + f % BLOCK_EG,
+                        (f // BLOCK_EG < G) & (f % BLOCK_EG < EG), ROWS, BLOCK_D, FLAT_E)
         logit = tl.reshape(logit, [ROWS, BLOCK_G, BLOCK_EG])
     else:
         logit = tl.load(logits_ptr + n.to(tl.int64)[:, None, None] * stride_n + expert3, mask=valid3, other=0.0)
@@ -237,82 +190,21 @@ def _prepare(rows_in: Tensor, e: int, block: int, k: int, dtype: torch.dtype, we
     return outputs, launch
 
 
-class AddNorm(NamedTuple):
-    """A pre-norm block's residual add and RMSNorm folded into a router that computes its logits (one row:
-    `models/layers/prenorm.py`): the router's rows are RMSNorm(x + delta), `weight` [D] (used as 1 + w where
-    `zero_centred`)."""
-
-    delta: Tensor
-    weight: Tensor
-    eps: float
-    zero_centred: bool
-
-
-def _norm_args(x: Tensor, add_norm: AddNorm | None) -> tuple[tuple, dict, Tensor | None, Tensor | None]:
-    """The kernels' norm arguments: (pointer args, constexprs, h, stream); h and stream [N, D] in x's dtype,
-    None without `add_norm`."""
-    if add_norm is None:
-        return (x, x, x, x, 0.0), dict(ADD_NORM=False, ZERO_CENTRED=False), None, None
-    delta, weight = add_norm.delta, add_norm.weight
-    assert delta.shape == x.shape and delta.dtype == x.dtype and weight.shape == (x.shape[1],), \
-        f"delta {tuple(delta.shape)} {delta.dtype}, norm weight {tuple(weight.shape)} against x {tuple(x.shape)}"
-    assert x.is_contiguous() and delta.is_contiguous(), "the folded norm reads x and delta as contiguous rows"
-    h, stream = torch.empty_like(x), torch.empty_like(x)
-    return ((delta, weight.contiguous(), h, stream, float(add_norm.eps)),
-            dict(ADD_NORM=True, ZERO_CENTRED=add_norm.zero_centred), h, stream)
-
-
-def _softmax_topk(logits: Tensor, k: int, renormalise: bool, weight: Tensor | None,
-                  add_norm: AddNorm | None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    E = logits.shape[1] if weight is None else weight.shape[0]
-    assert weight is None or weight.dtype == logits.dtype, "SoftmaxTopKRouter's weight is in x's dtype"
-    block = triton.next_power_of_2(E)
-    (index, out), (rows_in, w, D, rows, block_d, grid, warps) = _prepare(logits, E, block, k, logits.dtype, weight)
-    norm_ptrs, norm_flags, h, stream = _norm_args(rows_in, add_norm)
-    N = logits.shape[0]
-    if N:
-        _softmax_topk_kernel[grid](rows_in, w, index, out, N, D, rows_in.stride(0), *norm_ptrs, E=E, K=k,
-                                   NORM=renormalise, FROM_X=weight is not None, **norm_flags, ROWS=rows,
-                                   BLOCK_E=block, BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d,
-                                   num_warps=warps, **pdl_launch(rows_in))
-    return index, out, h, stream
-
-
 def softmax_topk_triton(logits: Tensor, k: int, renormalise: bool,
                         weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`SoftmaxTopKRouter`'s selection. logits: [N, E] -> (index [N, k] int64, weight [N, k] in logits' dtype).
     Given the router `weight` [E, D], the first argument is x [N, D] and the kernel computes the logits."""
-    return _softmax_topk(logits, k, renormalise, weight, None)[:2]
-
-
-def add_rms_norm_softmax_topk_triton(x: Tensor, add_norm: AddNorm, k: int, renormalise: bool,
-                                     weight: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """`softmax_topk_triton` of h = RMSNorm(x + delta) with the router `weight` [E, D], in one launch ->
-    (index, weight, h [N, D], stream x + delta [N, D]); the logits take the norm's scale after their sum (within
-    a rounding of the two-launch path's), h and the stream are `add_rms_norm_triton`'s."""
-    return _softmax_topk(x, k, renormalise, weight, add_norm)
-
-
-def _group_topk(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_group: int, renormalise: bool,
-                scaling: float, weight: Tensor | None,
-                add_norm: AddNorm | None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     E = logits.shape[1] if weight is None else weight.shape[0]
-    assert E % n_group == 0 and E // n_group >= 2 and 1 <= topk_group <= n_group, \
-        f"{E} experts in {n_group} groups, {topk_group} kept"
-    assert bias.shape == (E,) and bias.is_contiguous(), f"bias {tuple(bias.shape)}"
-    assert weight is None or weight.dtype == torch.float32, "TopKRouter's weight is fp32"
-    block_g, block_eg = triton.next_power_of_2(n_group), triton.next_power_of_2(E // n_group)
-    (index, out), (rows_in, w, D, rows, block_d, grid, warps) = _prepare(logits, E, block_g * block_eg, k,
-                                                                        torch.float32, weight)
-    norm_ptrs, norm_flags, h, stream = _norm_args(rows_in, add_norm)
+    assert weight is None or weight.dtype == logits.dtype, "SoftmaxTopKRouter's weight is in x's dtype"
+    block = triton.next_power_of_2(E)
+    (index, out), (rows_in, w, D, rows, block_d, grid, warps) = _prepare(logits, E, block, k, logits.dtype, weight)
     N = logits.shape[0]
     if N:
-        _group_topk_kernel[grid](rows_in, w, bias, index, out, N, D, rows_in.stride(0), float(scaling), *norm_ptrs,
-                                 G=n_group, EG=E // n_group, TOPG=topk_group, K=k, NORM=renormalise,
-                                 FROM_X=weight is not None, **norm_flags, ROWS=rows, BLOCK_G=block_g,
-                                 BLOCK_EG=block_eg, BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d,
-                                 num_warps=warps, **pdl_launch(rows_in))
-    return index, out, h, stream
+        _softmax_topk_kernel[grid](rows_in, w, index, out, N, D, rows_in.stride(0), E=E, K=k, NORM=renormalise,
+                                   FROM_X=weight is not None, ROWS=rows, BLOCK_E=block,
+                                   BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d, num_warps=warps,
+                                   **pdl_launch(rows_in))
+    return index, out
 
 
 def group_topk_triton(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_group: int, renormalise: bool,
@@ -321,12 +213,19 @@ def group_topk_triton(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_g
     Given the router `weight` [E, D] fp32, the first argument is x [N, D] (any float dtype, taken to fp32)
     and the kernel computes the logits. Needs E = n_group groups of >= 2 experts and topk_group <= n_group
     (what the config checks admit)."""
-    return _group_topk(logits, bias, k, n_group, topk_group, renormalise, scaling, weight, None)[:2]
-
-
-def add_rms_norm_group_topk_triton(x: Tensor, add_norm: AddNorm, bias: Tensor, k: int, n_group: int,
-                                   topk_group: int, renormalise: bool, scaling: float,
-                                   weight: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """`group_topk_triton` of h = RMSNorm(x + delta) with the router `weight`, in one launch -> (index, weight,
-    h, stream), as `add_rms_norm_softmax_topk_triton`'s."""
-    return _group_topk(x, bias, k, n_group, topk_group, renormalise, scaling, weight, add_norm)
+    E = logits.shape[1] if weight is None else weight.shape[0]
+    assert E % n_group == 0 and E // n_group >= 2 and 1 <= topk_group <= n_group, \
+        f"{E} experts in {n_group} groups, {topk_group} kept"
+    assert bias.shape == (E,) and bias.is_contiguous(), f"bias {tuple(bias.shape)}"
+    assert weight is None or weight.dtype == torch.float32, "TopKRouter's weight is fp32"
+    block_g, block_eg = triton.next_power_of_2(n_group), triton.next_power_of_2(E // n_group)
+    (index, out), (rows_in, w, D, rows, block_d, grid, warps) = _prepare(logits, E, block_g * block_eg, k,
+                                                                        torch.float32, weight)
+    N = logits.shape[0]
+    if N:
+        _group_topk_kernel[grid](rows_in, w, bias, index, out, N, D, rows_in.stride(0), float(scaling),
+                                 G=n_group, EG=E // n_group, TOPG=topk_group, K=k, NORM=renormalise,
+                                 FROM_X=weight is not None, ROWS=rows, BLOCK_G=block_g, BLOCK_EG=block_eg,
+                                 BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d, num_warps=warps,
+                                 **pdl_launch(rows_in))
+    return index, out
