@@ -14,7 +14,7 @@ for op in $([ "${OPS:-1}" = 1 ] && echo gdn mamba2 kda); do
 done
 wait
 for f in $FAMILIES; do
-  timeout ${STEP_CAP:-110} python3 benchmarks/step_profile.py --family $f --size 1b --device cuda --dtype bfloat16 \
+  timeout ${STEP_CAP:-150} python3 benchmarks/step_profile.py --family $f --size 1b --device cuda --dtype bfloat16 \
       --batch 1 --steps 20 --modes graph --by-module --json $OUT/step_profile-$f-bs1-$gpu.json 2>&1 \
       | grep -v "Warn\|warn\|Loading\|shards" | head -14
 done
