@@ -5,6 +5,7 @@
 # durations run long: compare its ratios, and time with the tuners.
 set -u
 source benchmarks/gpu/common.sh
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 nvidia-smi --query-gpu=name --format=csv,noheader
 SECTIONS="--section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats
   --section MemoryWorkloadAnalysis"
@@ -16,7 +17,7 @@ profile() {  # name, then the command
   local name=$1; shift
   for what in "$SECTIONS" "--metrics $METRICS"; do
     echo "== $name ${what%% *}"
-    timeout 60 ncu --target-processes all -k regex:verify -c 1 $what "$@" 2>&1 | grep -E "$KEEP" | head -30
+    timeout 60 $NCU --target-processes all -k regex:verify -c 1 $what "$@" 2>&1 | grep -E "$KEEP" | head -30
   done
 }
 profile gdn python3 benchmarks/tune_delta_rule.py --cases "gdn verify T=4" --block-v 16 --warps 1 --batches 64 --iters 2
