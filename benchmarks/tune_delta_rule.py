@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 
 import torch
 
@@ -54,7 +55,7 @@ def cases(batch: int) -> dict:
                                                max_registers=max_registers)
 
     def gdn(n: int, chunked: bool | None = None, key_block: int | None = None, max_registers: int | None = None,
-            state_fma: bool = False):
+            state_fma: bool | None = None):
         return lambda bv, w: gdn_verify_triton(q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], ssm, hist["u"],
                                                hist["k"], hist["G"], hist["b"], pnat, buf, slots,
                                                use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
@@ -91,11 +92,11 @@ def main() -> None:
     ap.add_argument("--block-v", type=int, nargs="+", default=[8, 16, 32, 64])
     ap.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--cases", help="only the cases whose names contain this text")
+    ap.add_argument("--cases", help="only the cases whose names match this regular expression (re.search)")
     args = ap.parse_args()
     for batch in args.batches:
         for name, fn in cases(batch).items():
-            if args.cases and args.cases not in name:
+            if args.cases and not re.search(args.cases, name):
                 continue
             times = {}
             for bv, w in itertools.product(args.block_v, args.warps):

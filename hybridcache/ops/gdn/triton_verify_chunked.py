@@ -36,6 +36,7 @@ KEY_BLOCK = 32
 NUM_WARPS = 2  # doubled where the grid has fewer programs than the device has SMs
 MAX_REGISTERS = 168  # a thread, from CAP_FROM programs an SM (at batch 64 and up for 32 value heads)
 CAP_FROM = 16
+STATE_FMA = False  # the state's products as fp32 reductions (`_state_products_fma`), or on tensor cores
 NUM_STAGES = 1  # the key-block loop not software-pipelined: 103 against 120 us at batch 64 with Triton's 3 (H100)
 
 
