@@ -54,13 +54,12 @@ def cases(batch: int) -> dict:
                                                use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
                                                max_registers=max_registers)
 
-    def gdn(n: int, chunked: bool | None = None, key_block: int | None = None, max_registers: int | None = None,
-            state_fma: bool | None = None):
+    def gdn(n: int, chunked: bool | None = None, key_block: int | None = None, max_registers: int | None = None):
         return lambda bv, w: gdn_verify_triton(q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], ssm, hist["u"],
                                                hist["k"], hist["G"], hist["b"], pnat, buf, slots,
                                                use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
                                                chunked=chunked and bv >= 16, key_block=key_block,
-                                               max_registers=max_registers, state_fma=state_fma)
+                                               max_registers=max_registers)
 
     return {
         "decode T=1": lambda bv, w: delta_rule_decode_triton(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], ssm,
@@ -71,8 +70,6 @@ def cases(batch: int) -> dict:
                                                                 intermediate=inter, num_warps=w),
         "gdn verify T=4": gdn(T, True),  # closed form (the default at 16 value columns or more)
         "gdn verify T=4 stepwise": gdn(T, False),
-        **{f"gdn verify T=4 fma registers {cap}": gdn(T, True, max_registers=cap, state_fma=True)  # 0: none
-           for cap in (0, 168)},
         "gdn verify T=4 key block 64": gdn(T, True, 64),  # the state read 64 key rows at a time (default 32)
         "gdn verify T=4 whole state": gdn(T, True, K),  # and all at once
         **{f"gdn verify T=4 registers {cap}": gdn(T, True, max_registers=cap)  # 0: none; fewer: more programs an SM

@@ -141,16 +141,14 @@ GDN_CASES = [  # T, HIST, K, V, dtype, l2norm in kernel
 # by token as well (the form the others take), and key_block=16 reads the closed form's state 16 key rows at a time
 # (the default, KEY_BLOCK = 32, reads K <= 32 whole) over two 32-column value blocks where V = 40; and the default
 # tiling on a 64-wide key (two blocks of KEY_BLOCK rows, 64 value columns), a long history
-# (chunked, key_block, state_fma); `state_fma` the closed form's state products as fp32 reductions
-CHUNKED_CASES = ([c + (None, None, False) for c in GDN_CASES]
-                 + [c + (False, None, False) for c in GDN_CASES if c[0] > 1 and c[3] >= 16]
-                 + [c + (None, 16, False) for c in GDN_CASES if c[0] > 1 and c[3] >= 16 and c[2] > 16]
-                 + [c + (None, None, True) for c in GDN_CASES if c[0] > 1 and c[3] >= 16]
-                 + [(4, 20, 64, 64, torch.bfloat16, True, None, None, fma) for fma in (False, True)])
+CHUNKED_CASES = ([c + (None, None) for c in GDN_CASES]
+                 + [c + (False, None) for c in GDN_CASES if c[0] > 1 and c[3] >= 16]
+                 + [c + (None, 16) for c in GDN_CASES if c[0] > 1 and c[3] >= 16 and c[2] > 16]
+                 + [(4, 20, 64, 64, torch.bfloat16, True, None, None)])
 
 
-@pytest.mark.parametrize("T,hist,K,V,dtype,norm,chunked,key_block,state_fma", CHUNKED_CASES)
-def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked, key_block, state_fma):
+@pytest.mark.parametrize("T,hist,K,V,dtype,norm,chunked,key_block", CHUNKED_CASES)
+def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked, key_block):
     before = gdn_pools(T, hist, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=T, norm_in_kernel=norm)
@@ -160,7 +158,7 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked,
     o_torch = gdn_run(gdn_verify, x, torch_p, slots, **kw)
     x_dev = [t.to(DEVICE) for t in x]
     o = gdn_run(gdn_verify_triton, x_dev, fast, slots.to(DEVICE), chunked=chunked, key_block=key_block,
-                block_v=32 if key_block else None, state_fma=state_fma, **kw)
+                block_v=32 if key_block else None, **kw)
     assert o.dtype == dtype and o.shape == x[2].shape
     check_outputs(o, o_ref, o_torch, dtype_tol(dtype))
     written = gdn_written(before, T, hist)

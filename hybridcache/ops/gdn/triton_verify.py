@@ -140,7 +140,6 @@ def gdn_verify_triton(
     chunked: bool | None = None,
     key_block: int | None = None,
     max_registers: int | None = None,
-    state_fma: bool | None = None,
 ) -> Tensor:
     """`gdn_verify` in one launch; same arguments, writes and result (`block_v`, `num_warps`: the tiling,
     which does not change the result).
@@ -156,9 +155,7 @@ def gdn_verify_triton(
     read that many key rows at a time (a power of two >= 16, default `KEY_BLOCK`; K or more: all at once),
     which does not change the result beyond rounding; `max_registers` (closed form): a cap on the registers a
     thread (Triton's maxnreg: more programs an SM, spills where the kernel needs more; 0: none), by default
-    `register_cap`'s; the same values either way. `state_fma` (closed form; default `STATE_FMA`): the checkpoint's
-    products as fp32 reductions and the history's through the new rows' products with its keys
-    (`_state_products_fma`), within rounding of the tensor-core form.
+    `register_cap`'s; the same values either way.
     Returns o [B, T, HV, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -197,7 +194,6 @@ def gdn_verify_triton(
             *args, **shapes, TP=max(16, triton.next_power_of_2(T)), HP=max(16, triton.next_power_of_2(hist)),
             BK=BK, BV=BV, BKC=min(key_block or chunked_form.KEY_BLOCK, BK),
             TOKEN_PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32",
-            STATE_FMA=chunked_form.STATE_FMA if state_fma is None else state_fma,
             num_warps=num_warps or chunked_warps(programs, q.device),
             num_stages=chunked_form.NUM_STAGES, **pdl_launch(q), **({"maxnreg": cap} if cap else {}),
         )

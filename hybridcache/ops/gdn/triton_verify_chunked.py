@@ -20,6 +20,13 @@ registers a thread (Triton's maxnreg: 6 programs an SM where 233 registers allow
 29.9 / 92.0 / 334.4 against 26.0 / 101.2 / 378.3: it pays once the grid is many waves deep (`register_cap`).
 Other caps on an H100 (us at batch 32 / 64 / 256): none 54.9 / 104.5 / 382.4, 128 64.5 / 121.8 / 438.8, 144
 61.4 / 111.3 / 386.3, 168 54.5 / 97.0 / 336.4, 192 (5 programs an SM, no spills) 55.5 / 106.8 / 386.5.
+Nor were the state's products as fp32 reductions (session 45, history commit a6a2746): the tile read BKC key rows
+at a time in its load layout, each token's k·h and q·h reduced over the key rows (no tensor-core layout for the
+tile to pass through shared memory in, where Nsight Compute finds about half of this form's shared-memory store
+wavefronts in bank conflicts), and the history's share through the new rows' products with its keys. H100, us
+at batch 16 / 64 / 256 at its best tiling (64 value columns x 1 warp, no cap; 207 to 255 registers): 32.7 /
+131.4 / 501.1 against this form's 26.9 / 97.0 / 337.0 (64 x 2) in the same call; ops_gdn.py's replay at batch
+64 / 256, 0.194 / 0.693 ms against 0.108 / 0.390.
 """
 from __future__ import annotations
 
@@ -36,7 +43,6 @@ KEY_BLOCK = 32
 NUM_WARPS = 2  # doubled where the grid has fewer programs than the device has SMs
 MAX_REGISTERS = 168  # a thread, from CAP_FROM programs an SM (at batch 64 and up for 32 value heads)
 CAP_FROM = 16
-STATE_FMA = False  # the state's products as fp32 reductions (`_state_products_fma`), or on tensor cores
 NUM_STAGES = 1  # the key-block loop not software-pipelined: 103 against 120 us at batch 64 with Triton's 3 (H100)
 
 
@@ -88,93 +94,6 @@ def _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e
 
 
 @triton.jit
-def _state_products_dot(ssm_ptr, k_row, q_in, k_in, s, hv, kk, vv, v_ok, jj, j_ok, rows, r_ok, q_rs, k_rs, uw, e_last,
-                        valid, fold, scale, s_ss, s_sh, s_sk, s_sv, s_kt, s_kk, s_qt, s_kit,
-                        TP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, K: tl.constexpr,
-                        L2NORM: tl.constexpr, TOKEN_PRECISION: tl.constexpr):
-    """hk = K·h and hq = Q·h [TP, BV] of the effective state h, formed BKC key rows at a time (one tf32x3 product
-    with the history each) and multiplied on tensor cores (the rows' q and k columns reloaded, as register
-    tensors cannot be sliced); nothing is written until all are read, then a folding row forms and stores the
-    blocks again."""
-    hkv = tl.zeros([TP, BV], dtype=tl.float32)
-    hqv = tl.zeros([TP, BV], dtype=tl.float32)
-    for c in range(0, BK // BKC):
-        kc = c * BKC + tl.arange(0, BKC)
-        kc_ok = kc < K
-        h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
-                                         s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
-        q_c = _normed_rows(q_in, rows, r_ok, kc, kc_ok, s_qt, q_rs, L2NORM) * scale
-        k_c = _normed_rows(k_in, rows, r_ok, kc, kc_ok, s_kit, k_rs, L2NORM)
-        hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
-        hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
-    if fold:
-        for c in range(0, BK // BKC):
-            kc = c * BKC + tl.arange(0, BKC)
-            kc_ok = kc < K
-            h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
-                                             s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
-            tl.store(ptrs, h, mask=tile & valid)
-    return hkv, hqv
-
-
-@triton.jit
-def _state_products_fma(ssm_ptr, k_row, q_in, k_in, s, hv, kk, k_ok, vv, v_ok, jj, j_ok, G_row, u_row, rows, q_all,
-                        k_all, q_rs, k_rs, uw, G_last, e_last, p, valid, fold, scale,
-                        s_ss, s_sh, s_sk, s_sv, s_kt, s_kk, s_qt, s_kit, s_ut, s_uv, s_Gt,
-                        T: tl.constexpr, TP: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                        BKC: tl.constexpr, K: tl.constexpr, L2NORM: tl.constexpr):
-    """hk = K·h and hq = Q·h [TP, BV] of the effective state h = e^{G_last}·checkpoint + K_histᵀ·(w ⊙ U_hist)
-    without forming h: the history's share as products with the new rows, (K·K_histᵀ)·(w ⊙ U_hist) (tf32x3,
-    small), the checkpoint's as fp32 reductions of its [BK, BV] tile over the key rows, two a token, with no
-    tensor-core layouts for the tile to pass through shared memory in. A folding row then forms h in the same
-    registers by rank-1 updates (p <= HIST) and stores it."""
-    hkv = tl.zeros([TP, BV], dtype=tl.float32)
-    hqv = tl.zeros([TP, BV], dtype=tl.float32)
-    ck = tl.zeros([TP, HP], dtype=tl.float32)  # (t, j): k_t·k_j of the history's keys
-    cq = tl.zeros([TP, HP], dtype=tl.float32)
-    k_fac = rows * 0.0 + scale  # per token: the query's scale, or with L2NORM its norm's factor too
-    q_fac = k_fac
-    if L2NORM:
-        k_fac = k_rs
-        q_fac = q_rs * scale
-    for c in range(0, BK // BKC):
-        kc = c * BKC + tl.arange(0, BKC)
-        kc_ok = kc < K
-        tile = kc_ok[:, None] & v_ok[None, :]
-        h = tl.load(ssm_ptr + s * s_ss + hv * s_sh + kc[:, None] * s_sk + vv[None, :] * s_sv, mask=tile & valid,
-                    other=0.0).to(tl.float32)
-        k_hist = tl.load(k_row + jj[:, None] * s_kt + kc[None, :] * s_kk, mask=j_ok[:, None] & kc_ok[None, :],
-                         other=0.0).to(tl.float32)
-        for t in tl.static_range(T):
-            k_t = tl.load(k_in + t * s_kit + kc, mask=kc_ok, other=0.0).to(tl.float32)
-            q_t = tl.load(q_in + t * s_qt + kc, mask=kc_ok, other=0.0).to(tl.float32)
-            if L2NORM:
-                k_t = k_t * token_value(k_fac, rows, t)
-            q_t = q_t * token_value(q_fac, rows, t)
-            at_t = (rows == t)[:, None]
-            hkv = tl.where(at_t, hkv + e_last * tl.sum(h * k_t[:, None], 0)[None, :], hkv)
-            hqv = tl.where(at_t, hqv + e_last * tl.sum(h * q_t[:, None], 0)[None, :], hqv)
-            ck = tl.where(at_t, ck + tl.sum(k_hist * k_t[None, :], 1)[None, :], ck)
-            cq = tl.where(at_t, cq + tl.sum(k_hist * q_t[None, :], 1)[None, :], cq)
-    hkv += tl.dot(ck, uw, input_precision="tf32x3")
-    hqv += tl.dot(cq, uw, input_precision="tf32x3")
-    if fold:
-        for c in range(0, BK // BKC):
-            kc = c * BKC + tl.arange(0, BKC)
-            kc_ok = kc < K
-            tile = kc_ok[:, None] & v_ok[None, :]
-            ptrs = ssm_ptr + s * s_ss + hv * s_sh + kc[:, None] * s_sk + vv[None, :] * s_sv
-            h = tl.load(ptrs, mask=tile & valid, other=0.0).to(tl.float32) * e_last
-            for j in range(0, p):
-                w = tl.exp(G_last - tl.load(G_row + j * s_Gt).to(tl.float32))
-                u_j = tl.load(u_row + j * s_ut + vv * s_uv, mask=v_ok, other=0.0).to(tl.float32)
-                k_j = tl.load(k_row + j * s_kt + kc * s_kk, mask=kc_ok, other=0.0).to(tl.float32)
-                h += k_j[:, None] * (w * u_j)[None, :]
-            tl.store(ptrs, h, mask=tile & valid)
-    return hkv, hqv
-
-
-@triton.jit
 def _gdn_verify_chunked_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
     ssm_ptr, u_ptr, hk_ptr, hG_ptr, hb_ptr, pnat_ptr, buf_ptr, slot_ptr,
@@ -188,8 +107,7 @@ def _gdn_verify_chunked_kernel(
     s_pnat, s_buf,
     T: tl.constexpr, TP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     HIST: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr, STATE_FMA: tl.constexpr,
-    PDL: tl.constexpr,
+    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]. The state
@@ -239,16 +157,27 @@ def _gdn_verify_chunked_kernel(
     uw = u_hist.to(tl.float32) * tl.where(j_ok, tl.exp(G_last - G_hist), 0.0)[:, None]
     e_last = tl.exp(G_last)
 
-    if STATE_FMA:
-        hkv, hqv = _state_products_fma(ssm_ptr, k_row, q_in, k_in, s, hv, kk, k_ok, vv, v_ok, jj, j_ok, G_row, u_row,
-                                       rows, q_all, k_all, q_rs, k_rs, uw, G_last, e_last, p, valid, fold, scale,
-                                       s_ss, s_sh, s_sk, s_sv, s_kt, s_kk, s_qt, s_kit, s_ut, s_uv, s_Gt,
-                                       T, TP, HP, BK, BV, BKC, K, L2NORM)
-    else:
-        hkv, hqv = _state_products_dot(ssm_ptr, k_row, q_in, k_in, s, hv, kk, vv, v_ok, jj, j_ok, rows, r_ok,
-                                       q_rs, k_rs, uw, e_last, valid, fold, scale,
-                                       s_ss, s_sh, s_sk, s_sv, s_kt, s_kk, s_qt, s_kit,
-                                       TP, BK, BV, BKC, K, L2NORM, TOKEN_PRECISION)
+    # hk = K·h and hq = Q·h, BKC key rows of the effective state at a time (the rows' q and k columns reloaded,
+    # as register tensors cannot be sliced), nothing written; a folding row then stores the blocks
+    hkv = tl.zeros([TP, BV], dtype=tl.float32)
+    hqv = tl.zeros([TP, BV], dtype=tl.float32)
+    for c in range(0, BK // BKC):
+        kc = c * BKC + tl.arange(0, BKC)
+        kc_ok = kc < K
+        h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
+                                         s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
+        q_c = _normed_rows(q_in, rows, r_ok, kc, kc_ok, s_qt, q_rs, L2NORM) * scale
+        k_c = _normed_rows(k_in, rows, r_ok, kc, kc_ok, s_kit, k_rs, L2NORM)
+        hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
+        hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
+    if fold:
+        for c in range(0, BK // BKC):
+            kc = c * BKC + tl.arange(0, BKC)
+            kc_ok = kc < K
+            h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
+                                             s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
+            tl.store(ptrs, h, mask=tile & valid)
+
     G = tl.where(fold, 0.0, G_last)
     o_all, u_all, G_all = _gdn_tokens_chunked(hkv, hqv, kkt, qkt, v_all, g_all, b_all, G, rows, T, TOKEN_PRECISION)
 
