@@ -20,7 +20,7 @@ profile() {  # name, then the command
     timeout 60 $NCU --target-processes all -k regex:verify -c 1 $what "$@" 2>&1 | grep -E "$KEEP" | head -30
   done
 }
-profile gdn python3 benchmarks/tune_delta_rule.py --cases "gdn verify T=4" --block-v 16 --warps 1 --batches 64 --iters 2
-profile kda python3 benchmarks/tune_delta_rule.py --cases "kda verify T=4" --block-v 32 --warps 1 --batches 64 --iters 2
+profile gdn python3 benchmarks/tune_delta_rule.py --cases "gdn verify T=4$" --block-v 64 --warps 2 --batches 64 --iters 2
+profile kda python3 benchmarks/tune_delta_rule.py --cases "kda verify T=4$" --block-v 32 --warps 1 --batches 64 --iters 2
 profile mamba2 python3 benchmarks/tune_mamba2_verify.py --block-p 64 --batches 64 --iters 2
 echo "total ${SECONDS}s"

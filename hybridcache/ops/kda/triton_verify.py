@@ -94,7 +94,11 @@ def _kda_verify_kernel(
     between rows taken a pair of rows at a time over [16, K] (per key row: e^{Γ_r−Γ_s} split into two factors
     overflows for strong decays): H100, us at batch 16 / 64 / 256, 88.8 / 317.5 / 1,217.6 at its best tiling
     (64 columns x 4 warps) against 23.7 / 100.2 / 386.3 for the token-by-token kernel then; the per-pair work,
-    repeated by every value block and reduced across warps, outweighs the state passes saved."""
+    repeated by every value block and reduced across warps, outweighs the state passes saved.
+
+    Nor did a cap on its registers pay (Triton's maxnreg, for more programs an SM; sessions 43-45, history commit
+    7cf4f06): H100, 32 value columns x 1 warp, us at batch 64 / 256, none 84.4 / 319.7, 224 94.2 / 354.2, 200
+    101.3 / 383.5, 168 131.1 / 491.5, 128 206.6 / 784.1 (benchmarks/tune_delta_rule.py in one call)."""
     pdl_entry(PDL)
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
@@ -190,7 +194,6 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
-    max_registers: int = 0,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -198,8 +201,6 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
-    `max_registers`: a cap on the verify launch's registers a thread (Triton's maxnreg: more programs an SM,
-    spills where the kernel needs more; 0, the default: none); the same values either way.
     Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
@@ -229,8 +230,7 @@ def kda_verify_triton(
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
     _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
-                                                   num_warps=num_warps or verify_warps(T), **pdl_launch(q),
-                                                   **({"maxnreg": max_registers} if max_registers else {}))
+                                                   num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
             k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
