@@ -12,12 +12,13 @@ step at sm_90.)
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .conv1d.epilogue import ConvEpilogue
 from .conv1d.triton_conv import gemv_conv_update, gemv_conv_window
 from .pdl_triton import pdl_entry, pdl_launch
 from .rms_norm_triton import _round
@@ -117,6 +118,18 @@ def _gemv_kernel(
     if ROWS > 2:
         _store_row(y_ptr, b_ptr, acc2, 2, M, s_ym, nn, n_ok, HAS_BIAS, ACT)
         _store_row(y_ptr, b_ptr, acc3, 3, M, s_ym, nn, n_ok, HAS_BIAS, ACT)
+
+
+class ConvEpilogue(NamedTuple):
+    """A causal conv update (`conv1d.causal_conv1d_update`, one token) on a one-row GEMM's output columns start
+    .. start + C: taps weight [C, WIDTH], bias [C] or None, the conv role [S, C, W + k] (W = WIDTH - 1; its
+    windows written in place), slots [1] (negative: a padding row), silu or no activation."""
+    start: int
+    weight: Tensor
+    bias: Tensor | None
+    conv: Tensor
+    slots: Tensor
+    silu: bool = True
 
 
 def _check_conv(conv: ConvEpilogue, M: int, N: int) -> None:

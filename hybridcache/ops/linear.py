@@ -23,48 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .conv1d.epilogue import ConvEpilogue
 from .triton_support import runs_triton
 
 GEMV_ROWS = 1
-GEMV_EPILOGUES = True  # relu² and the mixers' conv update folded into the one-row gemv (`gemv_triton`)
-
-
-def _takes_gemv(x: Tensor) -> bool:
-    return x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS and runs_triton(x)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x [M, K], weight [N, K], bias [N] or None -> [M, N]."""
-    if _takes_gemv(x):
+    if x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS and runs_triton(x):
         from .gemv_triton import gemv_triton
 
         return gemv_triton(x, weight, bias)
     return F.linear(x, weight, bias)
-
-
-def linear_relu2(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """relu(x @ weight.T (+ bias))²: one launch where the gemv takes the rows (its relu² epilogue, the same
-    values as the two launches)."""
-    if GEMV_EPILOGUES and _takes_gemv(x):
-        from .gemv_triton import gemv_triton
-
-        return gemv_triton(x, weight, bias, activation="relu2")
-    return relu2(linear(x, weight, bias))
-
-
-def folds_conv(x: Tensor) -> bool:
-    """Whether `linear_conv` takes x (one row on the gemv)."""
-    return GEMV_EPILOGUES and x.shape[0] == 1 and _takes_gemv(x)
-
-
-def linear_conv(x: Tensor, weight: Tensor, bias: Tensor | None, conv: ConvEpilogue) -> Tensor:
-    """x [1, K] @ weight.T (+ bias) with columns conv.start .. + C through the row's causal conv update (its
-    window shifted in place), one launch: the values of `linear` then `causal_conv1d_update` on those columns.
-    Only where `folds_conv(x)`."""
-    from .gemv_triton import gemv_triton
-
-    return gemv_triton(x, weight, bias, conv=conv)
 
 
 def relu2(x: Tensor) -> Tensor:

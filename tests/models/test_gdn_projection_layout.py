@@ -24,15 +24,13 @@ class CheckpointLayoutMixer(GatedDeltaNetMixer):
     def finish_load(self) -> None:
         """Keep the checkpoint's row order."""
 
-    def _project(self, x: torch.Tensor, batch=None, conv=None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-        """The plain projection, whatever the batch (the forward then runs the conv)."""
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         n, H, K, rV = x.shape[0], self.H, self.K, self.r * self.V
         w = self.checkpoint_tensors()
         q, k, v, z = F.linear(x, w["in_proj_qkvz.weight"]).view(n, H, 2 * K + 2 * rV).split([K, K, rV, rV], dim=-1)
         b, a = F.linear(x, w["in_proj_ba.weight"]).view(n, H, 2 * self.r).split([self.r, self.r], dim=-1)
         qkv = torch.cat([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], dim=-1)
-        return qkv, z.reshape(n, self.HV, self.V), b.reshape(n, self.HV), a.reshape(n, self.HV), False
+        return qkv, z.reshape(n, self.HV, self.V), b.reshape(n, self.HV), a.reshape(n, self.HV)
 
 
 def test_regroup_rows_takes_each_part_of_every_group_in_turn():
@@ -61,7 +59,7 @@ def loaded_pair(dtype: torch.dtype, H: int = 2, HV: int = 6, K: int = 8, V: int 
 def test_projections_are_views_equal_to_the_checkpoint_grouping(dtype):
     ours, ref, state = loaded_pair(dtype)
     x = torch.randn(7, 32).to(dtype)
-    got, want = ours._project(x)[:4], ref._project(x)[:4]
+    got, want = ours._project(x), ref._project(x)
     for name, g, w in zip(("qkv", "z", "b", "a"), got, want):
         assert g.shape == w.shape and torch.equal(g, w), name
     qkv, z, b, a = got

@@ -25,9 +25,7 @@ from .test_kimi_linear import save_tiny, tokens
 class CheckpointLayoutMixer(KDAMixer):
     """The mixer as it was before the fused projection: one linear a checkpoint weight, q, k, v concatenated."""
 
-    def _project(self, x: torch.Tensor, batch=None, conv=None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-        """The plain projections, whatever the batch (the forward then runs the conv)."""
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         t = self.checkpoint_tensors()
 
         def linear(name: str) -> torch.Tensor:
@@ -37,7 +35,7 @@ class CheckpointLayoutMixer(KDAMixer):
             return F.linear(low_rank, t[f"{name}.weight"].clone()).view(x.shape[0], self.num_heads, self.head_dim)
 
         qkv = torch.cat([linear(f"{p}_proj") for p in "qkv"], dim=-1)
-        return qkv, up("f_b_proj", linear("f_a_proj")), linear("b_proj"), up("g_b_proj", linear("g_a_proj")), False
+        return qkv, up("f_b_proj", linear("f_a_proj")), linear("b_proj"), up("g_b_proj", linear("g_a_proj"))
 
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "f_a_proj", "g_a_proj", "b_proj")
@@ -64,8 +62,7 @@ def test_checkpoint_names_are_row_views_of_the_fused_weight():
     assert "in_weight" not in targets and "up_weight" not in targets
     assert not any(n.split(".")[0] in PROJECTIONS + UP for n, _ in mixer.named_parameters())
     x = torch.randn(5, D, generator=gen)
-    qkv, g_raw, b, gate, conv_done = mixer._project(x)
-    assert not conv_done
+    qkv, g_raw, b, gate = mixer._project(x)
     assert qkv.shape == (5, 3 * H * K) and g_raw.shape == gate.shape == (5, H, K) and b.shape == (5, H)
     torch.testing.assert_close(qkv, torch.cat([x @ w[p].T for p in PROJECTIONS[:3]], dim=-1))
     torch.testing.assert_close(b, x @ w["b_proj"].T)

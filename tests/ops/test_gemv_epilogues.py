@@ -16,8 +16,7 @@ if not triton_testable(torch.empty(0, device=DEVICE)):
 
 from hybridcache.ops.activation_triton import relu2_triton  # noqa: E402
 from hybridcache.ops.conv1d.triton_conv import causal_conv1d_update_triton  # noqa: E402
-from hybridcache.ops.conv1d.epilogue import ConvEpilogue  # noqa: E402
-from hybridcache.ops.gemv_triton import gemv_triton  # noqa: E402
+from hybridcache.ops.gemv_triton import ConvEpilogue, gemv_triton  # noqa: E402
 
 NAN = float("nan")
 

@@ -12,7 +12,6 @@ from ...parallel import SINGLE, TPGroup, head_share, shard
 from ...parallel.linear import RowParallelLinear
 from ..batch import ForwardBatch
 from .attention import fused_params, fused_rows
-from .conv_projection import project
 from .norm import GatedRMSNorm
 from .params import param
 
@@ -103,19 +102,15 @@ class GatedDeltaNetMixer(nn.Module):
                 w.copy_(regroup_rows(w, self.H, parts))
         self.kernel_layout = True
 
-    def _project(self, x: torch.Tensor, batch: ForwardBatch | None = None, conv: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-        """x: [N, D] -> qkv [N, C] (conv input; or, where conv_done, its conv output: `conv_projection.project`),
-        z [N, HV, V], b, a [N, HV]: column slices (views, unit last stride) of the one projection's output, and
-        conv_done (batch None: the plain projection)."""
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [N, D] -> qkv [N, C] (conv input), z [N, HV, V], b, a [N, HV]: column slices (views, unit last
+        stride) of the one projection's output."""
         if not self.kernel_layout:  # checkpoint row order read as the kernel layout would be silently wrong
             raise RuntimeError(f"GDN layer {self.index}: weights not in the kernel layout; load the model with "
                                "hybridcache.models.loader.load_model (or call finish_load once after filling them)")
         HV = self.HV
-        out, conv_done = (linear(x, self.in_weight), False) if batch is None else \
-            project(x, self.in_weight, None, batch, 0, self.conv1d.weight[:, 0], None, conv)
-        qkv, z, b, a = out.split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
-        return qkv, z.view(x.shape[0], HV, self.V), b, a, conv_done
+        qkv, z, b, a = linear(x, self.in_weight).split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
+        return qkv, z.view(x.shape[0], HV, self.V), b, a
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[..., C] -> q, k [..., H, K], v [..., HV, V]."""
@@ -129,7 +124,7 @@ class GatedDeltaNetMixer(nn.Module):
         roles = batch.states[STATE_NAME]
         i = self.index
         conv, ssm = roles["conv"][i], roles["ssm"][i]
-        qkv, z, b, a, conv_done = self._project(hidden, batch, conv)
+        qkv, z, b, a = self._project(hidden)
         weight = self.conv1d.weight[:, 0]
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
         fused = runs_triton(hidden)  # the generation rows' kernels then compute their own gate (RawGate)
@@ -143,9 +138,7 @@ class GatedDeltaNetMixer(nn.Module):
                                     use_qk_l2norm_in_kernel=True))
         if bg:
             steps, slots, shape = batch.generation_tokens, batch.slots[bc:], (bg, batch.generation_tokens, self.HV)
-            qkv_g = qkv[nc:].view(bg, steps, self.conv_dim)
-            if not conv_done:
-                qkv_g = causal_conv1d_update(qkv_g, weight, None, conv, slots, "silu")
+            qkv_g = causal_conv1d_update(qkv[nc:].view(bg, steps, self.conv_dim), weight, None, conv, slots, "silu")
             q, k, v = self._split_qkv(qkv_g)
             if fused:
                 g_g = beta_g = None

@@ -12,7 +12,6 @@ from ...parallel import SINGLE, TPGroup, head_share, shard
 from ...parallel.linear import RowParallelLinear
 from ..batch import ForwardBatch
 from .attention import fused_params, fused_rows
-from .conv_projection import project
 from .norm import SigmoidGatedRMSNorm
 from .params import param
 
@@ -84,25 +83,21 @@ class KDAMixer(nn.Module):
                 "A_log": shard(self.A_log, 2, full // self.head_dim, self.heads),
                 "dt_bias": self.dt_bias}
 
-    def _project(self, x: torch.Tensor, batch: ForwardBatch | None = None, conv: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-        """x: [N, D] -> qkv [N, 3*H*K] (the conv input; or, where conv_done, its conv output:
-        `conv_projection.project`), g_raw [N, H, K] (f_b_proj's output), b [N, H] (the raw beta logits), gate
-        [N, H, K] (g_b_proj's output, for the norm): column slices of two GEMMs' outputs (views, unit last
-        stride), and conv_done (batch None: the plain projection)."""
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [N, D] -> qkv [N, 3*H*K] (the conv input), g_raw [N, H, K] (f_b_proj's output), b [N, H]
+        (the raw beta logits), gate [N, H, K] (g_b_proj's output, for the norm): column slices of two GEMMs'
+        outputs (views, unit last stride)."""
         n, H, K, W = x.shape[0], self.num_heads, self.head_dim, self.width
-        out, conv_done = (linear(x, self.in_weight), False) if batch is None else \
-            project(x, self.in_weight, None, batch, 0, self.conv_weight, None, conv)
-        qkv, low_rank, b = out.split([3 * W, 2 * K, H], dim=-1)  # low_rank: f_a, g_a
+        qkv, low_rank, b = linear(x, self.in_weight).split([3 * W, 2 * K, H], dim=-1)  # low_rank: f_a, g_a
         g_raw, gate = linear(low_rank, self.up_weight).split([W, W], dim=-1)
-        return qkv, g_raw.view(n, H, K), b, gate.view(n, H, K), conv_done
+        return qkv, g_raw.view(n, H, K), b, gate.view(n, H, K)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] -> [N, D]; updates this layer's conv / ssm (/ pending) roles of the batch's slots."""
         roles = batch.states[STATE_NAME]
         i, n, H, K = self.index, x.shape[0], self.num_heads, self.head_dim
         conv, ssm = roles["conv"][i], roles["ssm"][i]
-        qkv, g_raw, b, gate, conv_done = self._project(x, batch, conv)
+        qkv, g_raw, b, gate = self._project(x)
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
         fused = runs_triton(x)  # the generation rows' kernels then compute their own gate (KDARawGate)
         rows = nc if fused else n  # the rows whose g [rows, H, K] fp32 and beta [rows, H] are computed here
@@ -116,9 +111,7 @@ class KDAMixer(nn.Module):
                                     use_qk_l2norm_in_kernel=True))
         if bg:
             steps, slots = batch.generation_tokens, batch.slots[bc:]
-            mixed = qkv[nc:].view(bg, steps, -1)
-            if not conv_done:
-                mixed = causal_conv1d_update(mixed, self.conv_weight, None, conv, slots, "silu")
+            mixed = causal_conv1d_update(qkv[nc:].view(bg, steps, -1), self.conv_weight, None, conv, slots, "silu")
             q, k, v = (t.view(bg, steps, H, K) for t in mixed.split(self.width, dim=-1))
             if fused:
                 g_g = beta_g = None

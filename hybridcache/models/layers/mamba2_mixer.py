@@ -9,7 +9,6 @@ from ...ops.mamba2 import mamba2_decode, mamba2_prefill, mamba2_verify
 from ...parallel import SINGLE, TPGroup, group_share, head_share, shard
 from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from ..batch import ForwardBatch
-from .conv_projection import project
 from .norm import GatedGroupRMSNorm
 from .params import param
 
@@ -90,9 +89,8 @@ class Mamba2Mixer(nn.Module):
         roles = batch.states[STATE_NAME]
         i = self.index
         conv, ssm = roles["conv"][i], roles["ssm"][i]
+        z, xbc, dt = self.in_proj(hidden).split([self.inner, self.conv_dim, self.num_heads], dim=-1)
         weight, bias = self.conv1d.weight[:, 0], self.conv1d.bias
-        proj, conv_done = project(hidden, self.in_proj.weight, self.in_proj.bias, batch, self.inner, weight, bias, conv)
-        z, xbc, dt = proj.split([self.inner, self.conv_dim, self.num_heads], dim=-1)
         A = self.A if self.A is not None else -torch.exp(self.A_log.float())
         scan = dict(D=self.D, dt_bias=self.dt_bias, dt_limit=self.dt_limit)
         nc, bc, bg = batch.num_context_tokens, batch.num_context_rows, batch.num_generation_rows
@@ -106,9 +104,7 @@ class Mamba2Mixer(nn.Module):
         if bg:
             steps = batch.generation_tokens
             slots = batch.slots[bc:]
-            xbc_g = xbc[nc:].reshape(bg, steps, self.conv_dim)
-            if not conv_done:
-                xbc_g = causal_conv1d_update(xbc_g, weight, bias, conv, slots, "silu")
+            xbc_g = causal_conv1d_update(xbc[nc:].reshape(bg, steps, self.conv_dim), weight, bias, conv, slots, "silu")
             xs, B, C = self._split_xbc(xbc_g)
             dt_g = dt[nc:].reshape(bg, steps, self.num_heads)
             if batch.speculative:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops.linear import linear, linear_relu2, relu2
+from ...ops.linear import linear, relu2
 from ...parallel import SINGLE, TPGroup, head_share
 from ...parallel.linear import ColumnParallelLinear, RowParallelLinear
 from .params import param
@@ -44,10 +44,7 @@ class MLP(nn.Module):
         self.up_proj = ColumnParallelLinear(hidden, inner, part, bias, device, dtype)
         self.down_proj = RowParallelLinear(inner, part, hidden, bias, tp, device, dtype)
         self.act = ACTIVATIONS[act]
-        self.act_in_gemm = act == "relu2"  # `linear_relu2`: in the one-row gemv's epilogue where it runs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
-        if self.act_in_gemm:
-            return self.down_proj(linear_relu2(x, self.up_proj.weight, self.up_proj.bias))
         return self.down_proj(self.act(self.up_proj(x)))
