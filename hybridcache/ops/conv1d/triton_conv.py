@@ -95,56 +95,6 @@ def _update_kernel(
 
 
 @triton.jit
-def _tap(win, j, i):
-    """Column i of win [BLOCK_N, WP] (j = arange(WP)), exactly: a sum of it and -0.0s."""
-    return tl.sum(tl.where(j[None, :] == i, win, -0.0), 1)
-
-
-@triton.jit
-def gemv_conv_window(conv_ptr, cw_ptr, slot_ptr, nn, conv_start, conv_channels, s_cwc, s_cwk, s_ss, s_sc, s_sj,
-                     WIDTH: tl.constexpr):
-    """For a one-row GEMM's output columns nn [BLOCK_N] (`gemv_triton`'s conv epilogue): which are conv channels
-    (columns conv_start .. conv_start + conv_channels), their channels, whether the row is live (slot >= 0), the
-    window conv[slot, c, :W] and taps w[c, :WIDTH] in fp32 [BLOCK_N, WP] (zeros past them; a padding row reads a
-    zero window), and the windows' first pointers. Loaded before the GEMM's loop, so their round trip overlaps the
-    weight reads."""
-    W: tl.constexpr = WIDTH - 1
-    WP: tl.constexpr = triton.next_power_of_2(WIDTH)
-    slot = tl.load(slot_ptr).to(tl.int64)
-    c = nn - conv_start
-    in_conv = (c >= 0) & (c < conv_channels)
-    c = tl.where(in_conv, c, 0)
-    j = tl.arange(0, WP)
-    window = conv_ptr + tl.maximum(slot, 0) * s_ss + c * s_sc
-    win = tl.load(window[:, None] + j[None, :] * s_sj, mask=(slot >= 0) & in_conv[:, None] & (j[None, :] < W),
-                  other=0.0).to(tl.float32)
-    taps = tl.load(cw_ptr + c[:, None] * s_cwc + j[None, :] * s_cwk, mask=in_conv[:, None] & (j[None, :] < WIDTH),
-                   other=0.0).to(tl.float32)
-    return in_conv, c, slot >= 0, win, taps, window
-
-
-@triton.jit
-def gemv_conv_update(y, in_conv, c, live, win, taps, window, s_sj, cb_ptr, WIDTH: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """The causal conv update of `_update_kernel` (T = 1) on a GEMM's output y [BLOCK_N] (fp32 holding values of
-    its dtype): the conv channels' outputs (activated; y elsewhere), with the same operations in the same order,
-    so the same values; writes their windows' shift, seq[:, 1:], in the window's dtype."""
-    W: tl.constexpr = WIDTH - 1
-    j = tl.arange(0, win.shape[1])
-    acc = tl.zeros(y.shape, tl.float32)
-    for i in tl.static_range(WIDTH):
-        seq_i = y if i == W else _tap(win, j, i)
-        acc += seq_i * _tap(taps, j, i)
-    if HAS_BIAS:
-        acc += tl.load(cb_ptr + c, mask=in_conv, other=0.0).to(tl.float32)
-    acc = _activate(acc, SILU)
-    for i in tl.static_range(W):
-        kept = y if i + 1 == W else _tap(win, j, i + 1)
-        tl.store(window + i * s_sj, kept.to(window.dtype.element_ty), mask=live & in_conv)
-    return tl.where(in_conv, acc, y)
-
-
-@triton.jit
 def _prefill_kernel(
     x_ptr, w_ptr, bias_ptr, conv_ptr, slots_ptr, init_ptr, cu_ptr, y_ptr,
     stride_xn, stride_xc,
