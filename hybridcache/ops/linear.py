@@ -16,6 +16,14 @@ steps, replay ms (tok/s), all three folds off against on, back to back: nemotron
 on, 116 launches (its run with them off hit its time cap). The folds: a block's residual add + RMSNorm into its
 first GEMM or its mixture's router, the MLP activation into the down projection (alone: nemotron_h 0.77 against
 0.81 ms, 147 -> 135 launches), and a mixer's gated norm into its output projection.
+
+Nor did epilogues on the one-row gemv pay, though they recompute nothing (session 45, history b5a9cc0): each
+recurrent mixer's causal conv update on its input projection's conv columns (the windows loaded before the weight
+loop) and nemotron_h's relu² on its up projection, bit for bit the separate launches. H100, batch-1 graph steps
+off against on, back to back (benchmarks/gpu/gemv_steps.sh): replay ms 0.78 against 0.80 (nemotron_h, 147 -> 123
+launches; its gemvs' GPU time 0.676 -> 0.752 ms, where the conv and relu² kernels had taken 0.055 + 0.050), 0.79
+against 0.80 (qwen3_next, 135 -> 126), 0.60 against 0.61 (kimi_linear, 150 -> 141); tok/s 1,232 / 1,213 / 1,562
+against 974 / 1,206 / 1,557.
 """
 from __future__ import annotations
 
