@@ -5,8 +5,8 @@ GDN and KDA verify kernels (T = 4; GDN's history half full, in closed form with 
 rows at a time, with its register cap as chosen, none, and 128 to 192 a thread, and token by token; KDA with 3
 accepted drafts pending, and with none, as at zero acceptance; and T = 1, the speculative engine's one-token step),
 at each (block_v, num_warps), and prints the best tiling per kernel and batch next to the default's time. `--cases`
-takes a regular expression: "gdn verify T=4$" is the closed form's default alone. Shapes: GDN 16 key / 32 value heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32
-states.
+takes a regular expression: "gdn verify T=4$" is the closed form's default alone. Shapes: GDN 16 key / 32 value
+heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
     PYTHONPATH=. python benchmarks/tune_delta_rule.py
 """
