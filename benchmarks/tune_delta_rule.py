@@ -1,10 +1,11 @@
 """Tiling sweep for the gated-delta-rule Triton kernels (value columns per program x warps), CUDA graphs.
 
 For each batch size, times plain decode (T = 1), the per-token-states baseline (T = 4, every state written), and the
-GDN and KDA verify kernels (T = 4; GDN's history half full, in closed form with its state read 32, 64 or 128 key
-rows at a time, with its register cap as chosen, none, and 128 to 192 a thread, and token by token; KDA with 3
-accepted drafts pending, and with none, as at zero acceptance; and T = 1, the speculative engine's one-token step),
-at each (block_v, num_warps), and prints the best tiling per kernel and batch next to the default's time. `--cases`
+GDN and KDA verify kernels (T = 4; GDN's history half full, in closed form (g and beta given, or from the raw gate
+as the engine launches it) with its state read 32, 64 or 128 key rows at a time, with its register cap as chosen,
+none, and 128 to 192 a thread, and token by token; KDA with 3 accepted drafts pending, and with none, as at zero
+acceptance; and T = 1, the speculative engine's one-token step), at each (block_v, num_warps), and prints the best
+tiling per kernel and batch next to the default's time. `--cases`
 takes a regular expression: "gdn verify T=4$" is the closed form's default alone. Shapes: GDN 16 key / 32 value
 heads, KDA 16 heads, K = V = 128, bf16 inputs, fp32 states.
 
@@ -21,6 +22,7 @@ import torch
 from benchmarks.ops_mamba2 import timed
 from benchmarks.timing import graphed
 from hybridcache.ops.delta_rule_triton import delta_rule_decode_triton
+from hybridcache.ops.gdn.decode import RawGate
 from hybridcache.ops.gdn.triton_verify import gdn_verify_triton
 from hybridcache.ops.kda.triton_verify import kda_verify_triton
 
@@ -53,12 +55,16 @@ def cases(batch: int) -> dict:
                                                pend["k"], pend["g"], pend["v"], pend["b"], pending, slots,
                                                use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w)
 
-    def gdn(n: int, chunked: bool | None = None, key_block: int | None = None, max_registers: int | None = None):
-        return lambda bv, w: gdn_verify_triton(q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], ssm, hist["u"],
+    raw = RawGate(r(batch, T, HV), r(batch, T, HV), torch.zeros(HV, device=DEV), torch.zeros(HV, device=DEV))
+
+    def gdn(n: int, chunked: bool | None = None, key_block: int | None = None, max_registers: int | None = None,
+            gate: RawGate | None = None):
+        given = (None, None) if gate else (g[:, :n], beta[:, :n])
+        return lambda bv, w: gdn_verify_triton(q[:, :n], k[:, :n], v[:, :n], *given, ssm, hist["u"],
                                                hist["k"], hist["G"], hist["b"], pnat, buf, slots,
                                                use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
                                                chunked=chunked and bv >= 16, key_block=key_block,
-                                               max_registers=max_registers)
+                                               max_registers=max_registers, gate=gate)
 
     return {
         "decode T=1": lambda bv, w: delta_rule_decode_triton(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], ssm,
@@ -68,6 +74,7 @@ def cases(batch: int) -> dict:
                                                                 use_qk_l2norm_in_kernel=True, block_v=bv,
                                                                 intermediate=inter, num_warps=w),
         "gdn verify T=4": gdn(T, True),  # closed form (the default at 16 value columns or more)
+        "gdn verify T=4 raw gate": gdn(T, True, gate=raw),  # g and beta from a, b in the kernel, as the engine runs it
         "gdn verify T=4 stepwise": gdn(T, False),
         "gdn verify T=4 key block 64": gdn(T, True, 64),  # the state read 64 key rows at a time (default 32)
         "gdn verify T=4 whole state": gdn(T, True, K),  # and all at once

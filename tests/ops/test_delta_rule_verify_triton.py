@@ -172,6 +172,15 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked,
 
 
 
+def test_gdn_bf16_state_products_match_naive(monkeypatch):
+    """`BF16_STATE` (16-bit inputs: the closed form's state blocks multiplied on bf16 operands, off by default):
+    the 64-wide bf16 case against the reference and the torch path, as above, within the same tolerances."""
+    from hybridcache.ops.gdn import triton_verify_chunked
+
+    monkeypatch.setattr(triton_verify_chunked, "BF16_STATE", True)
+    test_gdn_verify_matches_torch_and_naive(4, 20, 64, 64, torch.bfloat16, True, None, None)
+
+
 def test_gdn_register_cap_changes_no_value():
     """`max_registers` (Triton's maxnreg) is a launch option of the closed form: outputs and every role the same
     bits as the launch without a cap (on CUDA the capped kernel may spill; its arithmetic is the same)."""

@@ -194,6 +194,7 @@ def gdn_verify_triton(
             *args, **shapes, TP=max(16, triton.next_power_of_2(T)), HP=max(16, triton.next_power_of_2(hist)),
             BK=BK, BV=BV, BKC=min(key_block or chunked_form.KEY_BLOCK, BK),
             TOKEN_PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32",
+            BF16_STATE=chunked_form.BF16_STATE and v.dtype != torch.float32, UPCAST=not q.is_cuda,
             num_warps=num_warps or chunked_warps(programs, q.device),
             num_stages=chunked_form.NUM_STAGES, **pdl_launch(q), **({"maxnreg": cap} if cap else {}),
         )

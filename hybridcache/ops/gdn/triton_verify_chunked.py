@@ -37,12 +37,21 @@ from ..delta_rule_triton import gdn_raw_gate
 from ..delta_rule_verify_triton import replay_row
 from ..pdl_triton import pdl_entry
 from ..token_rows_triton import token_row, token_value
+from ..triton_dot import dot
 
 BLOCK_V = 64
 KEY_BLOCK = 32
 NUM_WARPS = 2  # doubled where the grid has fewer programs than the device has SMs
 MAX_REGISTERS = 168  # a thread, from CAP_FROM programs an SM (at batch 64 and up for 32 value heads)
 CAP_FROM = 16
+# 16-bit inputs: the state's products with the new rows' keys and queries on bf16 operands with fp32 sums (the
+# state blocks rounded to bf16 for them only; a fold stores the fp32 blocks), half the shared-memory bytes of tf32's.
+# Faster where timed (session 45, H100, g and beta given, us at batch 16 / 64 / 256 at the default tiling: 25.2 /
+# 90.5 / 315.7 against tf32's 27.5 / 95.8 / 335.0; ops_gdn.py's replay at batch 64 / 256, 0.102 / 0.367 ms against
+# 0.108 / 0.389), but off: with the raw gate, as the engine launches it, it spills at sm_90 (benchmarks/
+# kernel_registers.py, batch 64: 268 bytes a thread uncapped, 796 at MAX_REGISTERS, where tf32 spills none / 64),
+# and that launch has not been timed.
+BF16_STATE = False
 NUM_STAGES = 1  # the key-block loop not software-pipelined: 103 against 120 us at batch 64 with Triton's 3 (H100)
 
 
@@ -107,7 +116,8 @@ def _gdn_verify_chunked_kernel(
     s_pnat, s_buf,
     T: tl.constexpr, TP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     HIST: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr, BF16_STATE: tl.constexpr,
+    UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]. The state
@@ -168,8 +178,13 @@ def _gdn_verify_chunked_kernel(
                                          s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
         q_c = _normed_rows(q_in, rows, r_ok, kc, kc_ok, s_qt, q_rs, L2NORM) * scale
         k_c = _normed_rows(k_in, rows, r_ok, kc, kc_ok, s_kit, k_rs, L2NORM)
-        hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
-        hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
+        if BF16_STATE:  # 16-bit operands (fp32 sums): half the shared-memory bytes, and ldmatrix-able
+            hb = h.to(tl.bfloat16)
+            hkv = dot(k_c.to(tl.bfloat16), hb, hkv, "tf32", UPCAST)
+            hqv = dot(q_c.to(tl.bfloat16), hb, hqv, "tf32", UPCAST)
+        else:
+            hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
+            hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
     if fold:
         for c in range(0, BK // BKC):
             kc = c * BKC + tl.arange(0, BKC)
