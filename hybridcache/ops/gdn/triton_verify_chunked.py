@@ -49,8 +49,8 @@ CAP_FROM = 16
 # Faster where timed (session 45, H100, g and beta given, us at batch 16 / 64 / 256 at the default tiling: 25.2 /
 # 90.5 / 315.7 against tf32's 27.5 / 95.8 / 335.0; ops_gdn.py's replay at batch 64 / 256, 0.102 / 0.367 ms against
 # 0.108 / 0.389), but off: with the raw gate, as the engine launches it, it spills at sm_90 (benchmarks/
-# kernel_registers.py, batch 64: 268 bytes a thread uncapped, 796 at MAX_REGISTERS, where tf32 spills none / 64),
-# and that launch has not been timed.
+# kernel_registers.py, batch 64: 268 bytes a thread uncapped, 796 at MAX_REGISTERS, where tf32 spills none / 64;
+# none at 16 key rows a block uncapped, 211 registers, or at 4 warps), and those launches have not been timed.
 BF16_STATE = False
 NUM_STAGES = 1  # the key-block loop not software-pipelined: 103 against 120 us at batch 64 with Triton's 3 (H100)
 
