@@ -1,0 +1,30 @@
+# See README.md here: one device call, from the repository root, about 150 s. GDN's closed-form verify with its state
+# blocks multiplied on bf16 operands (`ops/gdn/triton_verify_chunked.py` BF16_STATE) against tf32, g and beta given
+# and from the raw gate (the engine's launch), at 32 and 16 key rows a block (KEY_BLOCK), 2 and 4 warps, register
+# cap as chosen (168 from 16 programs an SM) and none; then ops_gdn.py's replay with each. The GPU tests of the
+# bf16 form first.
+set -u
+source benchmarks/gpu/common.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 60 python3 -m pytest -n 4 -p no:cacheprovider -o addopts="" -q -rf tests/ops/test_delta_rule_verify_triton.py \
+    -k "gdn" 2>&1 | grep -v "Warning\|warn(" | tail -3
+for setting in "BF16_STATE=False" "BF16_STATE=True" "BF16_STATE=True; m.KEY_BLOCK=16" "BF16_STATE=True; m.MAX_REGISTERS=0"; do
+  echo "== $setting"
+  timeout 60 python3 -c "
+import runpy, sys
+from hybridcache.ops.gdn import triton_verify_chunked as m
+m.$setting
+sys.argv = ['tune_delta_rule.py', '--cases', 'gdn verify T=4( raw gate)?\$', '--block-v', '64', '--warps', '2', '4',
+            '--batches', '16', '64', '256']
+runpy.run_path('benchmarks/tune_delta_rule.py', run_name='__main__')" 2>&1 | grep -v Warn
+done
+for bf in False True; do
+  echo "== ops_gdn BF16_STATE=$bf"
+  timeout 45 python3 -c "
+import runpy, sys
+from hybridcache.ops.gdn import triton_verify_chunked as m
+m.BF16_STATE = $bf
+sys.argv = ['ops_gdn.py', '--device', 'cuda', '--batches', '16', '64', '256', '--drafts', '3']
+runpy.run_path('benchmarks/ops_gdn.py', run_name='__main__')" 2>&1 | grep -v Warn | tail -4
+done
+echo "total ${SECONDS}s"
