@@ -1,9 +1,11 @@
 # See README.md here: one device call, from the repository root, about 400 s for two families on a cold
 # compile cache. The batch-1 graph steps of $FAMILIES (default nemotron_h and kimi_linear) at each of $VALUES of
-# `ops/linear.py`'s $SETTING (a module constant), back to back, by module; into $OUT. By default the few-row
-# Triton GEMM off (GEMV_ROWS 0: cuBLAS) and on (1); the first value's run compiles cold (capped at 200 s).
+# `ops/$MODULE.py`'s $SETTING (a module constant; MODULE linear unless given), back to back, by module; into $OUT.
+# By default the few-row Triton GEMM off (GEMV_ROWS 0: cuBLAS) and on (1); the first value's run compiles cold
+# (capped at 200 s). E.g. MODULE=gemv_triton SETTING=EARLY_BLOCKS VALUES="0 2".
 set -u
 FAMILIES=${FAMILIES:-"nemotron_h kimi_linear"}
+MODULE=${MODULE:-linear}
 SETTING=${SETTING:-GEMV_ROWS}
 VALUES=${VALUES:-"0 1"}
 source benchmarks/gpu/common.sh
@@ -15,7 +17,7 @@ for f in $FAMILIES; do
     echo "== $f $SETTING=$value"
     timeout $([ $first = 1 ] && echo 200 || echo 150) python3 -c "
 import runpy, sys
-from hybridcache.ops import linear as m
+from hybridcache.ops import $MODULE as m
 m.$SETTING = $value
 sys.argv = ['step_profile', '--family', '$f', '--size', '1b', '--device', 'cuda', '--dtype', 'bfloat16', '--batch', '1',
             '--steps', '20', '--modes', 'graph', '--by-module', '--json', '$OUT/step_profile-$f-bs1-$SETTING-$value.json']

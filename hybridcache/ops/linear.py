@@ -37,11 +37,12 @@ GEMV_ROWS = 1
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N]."""
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N]. The weight is a parameter: no kernel of the step
+    writes it (the gemv loads its first blocks before waiting on the kernels before it)."""
     if x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS and runs_triton(x):
         from .gemv_triton import gemv_triton
 
-        return gemv_triton(x, weight, bias)
+        return gemv_triton(x, weight, bias, static_weight=True)
     return F.linear(x, weight, bias)
 
 
