@@ -45,6 +45,9 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 # the closed form's history-loop pipeline (H100, batch 64: 1 stage 367 us, 2 106, Triton's 3 111); the
 # token-by-token form keeps Triton's (not timed otherwise)
 NUM_STAGES = 2
+# The closed form's C·hᵀ with the new tokens (T of them): one tensor-core product (tf32) over the tile, False, or
+# one fp32 row reduction over the tile a token (no shared-memory round trip of the tile), True
+REDUCED_CH = False
 
 
 @triton.jit
@@ -118,7 +121,7 @@ def _verify_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, TP: tl.constexpr, CLOSED_FORM: tl.constexpr,
-    PRECISION: tl.constexpr, PDL: tl.constexpr,
+    REDUCED_CH: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_entry(PDL)
     row, head, pblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -166,7 +169,13 @@ def _verify_kernel(
     e_last = tl.exp(c_last)
     cf = cs_new.to(tl.float32)
     if CLOSED_FORM:
-        ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
+        if REDUCED_CH:  # (t, p): e^{c_last}·C_t·h[p], a row sum of the tile a token, in fp32
+            ch = tl.zeros([TP, BLOCK_P], tl.float32)
+            for t in tl.static_range(STEPS):
+                ch = tl.where(tt[:, None] == t, tl.sum(h * token_row(cf, tt, t)[None, :], 1)[None, :], ch)
+            ch = e_last * ch
+        else:
+            ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
         for j0 in range(0, count, BLOCK_H):
             xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
                                     c_last, pp, p_ok, nn, n_ok, BLOCK_H)
@@ -303,7 +312,7 @@ def mamba2_verify_triton(
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps,
         BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_H=BLOCK_H,
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
-        TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
+        TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form, REDUCED_CH=REDUCED_CH,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
         **({"num_stages": NUM_STAGES} if closed_form else {}), **pdl_launch(x),
         **({"num_warps": num_warps} if num_warps else {}),
