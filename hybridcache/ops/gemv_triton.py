@@ -143,7 +143,8 @@ def gemv_triton(
     if K == 0:
         return y.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(y))
     x = x if x.stride(1) == 1 else x.contiguous()
-    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    if weight.stride(1) != 1:
+        weight, static_weight = weight.contiguous(), False  # the copy is a kernel of this step
     bn = _block_n(x, N, block_n)
     bk = min(block_k or BLOCK_K, max(16, triton.next_power_of_2(K)))
     early = min(EARLY_BLOCKS, triton.cdiv(K, bk)) if static_weight else 0
