@@ -31,8 +31,9 @@ NUM_WARPS = 4
 # outputs (the tiny test models' whole GEMM, in one to a few programs), the same values within summation order
 INTERPRETER_BLOCK_N = 64
 # Weight blocks a program loads before it waits on the kernels before it (PDL): a weight is a parameter, which no
-# kernel of the step writes, so its first blocks need not wait (0: none; up to 2, each 16 registers a thread)
-EARLY_BLOCKS = 2
+# kernel of the step writes, so its first blocks need not wait (0: none; up to 2, each 16 registers a thread).
+# Off until timed in the engine's steps (benchmarks/gpu/gemv_steps.sh with SETTING=EARLY_BLOCKS)
+EARLY_BLOCKS = 0
 
 
 def _block_n(x: Tensor, N: int, block_n: int | None) -> int:
