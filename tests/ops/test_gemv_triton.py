@@ -54,10 +54,12 @@ def test_tilings_agree(block_n, block_k, num_warps):
     torch.testing.assert_close(y.cpu(), reference(x, w, b).cpu(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("early", [1, 2])
 @pytest.mark.parametrize("K", [40, 64, 100, 200])
-def test_early_weight_blocks_change_nothing(K):
-    """A static weight's first blocks loaded before the wait (none to all of them) is loop peeling: the same
-    result, bit for bit."""
+def test_early_weight_blocks_change_nothing(monkeypatch, K, early):
+    """A static weight's first blocks loaded before the wait (EARLY_BLOCKS of them, or all where fewer) is loop
+    peeling: the same result, bit for bit."""
+    monkeypatch.setattr(gemv_module, "EARLY_BLOCKS", early)
     x, w, b = inputs(3, 20, K, torch.bfloat16, True, seed=K)
     plain = gemv_triton(x, w, b, block_k=64)
     torch.testing.assert_close(gemv_triton(x, w, b, block_k=64, static_weight=True), plain, atol=0, rtol=0)
