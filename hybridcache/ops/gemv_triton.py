@@ -30,10 +30,6 @@ NUM_WARPS = 4
 # Triton's CPU interpreter runs programs one by one at a fixed cost each: there a program takes up to this many
 # outputs (the tiny test models' whole GEMM, in one to a few programs), the same values within summation order
 INTERPRETER_BLOCK_N = 64
-# Weight blocks a program loads before it waits on the kernels before it (PDL): a weight is a parameter, which no
-# kernel of the step writes, so its first blocks need not wait (0: none; up to 2, each 16 registers a thread).
-# Off until timed in the engine's steps (benchmarks/gpu/gemv_steps.sh with SETTING=EARLY_BLOCKS)
-EARLY_BLOCKS = 0
 
 
 def _block_n(x: Tensor, N: int, block_n: int | None) -> int:
@@ -59,53 +55,30 @@ def _store_row(y_ptr, b_ptr, acc, r, M, s_ym, nn, n_ok, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _weight_block(w_ptr, nn, n_ok, s_wn, k0, K, BLOCK_K: tl.constexpr):
-    """The weight's [BLOCK_N, BLOCK_K] block at columns k0.. (zeros past N and K), as stored, and its columns."""
-    kk = k0 + tl.arange(0, BLOCK_K)
-    k_ok = kk < K
-    return tl.load(w_ptr + nn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0), kk, k_ok
-
-
-@triton.jit
-def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, M, s_xm, nn, kk, k_ok, ROWS: tl.constexpr):
-    """Each row's accumulator += the weight block times the row's columns kk (fp32)."""
-    w = w.to(tl.float32)
-    acc0 += w * _x_row(x_ptr, 0, M, s_xm, nn, kk, k_ok)
-    if ROWS > 1:
-        acc1 += w * _x_row(x_ptr, 1, M, s_xm, nn, kk, k_ok)
-    if ROWS > 2:
-        acc2 += w * _x_row(x_ptr, 2, M, s_xm, nn, kk, k_ok)
-        acc3 += w * _x_row(x_ptr, 3, M, s_xm, nn, kk, k_ok)
-    return acc0, acc1, acc2, acc3
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PDL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):
     """x [M, K], w [N, K], y [M, N] by their row strides (unit last); b [N] where HAS_BIAS; ROWS (1 to 4) >= M.
-    One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout. The first EARLY (0 to 2) weight
-    blocks are loaded before `pdl_entry`: under PDL they stream in while the kernels before this one finish."""
+    One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout."""
+    pdl_entry(PDL)
     nn = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = nn < N
-    if EARLY > 0:
-        w0, kk0, k_ok0 = _weight_block(w_ptr, nn, n_ok, s_wn, 0, K, BLOCK_K)
-    if EARLY > 1:
-        w1, kk1, k_ok1 = _weight_block(w_ptr, nn, n_ok, s_wn, BLOCK_K, K, BLOCK_K)
-    pdl_entry(PDL)
     acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    if EARLY > 0:
-        acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w0, x_ptr, M, s_xm, nn, kk0, k_ok0, ROWS)
-    if EARLY > 1:
-        acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w1, x_ptr, M, s_xm, nn, kk1, k_ok1, ROWS)
-    for k0 in range(EARLY * BLOCK_K, K, BLOCK_K):
-        w, kk, k_ok = _weight_block(w_ptr, nn, n_ok, s_wn, k0, K, BLOCK_K)
-        acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, M, s_xm, nn, kk, k_ok, ROWS)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        w = tl.load(w_ptr + nn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w = w.to(tl.float32)
+        acc0 += w * _x_row(x_ptr, 0, M, s_xm, nn, kk, k_ok)
+        if ROWS > 1:
+            acc1 += w * _x_row(x_ptr, 1, M, s_xm, nn, kk, k_ok)
+        if ROWS > 2:
+            acc2 += w * _x_row(x_ptr, 2, M, s_xm, nn, kk, k_ok)
+            acc3 += w * _x_row(x_ptr, 3, M, s_xm, nn, kk, k_ok)
     _store_row(y_ptr, b_ptr, acc0, 0, M, s_ym, nn, n_ok, HAS_BIAS)
     if ROWS > 1:
         _store_row(y_ptr, b_ptr, acc1, 1, M, s_ym, nn, n_ok, HAS_BIAS)
@@ -122,14 +95,11 @@ def gemv_triton(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    static_weight: bool = False,
 ) -> Tensor:
     """`F.linear(x, weight, bias)` for x [M, K] with M <= MAX_ROWS, weight [N, K], bias [N] or None -> [M, N] in
     x's dtype; fp32 accumulation, so the values agree with cuBLAS's within one rounding of the result.
     `block_n`, `block_k` (powers of two), `num_warps`, `num_stages`: the tiling (defaults BLOCK_N (`_block_n`),
-    BLOCK_K, NUM_WARPS, Triton's stages), which changes the result only within rounding. `static_weight`: no
-    kernel queued before this one writes `weight`, so under PDL its first EARLY_BLOCKS blocks load before the
-    wait (the same result, bit for bit)."""
+    BLOCK_K, NUM_WARPS, Triton's stages), which changes the result only within rounding."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [M, K] and [N, K]")
     M, K = x.shape
@@ -144,14 +114,12 @@ def gemv_triton(
     if K == 0:
         return y.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(y))
     x = x if x.stride(1) == 1 else x.contiguous()
-    if weight.stride(1) != 1:
-        weight, static_weight = weight.contiguous(), False  # the copy is a kernel of this step
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
     bn = _block_n(x, N, block_n)
     bk = min(block_k or BLOCK_K, max(16, triton.next_power_of_2(K)))
-    early = min(EARLY_BLOCKS, triton.cdiv(K, bk)) if static_weight else 0
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x, weight, weight if bias is None else bias, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
-        ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, EARLY=early, HAS_BIAS=bias is not None,
+        ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None,
         num_warps=num_warps or NUM_WARPS, **({"num_stages": num_stages} if num_stages else {}), **pdl_launch(x),
     )
     return y

@@ -24,6 +24,11 @@ off against on, back to back (benchmarks/gpu/gemv_steps.sh): replay ms 0.78 agai
 launches; its gemvs' GPU time 0.676 -> 0.752 ms, where the conv and relu² kernels had taken 0.055 + 0.050), 0.79
 against 0.80 (qwen3_next, 135 -> 126), 0.60 against 0.61 (kimi_linear, 150 -> 141); tok/s 1,232 / 1,213 / 1,562
 against 974 / 1,206 / 1,557 (nemotron_h's run with them on spent 22% of its 1.03 ms wall on the host, against 4%).
+
+Nor did loading a weight's first two [4, 1,024] blocks before the gemv's PDL wait (a parameter no kernel of the step
+writes, so they could stream in while the kernels before it finish; session 46, history 7e3dc2d): H100, batch-1
+graph steps, replay ms without against with, back to back (gemv_steps.sh with MODULE=gemv_triton): kimi_linear 0.60
+against 0.59, nemotron_h 0.77 against 0.77.
 """
 from __future__ import annotations
 
@@ -37,12 +42,11 @@ GEMV_ROWS = 1
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N]. The weight is a parameter: no kernel of the step
-    writes it (the gemv loads its first blocks before waiting on the kernels before it)."""
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N]."""
     if x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS and runs_triton(x):
         from .gemv_triton import gemv_triton
 
-        return gemv_triton(x, weight, bias, static_weight=True)
+        return gemv_triton(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

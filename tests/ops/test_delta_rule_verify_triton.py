@@ -172,12 +172,14 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked,
 
 
 
-def test_gdn_bf16_state_products_match_naive(monkeypatch):
-    """`BF16_STATE` (16-bit inputs: the closed form's state blocks multiplied on bf16 operands, off by default):
-    the 64-wide bf16 case against the reference and the torch path, as above, within the same tolerances."""
+@pytest.mark.parametrize("bf16_state", [False, True])
+def test_gdn_state_products_in_either_precision_match_naive(monkeypatch, bf16_state):
+    """`BF16_STATE` (16-bit inputs: the closed form's state blocks multiplied on bf16 operands, the default) and
+    its tf32 form: the 64-wide bf16 case against the reference and the torch path, as above, within the same
+    tolerances."""
     from hybridcache.ops.gdn import triton_verify_chunked
 
-    monkeypatch.setattr(triton_verify_chunked, "BF16_STATE", True)
+    monkeypatch.setattr(triton_verify_chunked, "BF16_STATE", bf16_state)
     test_gdn_verify_matches_torch_and_naive(4, 20, 64, 64, torch.bfloat16, True, None, None)
 
 

@@ -54,18 +54,6 @@ def test_tilings_agree(block_n, block_k, num_warps):
     torch.testing.assert_close(y.cpu(), reference(x, w, b).cpu(), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("early", [1, 2])
-@pytest.mark.parametrize("K", [40, 64, 100, 200])
-def test_early_weight_blocks_change_nothing(monkeypatch, K, early):
-    """A static weight's first blocks loaded before the wait (EARLY_BLOCKS of them, or all where fewer) is loop
-    peeling: the same result, bit for bit."""
-    monkeypatch.setattr(gemv_module, "EARLY_BLOCKS", early)
-    x, w, b = inputs(3, 20, K, torch.bfloat16, True, seed=K)
-    plain = gemv_triton(x, w, b, block_k=64)
-    torch.testing.assert_close(gemv_triton(x, w, b, block_k=64, static_weight=True), plain, atol=0, rtol=0)
-    torch.testing.assert_close(plain.cpu(), reference(x, w, b).cpu(), atol=1e-2, rtol=8e-3)
-
-
 def test_reads_strided_rows_and_weight_views():
     """x as the first columns of a wider tensor (a row stride past its width), read in place; a weight in
     column-major order (no unit last stride) is copied: both give the contiguous inputs' values, bit for bit."""

@@ -166,18 +166,6 @@ def test_long_history_and_several_p_blocks(closed_form: bool) -> None:
               closed_form=closed_form)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("steps", [2, 4])
-def test_closed_form_with_reduced_ch(monkeypatch, steps: int, dtype: torch.dtype) -> None:
-    """`REDUCED_CH` (the new tokens' C·hᵀ as fp32 row sums, not a tensor-core product): against the reference and
-    the torch path within the same tolerances, over two history chunks and two programs a head."""
-    from hybridcache.ops.mamba2 import triton_verify
-
-    monkeypatch.setattr(triton_verify, "REDUCED_CH", True)
-    _run_case(heads=4, head_dim=32, groups=2, dstate=16, hist=20, steps=steps, dtype=dtype, seed=13, block_p=16,
-              closed_form=True)
-
-
 @pytest.mark.parametrize("num_warps", [2, 8])
 def test_closed_form_at_other_warps(num_warps: int) -> None:
     """The closed form with 2 or 8 warps a program (a tiling: the same values within rounding), folding rows

@@ -46,14 +46,15 @@ MAX_REGISTERS = 168  # a thread, from CAP_FROM programs an SM (at batch 64 and u
 CAP_FROM = 16
 # 16-bit inputs: the state's products with the new rows' keys and queries on bf16 operands with fp32 sums (the
 # state blocks rounded to bf16 for them only; a fold stores the fp32 blocks), half the shared-memory bytes of tf32's.
-# Faster where timed (session 45, H100, g and beta given, us at batch 16 / 64 / 256 at the default tiling: 25.2 /
-# 90.5 / 315.7 against tf32's 27.5 / 95.8 / 335.0; ops_gdn.py's replay at batch 64 / 256, 0.102 / 0.367 ms against
-# 0.108 / 0.389), but off: with the raw gate, as the engine launches it, it spills at sm_90 (benchmarks/
-# kernel_registers.py, batch 64: 268 bytes a thread uncapped, 796 at MAX_REGISTERS, where tf32 spills none / 64;
-# none at 16 key rows a block uncapped, 211 registers, or at 4 warps), and those launches have not been timed.
+# Faster, spills and all (session 46, H100, us at batch 16 / 64 / 256 at the default tiling, against tf32 in the same
+# call): with the raw gate, as the engine launches it, 25.8 / 94.7 / 336.1 against 27.6 / 100.1 / 356.4; g and beta
+# given, 25.1 / 90.4 / 319.3 against 27.4 / 95.5 / 340.1; ops_gdn.py's replay at batch 16 / 64 / 256, 0.033 / 0.102
+# / 0.366 ms against 0.034 / 0.109 / 0.388. It spills at sm_90 (raw gate, benchmarks/kernel_registers.py: 268 bytes a
+# thread uncapped, 796 at MAX_REGISTERS, where tf32 spills none / 64); the forms that do not were slower: 16 key
+# rows a block (raw gate 100.0 / 354.0 us at batch 64 / 256) and no register cap (97.7 / 355.2); 4 warps slower still.
 # (Mamba2's closed form so, its tile's product with the C rows on bf16 operands, missed its bf16 tolerance in the
 # interpreter: outputs off by up to 0.0625 against 1e-2; not kept.)
-BF16_STATE = False
+BF16_STATE = True
 NUM_STAGES = 1  # the key-block loop not software-pipelined: 103 against 120 us at batch 64 with Triton's 3 (H100)
 
 

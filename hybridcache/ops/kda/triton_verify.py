@@ -11,13 +11,9 @@ from torch import Tensor
 from ..delta_rule_triton import kda_raw_gate, unit_last
 from ..delta_rule_verify_triton import key_l2norm, pending_row, state_tile, verify_tile_sizes, verify_warps
 from ..pdl_triton import pdl_entry, pdl_launch
-from ..prefetch_triton import NONE, prefetch, prefetch_level, row_lines
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
-
-# Where the verify program prefetches its row's token and draft vectors at entry (prefetch_triton: NONE, L1, L2)
-PREFETCH = NONE
 
 
 @triton.jit
@@ -63,27 +59,6 @@ def _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
 
 
 @triton.jit
-def _prefetch_row(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, row, s, hd, vb,
-                  s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
-                  s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp, s_bh,
-                  T: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, LEVEL: tl.constexpr):
-    """Prefetch the row's T new tokens' q, k, g, beta and value block, and slot s's P pending drafts (all of
-    them: entries past pend_n are a few stale lines)."""
-    for t in tl.static_range(T):
-        prefetch(row_lines(q_ptr + row * s_qb + t * s_qt + hd * s_qh, 0, K, 1, BK, 16), LEVEL)
-        prefetch(row_lines(k_ptr + row * s_kib + t * s_kit + hd * s_kih, 0, K, 1, BK, 16), LEVEL)
-        prefetch(row_lines(g_ptr + row * s_gib + t * s_git + hd * s_gih, 0, K, 1, BK, 16), LEVEL)
-        prefetch(row_lines(v_ptr + row * s_vib + t * s_vit + hd * s_vih, vb * BV, V, 1, BV, 8), LEVEL)
-        prefetch(beta_ptr + row * s_bib + t * s_bit + hd * s_bih + tl.arange(0, 1), LEVEL)
-    for j in tl.static_range(P):
-        prefetch(row_lines(pk_ptr + s * s_ks + j * s_kp + hd * s_kh, 0, K, s_kk, BK, 16), LEVEL)
-        prefetch(row_lines(pg_ptr + s * s_gs + j * s_gp + hd * s_gh, 0, K, s_gk, BK, 16), LEVEL)
-        prefetch(row_lines(pv_ptr + s * s_vs + j * s_vp + hd * s_vh, vb * BV, V, s_vv, BV, 8), LEVEL)
-        prefetch(pb_ptr + s * s_bs + j * s_bp + hd * s_bh + tl.arange(0, 1), LEVEL)
-
-
-@triton.jit
 def _kda_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
     ssm_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, n_ptr, slot_ptr,
@@ -96,8 +71,7 @@ def _kda_verify_kernel(
     s_bs, s_bp, s_bh,
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PREFETCH: tl.constexpr,
-    PDL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PDL: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K].
@@ -124,15 +98,13 @@ def _kda_verify_kernel(
 
     Nor did a cap on its registers pay (Triton's maxnreg, for more programs an SM; sessions 43-45, history commit
     7cf4f06): H100, 32 value columns x 1 warp, us at batch 64 / 256, none 84.4 / 319.7, 224 94.2 / 354.2, 200
-    101.3 / 383.5, 168 131.1 / 491.5, 128 206.6 / 784.1 (benchmarks/tune_delta_rule.py in one call)."""
+    101.3 / 383.5, 168 131.1 / 491.5, 128 206.6 / 784.1 (benchmarks/tune_delta_rule.py in one call). Nor did
+    prefetching every token's and pending draft's vectors at entry (PTX prefetch.global to L1 or L2, no registers
+    held; session 46, history bea4967): H100, us at batch 16 / 64 / 256, none 21.0 / 84.3 / 313.6, L1 21.2 / 84.9
+    / 313.3, L2 21.1 / 84.7 / 313.9; the per-token loads are not what the program waits on."""
     pdl_entry(PDL)
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
-    if PREFETCH > 0:
-        _prefetch_row(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, row, s, hd, vb,
-                      s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit,
-                      s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp, s_bh,
-                      T, K, V, P, BK, BV, PREFETCH)
     kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
     d = tl.zeros([BK], dtype=tl.float32) + 1.0
 
@@ -260,7 +232,7 @@ def kda_verify_triton(
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
-    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV, PREFETCH=prefetch_level(PREFETCH),
+    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
                                                    num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](

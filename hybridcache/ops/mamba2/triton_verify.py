@@ -45,9 +45,6 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 # the closed form's history-loop pipeline (H100, batch 64: 1 stage 367 us, 2 106, Triton's 3 111); the
 # token-by-token form keeps Triton's (not timed otherwise)
 NUM_STAGES = 2
-# The closed form's C·hᵀ with the new tokens (T of them): one tensor-core product (tf32) over the tile, False, or
-# one fp32 row reduction over the tile a token (no shared-memory round trip of the tile), True
-REDUCED_CH = False
 
 
 @triton.jit
@@ -121,7 +118,7 @@ def _verify_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, TP: tl.constexpr, CLOSED_FORM: tl.constexpr,
-    REDUCED_CH: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_entry(PDL)
     row, head, pblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -165,17 +162,13 @@ def _verify_kernel(
     # 64 state columns at a time 96.1 / 360.6, 32 at a time 110.4 / 406.3; capped at 168 registers a thread
     # 84.7 / 308.8, 83.3 / 309.6, 88.0 / 322.0; likewise where every row folds (session 42, tune_mamba2_verify).
     # Triton's 4 warps stay (H100, block_p 64, batch 64 / 256): 84.4 / 303.9 against 152.2 / 581.4 at 8 warps;
-    # 2 warps over block_p 32 took 91.5 / 341.8.
+    # 2 warps over block_p 32 took 91.5 / 341.8. C·hᵀ as one fp32 row sum over the tile a token instead of the
+    # tf32 product (no shared-memory round trip of the tile; session 46, history caa8391) took 188.1 / 725.0
+    # against 83.7 / 305.2 (H100, block_p 64, batch 64 / 256).
     e_last = tl.exp(c_last)
     cf = cs_new.to(tl.float32)
     if CLOSED_FORM:
-        if REDUCED_CH:  # (t, p): e^{c_last}·C_t·h[p], a row sum of the tile a token, in fp32
-            ch = tl.zeros([TP, BLOCK_P], tl.float32)
-            for t in tl.static_range(STEPS):
-                ch = tl.where(tt[:, None] == t, tl.sum(h * token_row(cf, tt, t)[None, :], 1)[None, :], ch)
-            ch = e_last * ch
-        else:
-            ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
+        ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
         for j0 in range(0, count, BLOCK_H):
             xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
                                     c_last, pp, p_ok, nn, n_ok, BLOCK_H)
@@ -312,7 +305,7 @@ def mamba2_verify_triton(
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps,
         BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_H=BLOCK_H,
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
-        TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form, REDUCED_CH=REDUCED_CH,
+        TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
         **({"num_stages": NUM_STAGES} if closed_form else {}), **pdl_launch(x),
         **({"num_warps": num_warps} if num_warps else {}),
