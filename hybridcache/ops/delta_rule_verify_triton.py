@@ -97,16 +97,23 @@ def pending_row(slot_ptr, n_ptr, row, s_n, P: tl.constexpr):
 
 
 @triton.jit
-def state_tile(ssm_ptr, s, head, vb, valid, s_ss, s_sh, s_sk, s_sv, K: tl.constexpr, V: tl.constexpr,
-               BK: tl.constexpr, BV: tl.constexpr):
-    """The program's [BK, BV] tile of ssm[s, head, :, value block vb]: (kk, k_ok, vv, v_ok, tile mask, its
-    pointers, the tile in fp32: zeros where not valid)."""
+def tile_pointers(ssm_ptr, s, head, vb, s_ss, s_sh, s_sk, s_sv, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr):
+    """The [BK, BV] tile of ssm[s, head, :, value block vb]: (kk, k_ok, vv, v_ok, tile mask, its pointers)."""
     kk = tl.arange(0, BK)
     k_ok = kk < K
     vv = vb * BV + tl.arange(0, BV)
     v_ok = vv < V
     tile = k_ok[:, None] & v_ok[None, :]
-    ptrs = ssm_ptr + s * s_ss + head * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
+    return kk, k_ok, vv, v_ok, tile, ssm_ptr + s * s_ss + head * s_sh + kk[:, None] * s_sk + vv[None, :] * s_sv
+
+
+@triton.jit
+def state_tile(ssm_ptr, s, head, vb, valid, s_ss, s_sh, s_sk, s_sv, K: tl.constexpr, V: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr):
+    """The program's [BK, BV] tile of ssm[s, head, :, value block vb]: (kk, k_ok, vv, v_ok, tile mask, its
+    pointers, the tile in fp32: zeros where not valid)."""
+    kk, k_ok, vv, v_ok, tile, ptrs = tile_pointers(ssm_ptr, s, head, vb, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
     return kk, k_ok, vv, v_ok, tile, ptrs, tl.load(ptrs, mask=tile & valid, other=0.0).to(tl.float32)
 
 

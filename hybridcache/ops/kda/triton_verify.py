@@ -9,11 +9,19 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
-from ..delta_rule_verify_triton import key_l2norm, pending_row, state_tile, verify_tile_sizes, verify_warps
+from ..delta_rule_verify_triton import (key_l2norm, pending_row, state_tile, tile_pointers, verify_tile_sizes,
+                                       verify_warps)
 from ..pdl_triton import pdl_entry, pdl_launch
+from ..triton_support import num_sms
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
+
+# The verify as a fixed grid of programs that each take several (row, head, value block) items, the next item's
+# tile loading while this one's passes run (`_kda_verify_persistent_kernel`), not one program an item; off until
+# timed. Its grid: PERSISTENT_WARPS_PER_SM warps an SM (one warp of up to 255 registers a thread: 8 fit an SM).
+PERSISTENT = False
+PERSISTENT_WARPS_PER_SM = 8
 
 
 @triton.jit
@@ -56,6 +64,43 @@ def _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
     v = tl.load(pv_ptr + s * s_vs + j * s_vp + hd * s_vh + vv * s_vv, mask=v_ok, other=0.0).to(tl.float32)
     b = tl.load(pb_ptr + s * s_bs + j * s_bp + hd * s_bh).to(tl.float32)
     return k, g, v, b
+
+
+@triton.jit
+def _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
+                 q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, scale,
+                 s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
+                 s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp, s_bh,
+                 T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                 L2NORM: tl.constexpr, RAW_GATE: tl.constexpr):
+    """One (row, head, value block) from its loaded tile h [BK, BV] of slot s: the n accepted pending drafts, then
+    the T new tokens; stores the outputs, and the state after new token 0 where `valid`."""
+    d = tl.zeros([BK], dtype=tl.float32) + 1.0
+
+    # the accepted pending drafts [0, pend_n)
+    for j in range(0, n):
+        k_j, g_j, v_j, b_j = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
+                                            s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv,
+                                            s_bs, s_bp, s_bh)
+        h, d = _decay_rows(h, d, g_j)
+        u_j = b_j * (v_j - tl.sum(h * (d * k_j)[:, None], 0))
+        h += (k_j / d)[:, None] * u_j[None, :]
+
+    neg_A = 0.0
+    if RAW_GATE:
+        neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
+    for t in tl.static_range(T):
+        q_t, k_t, g_t, v_t, b_t = _new_token(
+            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, t, hd, kk, k_ok, vv, v_ok, neg_A,
+            s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
+            K, L2NORM, RAW_GATE)
+        h, d = _decay_rows(h, d, g_t)
+        u_t = b_t * (v_t - tl.sum(h * (d * k_t)[:, None], 0))
+        h += (k_t / d)[:, None] * u_t[None, :]
+        o_t = tl.where(valid, tl.sum(h * (d * q_t * scale)[:, None], 0), 0.0)
+        tl.store(o_ptr + ((row * T + t) * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
+        if t == 0:
+            tl.store(ssm_tile, h * d[:, None], mask=tile & valid)
 
 
 @triton.jit
@@ -106,32 +151,64 @@ def _kda_verify_kernel(
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
     kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
-    d = tl.zeros([BK], dtype=tl.float32) + 1.0
+    _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
+                 q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, scale,
+                 s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
+                 s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp, s_bh,
+                 T, H, K, V, BK, L2NORM, RAW_GATE)
 
-    # the accepted pending drafts [0, pend_n)
-    for j in range(0, n):
-        k_j, g_j, v_j, b_j = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
-                                            s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv,
-                                            s_bs, s_bp, s_bh)
-        h, d = _decay_rows(h, d, g_j)
-        u_j = b_j * (v_j - tl.sum(h * (d * k_j)[:, None], 0))
-        h += (k_j / d)[:, None] * u_j[None, :]
 
-    neg_A = 0.0
-    if RAW_GATE:
-        neg_A = -tl.exp(tl.load(alog_ptr + hd).to(tl.float32))
-    for t in tl.static_range(T):
-        q_t, k_t, g_t, v_t, b_t = _new_token(
-            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, dtb_ptr, row, t, hd, kk, k_ok, vv, v_ok, neg_A,
-            s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
-            K, L2NORM, RAW_GATE)
-        h, d = _decay_rows(h, d, g_t)
-        u_t = b_t * (v_t - tl.sum(h * (d * k_t)[:, None], 0))
-        h += (k_t / d)[:, None] * u_t[None, :]
-        o_t = tl.where(valid, tl.sum(h * (d * q_t * scale)[:, None], 0), 0.0)
-        tl.store(o_ptr + ((row * T + t) * H + hd) * V + vv, o_t.to(o_ptr.dtype.element_ty), mask=v_ok)
-        if t == 0:
-            tl.store(ssm_tile, h * d[:, None], mask=tile & valid)
+@triton.jit
+def _item(slot_ptr, item, items, H: tl.constexpr, NVB: tl.constexpr):
+    """Work item `item` (clamped below `items`) of the persistent kernel as (row, head, value block, the row's
+    slot as stored: negative for padding)."""
+    item = tl.minimum(item, items - 1)
+    row = (item // (H * NVB)).to(tl.int64)
+    return row, (item // NVB) % H, item % NVB, tl.load(slot_ptr + row).to(tl.int64)
+
+
+@triton.jit
+def _kda_verify_persistent_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
+    ssm_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, n_ptr, slot_ptr,
+    scale, items,
+    s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
+    s_ss, s_sh, s_sk, s_sv,
+    s_ks, s_kp, s_kh, s_kk,
+    s_gs, s_gp, s_gh, s_gk,
+    s_vs, s_vp, s_vh, s_vv,
+    s_bs, s_bp, s_bh,
+    s_n,
+    T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """`_kda_verify_kernel`'s work as items (row, head, value block), item = (row·H + head)·NVB + block, taken
+    by a fixed grid: a program takes items pid, pid + programs, …, and issues the next item's tile loads before
+    this one's passes (so a load is in flight while the program computes), its slot read one item earlier
+    still (the tile's address waits on it). Items are distinct tiles, and no item writes what another reads."""
+    pdl_entry(PDL)
+    first, step = tl.program_id(0), tl.num_programs(0)
+    row, hd, vb, slot = _item(slot_ptr, first, items, H, NVB)
+    valid = slot >= 0
+    s = tl.maximum(slot, 0)
+    n = tl.minimum(tl.maximum(tl.load(n_ptr + s * s_n, mask=valid, other=0), 0), P)
+    h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)[6]
+    row1, hd1, vb1, slot1 = _item(slot_ptr, first + step, items, H, NVB)
+    for it in range(first, items, step):  # carried: the items' scalars and tiles (pointers are recomputed)
+        row2, hd2, vb2, slot2 = _item(slot_ptr, it + 2 * step, items, H, NVB)
+        valid1 = (slot1 >= 0) & (it + step < items)
+        s1 = tl.maximum(slot1, 0)
+        n1 = tl.minimum(tl.maximum(tl.load(n_ptr + s1 * s_n, mask=valid1, other=0), 0), P)
+        h1 = state_tile(ssm_ptr, s1, hd1, vb1, valid1, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)[6]
+        kk, k_ok, vv, v_ok, tile, ssm_tile = tile_pointers(ssm_ptr, s, hd, vb, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
+        _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
+                     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr,
+                     scale, s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib,
+                     s_bit, s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp,
+                     s_bh, T, H, K, V, BK, L2NORM, RAW_GATE)
+        row, hd, vb, s, valid, n, h = row1, hd1, vb1, s1, valid1, n1, h1
+        row1, hd1, vb1, slot1 = row2, hd2, vb2, slot2
 
 
 @triton.jit
@@ -197,6 +274,7 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
+    persistent: bool | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -204,7 +282,8 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
-    Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
+    Returns o [B, T, H, V] in v's dtype (zeros for padding rows). `persistent` (default PERSISTENT): the first
+    launch as `_kda_verify_persistent_kernel`, the same values bit for bit.
     """
     B, T, H, K = q.shape
     V, P = v.shape[3], pend_k.shape[1]
@@ -232,8 +311,15 @@ def kda_verify_triton(
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
-    _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV,
-                                                   num_warps=num_warps or verify_warps(T), **pdl_launch(q))
+    warps = num_warps or verify_warps(T)
+    if PERSISTENT if persistent is None else persistent:
+        items, nvb = B * H * triton.cdiv(V, BV), triton.cdiv(V, BV)
+        programs = min(items, max(1, num_sms(q.device) * PERSISTENT_WARPS_PER_SM // warps))
+        _kda_verify_persistent_kernel[(programs,)](*args[:16], items, *args[16:], **shapes, BK=BK, BV=BV, NVB=nvb,
+                                                   num_warps=warps, **pdl_launch(q))
+    else:
+        _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV, num_warps=warps,
+                                                       **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
             k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
