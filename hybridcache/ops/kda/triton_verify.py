@@ -104,10 +104,19 @@ def _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
 
 
 @triton.jit
+def _item(slot_ptr, item, items, H: tl.constexpr, NVB: tl.constexpr):
+    """Work item `item` (clamped below `items`) of the persistent kernel as (row, head, value block, the row's
+    slot as stored: negative for padding)."""
+    item = tl.minimum(item, items - 1)
+    row = (item // (H * NVB)).to(tl.int64)
+    return row, (item // NVB) % H, item % NVB, tl.load(slot_ptr + row).to(tl.int64)
+
+
+@triton.jit
 def _kda_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
     ssm_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, n_ptr, slot_ptr,
-    scale,
+    scale, items,
     s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
     s_ss, s_sh, s_sk, s_sv,
     s_ks, s_kp, s_kh, s_kk,
@@ -116,10 +125,16 @@ def _kda_verify_kernel(
     s_bs, s_bp, s_bh,
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, PDL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
+    PERSISTENT: tl.constexpr, PDL: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
-    RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K].
+    RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]. One
+    program an item (row, head, value block) on a grid (B, H, NVB), or with PERSISTENT the items, item = (row·H +
+    head)·NVB + block (`items` of them), taken by a fixed grid: a program takes items pid, pid + programs, …, and
+    issues the next item's tile loads before this one's passes (a load in flight while the program computes), its
+    slot read one item earlier still (the tile's address waits on it). Items are distinct tiles, and no item
+    writes what another reads.
 
     The rows' decays are kept as a scale d beside the tile, the state diag(d)·h: hᵀk = hᵀ(d⊙k), the update
     h += (k/d)·uᵀ, hᵀq = hᵀ(d⊙q); three passes over the tile a token (two a pending draft), and one more to store
@@ -148,67 +163,39 @@ def _kda_verify_kernel(
     held; session 46, history bea4967): H100, us at batch 16 / 64 / 256, none 21.0 / 84.3 / 313.6, L1 21.2 / 84.9
     / 313.3, L2 21.1 / 84.7 / 313.9; the per-token loads are not what the program waits on."""
     pdl_entry(PDL)
-    row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-    s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
-    kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
-    _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
-                 q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, scale,
-                 s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
-                 s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp, s_bh,
-                 T, H, K, V, BK, L2NORM, RAW_GATE)
-
-
-@triton.jit
-def _item(slot_ptr, item, items, H: tl.constexpr, NVB: tl.constexpr):
-    """Work item `item` (clamped below `items`) of the persistent kernel as (row, head, value block, the row's
-    slot as stored: negative for padding)."""
-    item = tl.minimum(item, items - 1)
-    row = (item // (H * NVB)).to(tl.int64)
-    return row, (item // NVB) % H, item % NVB, tl.load(slot_ptr + row).to(tl.int64)
-
-
-@triton.jit
-def _kda_verify_persistent_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
-    ssm_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, n_ptr, slot_ptr,
-    scale, items,
-    s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
-    s_ss, s_sh, s_sk, s_sv,
-    s_ks, s_kp, s_kh, s_kk,
-    s_gs, s_gp, s_gh, s_gk,
-    s_vs, s_vp, s_vh, s_vv,
-    s_bs, s_bp, s_bh,
-    s_n,
-    T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """`_kda_verify_kernel`'s work as items (row, head, value block), item = (row·H + head)·NVB + block, taken
-    by a fixed grid: a program takes items pid, pid + programs, …, and issues the next item's tile loads before
-    this one's passes (so a load is in flight while the program computes), its slot read one item earlier
-    still (the tile's address waits on it). Items are distinct tiles, and no item writes what another reads."""
-    pdl_entry(PDL)
-    first, step = tl.program_id(0), tl.num_programs(0)
-    row, hd, vb, slot = _item(slot_ptr, first, items, H, NVB)
-    valid = slot >= 0
-    s = tl.maximum(slot, 0)
-    n = tl.minimum(tl.maximum(tl.load(n_ptr + s * s_n, mask=valid, other=0), 0), P)
-    h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)[6]
-    row1, hd1, vb1, slot1 = _item(slot_ptr, first + step, items, H, NVB)
-    for it in range(first, items, step):  # carried: the items' scalars and tiles (pointers are recomputed)
-        row2, hd2, vb2, slot2 = _item(slot_ptr, it + 2 * step, items, H, NVB)
-        valid1 = (slot1 >= 0) & (it + step < items)
-        s1 = tl.maximum(slot1, 0)
-        n1 = tl.minimum(tl.maximum(tl.load(n_ptr + s1 * s_n, mask=valid1, other=0), 0), P)
-        h1 = state_tile(ssm_ptr, s1, hd1, vb1, valid1, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)[6]
-        kk, k_ok, vv, v_ok, tile, ssm_tile = tile_pointers(ssm_ptr, s, hd, vb, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)
+    if PERSISTENT:  # items pid, pid + programs, ...; carried: their scalars and tiles (pointers are recomputed)
+        first, step = tl.program_id(0), tl.num_programs(0)
+        row, hd, vb, slot = _item(slot_ptr, first, items, H, NVB)
+        valid = slot >= 0
+        s = tl.maximum(slot, 0)
+        n = tl.minimum(tl.maximum(tl.load(n_ptr + s * s_n, mask=valid, other=0), 0), P)
+        h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)[6]
+        row1, hd1, vb1, slot1 = _item(slot_ptr, first + step, items, H, NVB)
+        for it in range(first, items, step):
+            row2, hd2, vb2, slot2 = _item(slot_ptr, it + 2 * step, items, H, NVB)
+            valid1 = (slot1 >= 0) & (it + step < items)
+            s1 = tl.maximum(slot1, 0)
+            n1 = tl.minimum(tl.maximum(tl.load(n_ptr + s1 * s_n, mask=valid1, other=0), 0), P)
+            h1 = state_tile(ssm_ptr, s1, hd1, vb1, valid1, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)[6]
+            kk, k_ok, vv, v_ok, tile, ssm_tile = tile_pointers(ssm_ptr, s, hd, vb, s_ss, s_sh, s_sk, s_sv, K, V, BK,
+                                                               BV)
+            _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
+                         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr,
+                         pb_ptr, scale, s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git,
+                         s_gih, s_bib, s_bit, s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp,
+                         s_vh, s_vv, s_bs, s_bp, s_bh, T, H, K, V, BK, L2NORM, RAW_GATE)
+            row, hd, vb, s, valid, n, h = row1, hd1, vb1, s1, valid1, n1, h1
+            row1, hd1, vb1, slot1 = row2, hd2, vb2, slot2
+    else:  # one item a program
+        row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+        s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
+        kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V,
+                                                           BK, BV)
         _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
                      q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr,
                      scale, s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib,
                      s_bit, s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp,
                      s_bh, T, H, K, V, BK, L2NORM, RAW_GATE)
-        row, hd, vb, s, valid, n, h = row1, hd1, vb1, s1, valid1, n1, h1
-        row1, hd1, vb1, slot1 = row2, hd2, vb2, slot2
 
 
 @triton.jit
@@ -312,14 +299,12 @@ def kda_verify_triton(
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
     BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
     warps = num_warps or verify_warps(T)
-    if PERSISTENT if persistent is None else persistent:
-        items, nvb = B * H * triton.cdiv(V, BV), triton.cdiv(V, BV)
-        programs = min(items, max(1, num_sms(q.device) * PERSISTENT_WARPS_PER_SM // warps))
-        _kda_verify_persistent_kernel[(programs,)](*args[:16], items, *args[16:], **shapes, BK=BK, BV=BV, NVB=nvb,
-                                                   num_warps=warps, **pdl_launch(q))
-    else:
-        _kda_verify_kernel[(B, H, triton.cdiv(V, BV))](*args, **shapes, BK=BK, BV=BV, num_warps=warps,
-                                                       **pdl_launch(q))
+    nvb, persistent = triton.cdiv(V, BV), PERSISTENT if persistent is None else persistent
+    items = B * H * nvb
+    grid = (min(items, max(1, num_sms(q.device) * PERSISTENT_WARPS_PER_SM // warps)), 1, 1) if persistent else \
+        (B, H, nvb)
+    _kda_verify_kernel[grid](*args[:16], items, *args[16:], **shapes, BK=BK, BV=BV, NVB=nvb, PERSISTENT=persistent,
+                             num_warps=warps, **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
             k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
