@@ -284,8 +284,8 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
 @pytest.mark.parametrize("T,P,K,V,dtype,norm", [KDA_CASES[2], KDA_CASES[5]])
 def test_kda_persistent_verify_gives_the_same_bits(monkeypatch, warps_per_sm, T, P, K, V, dtype, norm):
     """The persistent form (a fixed grid, several items a program, the next tile loaded ahead) against one
-    program an item: outputs and every role bit for bit, padding rows among the items, one and two value blocks,
-    4 and 12 programs (the interpreter counts 4 SMs) over 12 and 24 items."""
+    program an item at the same tiling: outputs and every role bit for bit, padding rows among the items, one and
+    three value blocks, 4 and 12 programs (the interpreter counts 4 SMs) over 12 and 36 items."""
     from hybridcache.ops.kda import triton_verify as kda_module
 
     monkeypatch.setattr(kda_module, "PERSISTENT_WARPS_PER_SM", warps_per_sm)
@@ -293,8 +293,9 @@ def test_kda_persistent_verify_gives_the_same_bits(monkeypatch, warps_per_sm, T,
     plain, persistent = copies(before, DEVICE), copies(before, DEVICE)
     x = [t.to(DEVICE) for t in qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)]
     slots = torch.tensor(SLOTS, device=DEVICE)
-    o = kda_run(kda_verify_triton, x, plain, slots, use_qk_l2norm_in_kernel=norm, persistent=False)
-    o_persistent = kda_run(kda_verify_triton, x, persistent, slots, use_qk_l2norm_in_kernel=norm, persistent=True)
+    kw = dict(use_qk_l2norm_in_kernel=norm, block_v=kda_module.PERSISTENT_BLOCK_V)
+    o = kda_run(kda_verify_triton, x, plain, slots, **kw, persistent=False)
+    o_persistent = kda_run(kda_verify_triton, x, persistent, slots, **kw, persistent=True)
     assert torch.equal(o, o_persistent)
     for r in KDA_ROLES:
         assert torch.equal(plain[r].nan_to_num(), persistent[r].nan_to_num()), r

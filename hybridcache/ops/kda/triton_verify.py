@@ -19,9 +19,12 @@ if TYPE_CHECKING:
 
 # The verify as a fixed grid of programs that each take several (row, head, value block) items, the next item's
 # tile loading while this one's passes run (`_kda_verify_persistent_kernel`), not one program an item; off until
-# timed. Its grid: PERSISTENT_WARPS_PER_SM warps an SM (one warp of up to 255 registers a thread: 8 fit an SM).
+# timed. Its grid: PERSISTENT_WARPS_PER_SM warps an SM (one warp of up to 255 registers a thread: 8 fit an SM);
+# its tile PERSISTENT_BLOCK_V value columns unless given (two tiles live at once: at sm_90, one warp, 16 columns
+# spill 8 bytes a thread, 32 columns 1,108; benchmarks/kernel_registers.py).
 PERSISTENT = False
 PERSISTENT_WARPS_PER_SM = 8
+PERSISTENT_BLOCK_V = 16
 
 
 @triton.jit
@@ -270,7 +273,8 @@ def kda_verify_triton(
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
     Returns o [B, T, H, V] in v's dtype (zeros for padding rows). `persistent` (default PERSISTENT): the first
-    launch as `_kda_verify_persistent_kernel`, the same values bit for bit.
+    launch in its persistent form (`_kda_verify_kernel`), PERSISTENT_BLOCK_V value columns unless `block_v`; the
+    same values bit for bit.
     """
     B, T, H, K = q.shape
     V, P = v.shape[3], pend_k.shape[1]
@@ -297,9 +301,10 @@ def kda_verify_triton(
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
-    BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
+    persistent = PERSISTENT if persistent is None else persistent
+    BK, BV = verify_tile_sizes(K, V, block_v or (PERSISTENT_BLOCK_V if persistent else None), B * H, q.device)
     warps = num_warps or verify_warps(T)
-    nvb, persistent = triton.cdiv(V, BV), PERSISTENT if persistent is None else persistent
+    nvb = triton.cdiv(V, BV)
     items = B * H * nvb
     grid = (min(items, max(1, num_sms(q.device) * PERSISTENT_WARPS_PER_SM // warps)), 1, 1) if persistent else \
         (B, H, nvb)
