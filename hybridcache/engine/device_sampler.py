@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..ops.argmax import argmax
+
 _MASK32 = 0xFFFFFFFF
 ACCEPT_STREAM, TOKEN_STREAM = 0, 1
 
@@ -95,7 +97,7 @@ def sample(logits: torch.Tensor, rows: RowParams, all_greedy: bool = False) -> t
         return sample_greedy(logits, torch.where(steps < rows.num_drafts[:, None], rows.drafts, -1))
     greedy = rows.temperature == 0
     probs = filtered_probs(logits, rows.temperature, rows.top_k, rows.top_p)
-    best = logits.argmax(-1)  # [R, T]
+    best = argmax(logits)  # [R, T]
     drafts = rows.drafts
     if T > 1:
         p_draft = probs[:, :-1].gather(-1, drafts[..., None])[..., 0]
@@ -117,7 +119,7 @@ def sample_greedy(logits: torch.Tensor, proposed: torch.Tensor) -> tuple[torch.T
     each row's drafts then -1 (no draft). Returns tokens [R, T] and counts [R] as `sample` does (a greedy row
     accepts exactly the leading drafts equal to the argmax, so its tokens are the argmax at positions
     0..accepted; past them the padding differs from `sample`'s and is never read)."""
-    best = logits.argmax(-1)  # [R, T]
+    best = argmax(logits)  # [R, T]
     if logits.shape[1] == 1:
         return best, torch.ones_like(best[:, 0])
     accepted = (best[:, :-1] == proposed).cumprod(-1).sum(-1)  # leading accepted drafts
