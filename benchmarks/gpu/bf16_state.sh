@@ -8,23 +8,15 @@ source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 60 python3 -m pytest -n 4 -p no:cacheprovider -o addopts="" -q -rf tests/ops/test_delta_rule_verify_triton.py \
     -k "gdn" 2>&1 | grep -v "Warning\|warn(" | tail -3
-for setting in "BF16_STATE=False" "BF16_STATE=True" "BF16_STATE=True; m.KEY_BLOCK=16" "BF16_STATE=True; m.MAX_REGISTERS=0"; do
+for setting in "BF16_STATE = False" "BF16_STATE = True" "BF16_STATE = True; KEY_BLOCK = 16" \
+               "BF16_STATE = True; MAX_REGISTERS = 0"; do
   echo "== $setting"
-  timeout 60 python3 -c "
-import runpy, sys
-from hybridcache.ops.gdn import triton_verify_chunked as m
-m.$setting
-sys.argv = ['tune_delta_rule.py', '--cases', 'gdn verify T=4( raw gate)?\$', '--block-v', '64', '--warps', '2', '4',
-            '--batches', '16', '64', '256']
-runpy.run_path('benchmarks/tune_delta_rule.py', run_name='__main__')" 2>&1 | grep -v Warn
+  timeout 60 python3 benchmarks/gpu/with_setting.py gdn.triton_verify_chunked "$setting" tune_delta_rule \
+      --cases 'gdn verify T=4( raw gate)?$' --block-v 64 --warps 2 4 --batches 16 64 256 2>&1 | grep -v Warn
 done
 for bf in False True; do
   echo "== ops_gdn BF16_STATE=$bf"
-  timeout 45 python3 -c "
-import runpy, sys
-from hybridcache.ops.gdn import triton_verify_chunked as m
-m.BF16_STATE = $bf
-sys.argv = ['ops_gdn.py', '--device', 'cuda', '--batches', '16', '64', '256', '--drafts', '3']
-runpy.run_path('benchmarks/ops_gdn.py', run_name='__main__')" 2>&1 | grep -v Warn | tail -4
+  timeout 45 python3 benchmarks/gpu/with_setting.py gdn.triton_verify_chunked "BF16_STATE = $bf" ops_gdn \
+      --device cuda --batches 16 64 256 --drafts 3 2>&1 | grep -v Warn | tail -4
 done
 echo "total ${SECONDS}s"

@@ -15,13 +15,10 @@ for f in $FAMILIES; do
   first=1
   for value in $VALUES; do
     echo "== $f $SETTING=$value"
-    timeout $([ $first = 1 ] && echo 200 || echo 150) python3 -c "
-import runpy, sys
-from hybridcache.ops import $MODULE as m
-m.$SETTING = $value
-sys.argv = ['step_profile', '--family', '$f', '--size', '1b', '--device', 'cuda', '--dtype', 'bfloat16', '--batch', '1',
-            '--steps', '20', '--modes', 'graph', '--by-module', '--json', '$OUT/step_profile-$f-bs1-$SETTING-$value.json']
-runpy.run_path('benchmarks/step_profile.py', run_name='__main__')" 2>&1 | grep -v "Warn\|warn\|Loading\|shards" | head -14
+    timeout $([ $first = 1 ] && echo 200 || echo 150) python3 benchmarks/gpu/with_setting.py $MODULE \
+        "$SETTING = $value" step_profile --family $f --size 1b --device cuda --dtype bfloat16 --batch 1 --steps 20 \
+        --modes graph --by-module --json $OUT/step_profile-$f-bs1-$SETTING-$value.json 2>&1 \
+        | grep -v "Warn\|warn\|Loading\|shards" | head -14
     first=0
   done
 done

@@ -9,21 +9,13 @@ timeout 60 python3 -m pytest -n 4 -p no:cacheprovider -o addopts="" -q -rf tests
     -k "kda" 2>&1 | grep -v "Warning\|warn(" | tail -3
 for per_sm in 8 16; do
   echo "== PERSISTENT_WARPS_PER_SM=$per_sm"
-  timeout 90 python3 -c "
-import runpy, sys
-from hybridcache.ops.kda import triton_verify as m
-m.PERSISTENT_WARPS_PER_SM = $per_sm
-sys.argv = ['tune_delta_rule.py', '--cases', 'kda verify T=4( persistent)?\$', '--block-v', '16', '32', '--warps', '1',
-            '2', '--batches', '16', '64', '256']
-runpy.run_path('benchmarks/tune_delta_rule.py', run_name='__main__')" 2>&1 | grep -v Warn
+  timeout 90 python3 benchmarks/gpu/with_setting.py kda.triton_verify "PERSISTENT_WARPS_PER_SM = $per_sm" \
+      tune_delta_rule --cases 'kda verify T=4( persistent)?$' --block-v 16 32 --warps 1 2 --batches 16 64 256 \
+      2>&1 | grep -v Warn
 done
 for on in False True; do
   echo "== ops_kda PERSISTENT=$on"
-  timeout 45 python3 -c "
-import runpy, sys
-from hybridcache.ops.kda import triton_verify as m
-m.PERSISTENT = $on
-sys.argv = ['ops_kda.py', '--device', 'cuda', '--batches', '16', '64', '256', '--drafts', '3']
-runpy.run_path('benchmarks/ops_kda.py', run_name='__main__')" 2>&1 | grep -v Warn | tail -4
+  timeout 45 python3 benchmarks/gpu/with_setting.py kda.triton_verify "PERSISTENT = $on" ops_kda \
+      --device cuda --batches 16 64 256 --drafts 3 2>&1 | grep -v Warn | tail -4
 done
 echo "total ${SECONDS}s"
