@@ -7,16 +7,10 @@ set -u
 source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 60 python3 -m pytest -n 4 -p no:cacheprovider -o addopts="" -q -rf tests/ops/test_delta_rule_verify_triton.py \
-    -k "gdn" 2>&1 | grep -v "Warning\|warn(" | tail -3
-for setting in "BF16_STATE = False" "BF16_STATE = True" "BF16_STATE = True; KEY_BLOCK = 16" \
-               "BF16_STATE = True; MAX_REGISTERS = 0"; do
-  echo "== $setting"
-  timeout 60 python3 benchmarks/gpu/with_setting.py gdn.triton_verify_chunked "$setting" tune_delta_rule \
-      --cases 'gdn verify T=4( raw gate)?$' --block-v 64 --warps 2 4 --batches 16 64 256 2>&1 | grep -v Warn
-done
-for bf in False True; do
-  echo "== ops_gdn BF16_STATE=$bf"
-  timeout 45 python3 benchmarks/gpu/with_setting.py gdn.triton_verify_chunked "BF16_STATE = $bf" ops_gdn \
-      --device cuda --batches 16 64 256 --drafts 3 2>&1 | grep -v Warn | tail -4
-done
+    tests/ops/test_delta_rule_verify_options.py -k "gdn" 2>&1 | grep -v "Warning\|warn(" | tail -3
+each_setting gdn.triton_verify_chunked 60 "BF16_STATE = False" "BF16_STATE = True" "BF16_STATE = True; KEY_BLOCK = 16" \
+    "BF16_STATE = True; MAX_REGISTERS = 0" -- tune_delta_rule --cases 'gdn verify T=4( raw gate)?$' --block-v 64 \
+    --warps 2 4 --batches 16 64 256
+each_setting gdn.triton_verify_chunked 45 "BF16_STATE = False" "BF16_STATE = True" -- ops_gdn --device cuda \
+    --batches 16 64 256 --drafts 3
 echo "total ${SECONDS}s"

@@ -17,3 +17,16 @@ build_checkpoints() {
   done
   wait; echo "checkpoints built after ${SECONDS}s"
 }
+
+# each_setting MODULE SECONDS SETTING... -- SCRIPT ARGS...: benchmarks/SCRIPT.py with ARGS once per SETTING of
+# hybridcache.ops.MODULE ('NAME = VALUE; ...', through with_setting.py), each under a header, capped at SECONDS
+each_setting() {
+  local module=$1 cap=$2 settings=()
+  shift 2
+  while [ "$1" != "--" ]; do settings+=("$1"); shift; done
+  shift
+  for setting in "${settings[@]}"; do
+    echo "== $setting"
+    timeout "$cap" python3 benchmarks/gpu/with_setting.py "$module" "$setting" "$@" 2>&1 | grep -v "Warn\|warn("
+  done
+}

@@ -2,7 +2,7 @@
 # compile cache. The batch-1 graph steps of $FAMILIES (default nemotron_h and kimi_linear) at each of $VALUES of
 # `ops/$MODULE.py`'s $SETTING (a module constant; MODULE linear unless given), back to back, by module; into $OUT.
 # By default the few-row Triton GEMM off (GEMV_ROWS 0: cuBLAS) and on (1); the first value's run compiles cold
-# (capped at 200 s). E.g. MODULE=gemv_triton SETTING=EARLY_BLOCKS VALUES="0 2".
+# (capped at 200 s). E.g. MODULE=argmax SETTING=TRITON_ARGMAX VALUES="False True".
 set -u
 FAMILIES=${FAMILIES:-"nemotron_h kimi_linear"}
 MODULE=${MODULE:-linear}

@@ -6,16 +6,9 @@ set -u
 source benchmarks/gpu/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 60 python3 -m pytest -n 4 -p no:cacheprovider -o addopts="" -q -rf tests/ops/test_delta_rule_verify_triton.py \
-    -k "kda" 2>&1 | grep -v "Warning\|warn(" | tail -3
-for per_sm in 8 16; do
-  echo "== PERSISTENT_WARPS_PER_SM=$per_sm"
-  timeout 90 python3 benchmarks/gpu/with_setting.py kda.triton_verify "PERSISTENT_WARPS_PER_SM = $per_sm" \
-      tune_delta_rule --cases 'kda verify T=4( persistent)?$' --block-v 16 32 --warps 1 2 --batches 16 64 256 \
-      2>&1 | grep -v Warn
-done
-for on in False True; do
-  echo "== ops_kda PERSISTENT=$on"
-  timeout 45 python3 benchmarks/gpu/with_setting.py kda.triton_verify "PERSISTENT = $on" ops_kda \
-      --device cuda --batches 16 64 256 --drafts 3 2>&1 | grep -v Warn | tail -4
-done
+    tests/ops/test_delta_rule_verify_options.py -k "kda" 2>&1 | grep -v "Warning\|warn(" | tail -3
+each_setting kda.triton_verify 90 "PERSISTENT_WARPS_PER_SM = 8" "PERSISTENT_WARPS_PER_SM = 16" -- tune_delta_rule \
+    --cases 'kda verify T=4( persistent)?$' --block-v 16 32 --warps 1 2 --batches 16 64 256
+each_setting kda.triton_verify 45 "PERSISTENT = False" "PERSISTENT = True" -- ops_kda --device cuda \
+    --batches 16 64 256 --drafts 3
 echo "total ${SECONDS}s"

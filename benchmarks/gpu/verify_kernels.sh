@@ -7,7 +7,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:. HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-./bench-out}; mkdir -p "$OUT"
 timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rf tests/ops/test_delta_rule_verify_triton.py \
-    tests/ops/test_delta_rule_verify_raw_gate.py tests/ops/test_mamba2_verify_triton.py 2>&1 | grep -E "FAILED|passed|failed|Error" | tail -8
+    tests/ops/test_delta_rule_verify_options.py tests/ops/test_delta_rule_verify_raw_gate.py \
+    tests/ops/test_mamba2_verify_triton.py 2>&1 | grep -E "FAILED|passed|failed|Error" | tail -8
 timeout 250 python3 benchmarks/tune_delta_rule.py --batches 64 16 1 --block-v 16 32 64 --warps 1 2 4 2>&1 | grep -v Warn | tail -34
 timeout 45 python3 benchmarks/ops_gdn.py --device cuda --batches 1 16 64 256 --drafts 3 --json $OUT/ops_gdn.json 2>&1 | tail -5
 timeout 45 python3 benchmarks/ops_mamba2.py --device cuda --batches 1 16 64 256 --drafts 3 --json $OUT/ops_mamba2.json 2>&1 | tail -5

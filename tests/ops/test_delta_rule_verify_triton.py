@@ -27,7 +27,6 @@ DEVICE = "cpu" if interpreting() or not torch.cuda.is_available() else "cuda"
 if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 for Triton's CPU interpreter", allow_module_level=True)
 
-from hybridcache.ops.gdn import triton_verify as gdn_triton_verify  # noqa: E402
 from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 
@@ -171,44 +170,6 @@ def test_gdn_verify_matches_torch_and_naive(T, hist, K, V, dtype, norm, chunked,
         assert torch.equal(fast[r].cpu(), before[r])
 
 
-
-@pytest.mark.parametrize("bf16_state", [False, True])
-def test_gdn_state_products_in_either_precision_match_naive(monkeypatch, bf16_state):
-    """`BF16_STATE` (16-bit inputs: the closed form's state blocks multiplied on bf16 operands, the default) and
-    its tf32 form: the 64-wide bf16 case against the reference and the torch path, as above, within the same
-    tolerances."""
-    from hybridcache.ops.gdn import triton_verify_chunked
-
-    monkeypatch.setattr(triton_verify_chunked, "BF16_STATE", bf16_state)
-    test_gdn_verify_matches_torch_and_naive(4, 20, 64, 64, torch.bfloat16, True, None, None)
-
-
-def test_gdn_register_cap_changes_no_value():
-    """`max_registers` (Triton's maxnreg) is a launch option of the closed form: outputs and every role the same
-    bits as the launch without a cap (on CUDA the capped kernel may spill; its arithmetic is the same)."""
-    T, hist, K, V, dtype = 4, 20, 64, 64, torch.bfloat16
-    before = gdn_pools(T, hist, K, V, dtype)
-    plain, capped = copies(before, DEVICE), copies(before, DEVICE)
-    x = [t.to(DEVICE) for t in qk_inputs(len(SLOTS), T, HV, K, V, (HV,), dtype, seed=3, norm_in_kernel=True)]
-    slots = torch.tensor(SLOTS, device=DEVICE)
-    o = gdn_run(gdn_verify_triton, x, plain, slots, use_qk_l2norm_in_kernel=True, max_registers=0)
-    o_capped = gdn_run(gdn_verify_triton, x, capped, slots, use_qk_l2norm_in_kernel=True, max_registers=168)
-    assert torch.equal(o, o_capped)
-    for r in GDN_ROLES:
-        assert torch.equal(plain[r].nan_to_num(), capped[r].nan_to_num()), r
-
-
-def test_gdn_register_cap_from_sixteen_programs_an_sm(monkeypatch):
-    """The closed form is capped at MAX_REGISTERS only where the grid is CAP_FROM programs an SM deep, and
-    never off CUDA (the interpreter has no registers)."""
-    monkeypatch.setattr(gdn_triton_verify, "num_sms", lambda device: 132)
-    cuda = torch.device("cuda")
-    assert gdn_triton_verify.register_cap(16 * 32 * 2, cuda) == 0  # batch 16, 32 value heads, 2 value blocks
-    assert gdn_triton_verify.register_cap(16 * 132 - 1, cuda) == 0
-    assert gdn_triton_verify.register_cap(16 * 132, cuda) == 168
-    assert gdn_triton_verify.register_cap(64 * 32 * 2, cuda) == 168  # batch 64
-    assert gdn_triton_verify.register_cap(10 ** 6, torch.device("cpu")) == 0
-
 # KDA: pend_n per row of SLOTS, H == HV
 
 def kda_pools(P: int, K: int, V: int, dtype, seed: int = 0) -> dict:
@@ -278,27 +239,6 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
     for r in KDA_ROLES:
         close(fast[r].cpu().nan_to_num(), torch_p[r].nan_to_num(), role_tol(r))
     assert torch.equal(fast["pend_n"].cpu(), before["pend_n"])  # read only
-
-
-@pytest.mark.parametrize("warps_per_sm", [1, 3])
-@pytest.mark.parametrize("T,P,K,V,dtype,norm", [KDA_CASES[2], KDA_CASES[5]])
-def test_kda_persistent_verify_gives_the_same_bits(monkeypatch, warps_per_sm, T, P, K, V, dtype, norm):
-    """The persistent form (a fixed grid, several items a program, the next tile loaded ahead) against one
-    program an item at the same tiling: outputs and every role bit for bit, padding rows among the items, one and
-    three value blocks, 4 and 12 programs (the interpreter counts 4 SMs) over 12 and 36 items."""
-    from hybridcache.ops.kda import triton_verify as kda_module
-
-    monkeypatch.setattr(kda_module, "PERSISTENT_WARPS_PER_SM", warps_per_sm)
-    before = kda_pools(P, K, V, dtype)
-    plain, persistent = copies(before, DEVICE), copies(before, DEVICE)
-    x = [t.to(DEVICE) for t in qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)]
-    slots = torch.tensor(SLOTS, device=DEVICE)
-    kw = dict(use_qk_l2norm_in_kernel=norm, block_v=kda_module.PERSISTENT_BLOCK_V)
-    o = kda_run(kda_verify_triton, x, plain, slots, **kw, persistent=False)
-    o_persistent = kda_run(kda_verify_triton, x, persistent, slots, **kw, persistent=True)
-    assert torch.equal(o, o_persistent)
-    for r in KDA_ROLES:
-        assert torch.equal(plain[r].nan_to_num(), persistent[r].nan_to_num()), r
 
 
 # Several verify steps with the accept rule between them, Triton vs torch in lockstep
