@@ -88,9 +88,14 @@ def replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T: tl.constexpr,
 
 @triton.jit
 def pending_row(slot_ptr, n_ptr, row, s_n, P: tl.constexpr):
-    """A KDA verify program's row: (slot clamped to 0, valid, pend_n clamped to [0, P]); a padding row (slot
-    < 0) reads pend_n = 0."""
-    slot = tl.load(slot_ptr + row).to(tl.int64)
+    """A KDA verify program's row: `slot_pending` of its slot."""
+    return slot_pending(tl.load(slot_ptr + row).to(tl.int64), n_ptr, s_n, P)
+
+
+@triton.jit
+def slot_pending(slot, n_ptr, s_n, P: tl.constexpr):
+    """(slot clamped to 0, valid, pend_n clamped to [0, P]) of a row's slot as stored; a padding slot (< 0) reads
+    pend_n = 0."""
     valid = slot >= 0
     s = tl.maximum(slot, 0)
     return s, valid, tl.minimum(tl.maximum(tl.where(valid, tl.load(n_ptr + s * s_n), 0), 0), P)

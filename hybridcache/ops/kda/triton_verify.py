@@ -9,8 +9,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
-from ..delta_rule_verify_triton import (key_l2norm, pending_row, state_tile, tile_pointers, verify_tile_sizes,
-                                       verify_warps)
+from ..delta_rule_verify_triton import (key_l2norm, pending_row, slot_pending, state_tile, tile_pointers,
+                                       verify_tile_sizes, verify_warps)
 from ..pdl_triton import pdl_entry, pdl_launch
 from ..triton_support import num_sms
 
@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     from .gate import KDARawGate
 
 # The verify as a fixed grid of programs that each take several (row, head, value block) items, the next item's
-# tile loading while this one's passes run (`_kda_verify_persistent_kernel`), not one program an item; off until
+# tile loading while this one's passes run (`_kda_verify_kernel` with PERSISTENT), not one program an item; off until
 # timed. Its grid: PERSISTENT_WARPS_PER_SM warps an SM (one warp of up to 255 registers a thread: 8 fit an SM);
 # its tile PERSISTENT_BLOCK_V value columns unless given (two tiles live at once: at sm_90, one warp, 16 columns
-# spill 8 bytes a thread, 32 columns 1,108; benchmarks/kernel_registers.py).
+# spill 12 bytes a thread, 32 columns 1,104; benchmarks/kernel_registers.py).
 PERSISTENT = False
 PERSISTENT_WARPS_PER_SM = 8
 PERSISTENT_BLOCK_V = 16
@@ -169,16 +169,12 @@ def _kda_verify_kernel(
     if PERSISTENT:  # items pid, pid + programs, ...; carried: their scalars and tiles (pointers are recomputed)
         first, step = tl.program_id(0), tl.num_programs(0)
         row, hd, vb, slot = _item(slot_ptr, first, items, H, NVB)
-        valid = slot >= 0
-        s = tl.maximum(slot, 0)
-        n = tl.minimum(tl.maximum(tl.load(n_ptr + s * s_n, mask=valid, other=0), 0), P)
+        s, valid, n = slot_pending(slot, n_ptr, s_n, P)
         h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)[6]
         row1, hd1, vb1, slot1 = _item(slot_ptr, first + step, items, H, NVB)
         for it in range(first, items, step):
             row2, hd2, vb2, slot2 = _item(slot_ptr, it + 2 * step, items, H, NVB)
-            valid1 = (slot1 >= 0) & (it + step < items)
-            s1 = tl.maximum(slot1, 0)
-            n1 = tl.minimum(tl.maximum(tl.load(n_ptr + s1 * s_n, mask=valid1, other=0), 0), P)
+            s1, valid1, n1 = slot_pending(tl.where(it + step < items, slot1, -1), n_ptr, s_n, P)  # none past the last
             h1 = state_tile(ssm_ptr, s1, hd1, vb1, valid1, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)[6]
             kk, k_ok, vv, v_ok, tile, ssm_tile = tile_pointers(ssm_ptr, s, hd, vb, s_ss, s_sh, s_sk, s_sv, K, V, BK,
                                                                BV)
