@@ -35,7 +35,15 @@ class DecoderLayer(nn.Module):
 
     def residual(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer on the stream x + delta (delta None: x), returned as (stream, the MLP's output) whose sum
-        is the layer's output: each residual add is fused into the norm after it (`RMSNorm.add`)."""
+        is the layer's output: each residual add is fused into the norm after it (`RMSNorm.add`); a mixture of
+        experts' router may run the second (`add_norm_route`, `ops/moe.FOLD_NORM`)."""
         h, x = self.input_layernorm.add(x, delta)
-        h, x = self.post_attention_layernorm.add(x, self.tp.all_reduce(self.mixer(h, batch)))
-        return x, self.tp.all_reduce(self.mlp(h))
+        out = self.tp.all_reduce(self.mixer(h, batch))
+        routed = None
+        if hasattr(self.mlp, "forward_routed"):
+            routed = self.mlp.gate.add_norm_route(x, out, self.post_attention_layernorm)
+        if routed is None:
+            h, x = self.post_attention_layernorm.add(x, out)
+            return x, self.tp.all_reduce(self.mlp(h))
+        h, x, index, weight = routed
+        return x, self.tp.all_reduce(self.mlp.forward_routed(h, index, weight))

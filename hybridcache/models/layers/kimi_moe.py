@@ -28,7 +28,11 @@ class KimiMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism: experts expert-internal, shared experts
         over their intermediate size, the router replicated)."""
-        index, weight = self.gate(x)
+        return self.forward_routed(x, *self.gate(x))
+
+    def forward_routed(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """`forward` given the router's choice for x (`gate.add_norm_route` may have made x and the choice in
+        one launch: `DecoderLayer.residual`)."""
         if self.shared_experts is None:
             return self.experts(x, index, weight)
         shared = self.shared_experts.as_shared_expert()

@@ -1,13 +1,32 @@
 """Expert routers: `x [N, D] -> (expert index [N, k], weight [N, k])`."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops import moe as moe_ops
 from ...ops.moe import ROUTER_MAX_EXPERTS
 from ...ops.triton_support import runs_triton
 from .params import param
+
+
+def _route_normed(router: nn.Module, x: torch.Tensor, delta: torch.Tensor, norm: nn.Module,
+                  route: Callable) -> tuple[torch.Tensor, ...] | None:
+    """`add_norm_route` of `router`: where `ops/moe.FOLD_NORM` is on and the router computes the logits of x
+    [N, D] in its kernel (`fuses_logits`), route(x, AddNorm) -> (index, weight, h, stream) returned as (h, stream,
+    index, weight); else None."""
+    (n, d), e = x.shape, router.weight.shape[0]
+    if not (moe_ops.FOLD_NORM and runs_triton(x) and e <= ROUTER_MAX_EXPERTS):
+        return None
+    from ...ops.moe.routers_triton import AddNorm, fuses_logits  # triton is imported only where it runs
+    if not fuses_logits(n, e, d):
+        return None
+    index, weight, h, stream = route(x.contiguous(), AddNorm(delta.contiguous(), norm.weight.contiguous(),
+                                                             norm.eps, norm.zero_centred))
+    return h, stream, index, weight
 
 
 class TopKRouter(nn.Module):
@@ -53,6 +72,17 @@ class TopKRouter(nn.Module):
             weight = weight / (weight.sum(-1, keepdim=True) + 1e-20)
         return index, weight * self.scaling
 
+    def add_norm_route(self, x: torch.Tensor, delta: torch.Tensor,
+                       norm: nn.Module) -> tuple[torch.Tensor, ...] | None:
+        """(h = norm(x + delta), x + delta, index, weight) in one launch with the RMSNorm `norm` run by the router
+        (`routers_triton.add_rms_norm_group_topk_triton`), where `_route_normed` allows; else None."""
+        def route(x, add_norm):
+            from ...ops.moe.routers_triton import add_rms_norm_group_topk_triton
+            return add_rms_norm_group_topk_triton(x, add_norm, self.e_score_correction_bias, self.top_k, self.n_group,
+                                                  self.topk_group, self.norm_topk_prob, self.scaling, self.weight)
+
+        return _route_normed(self, x, delta, norm, route)
+
 
 class SoftmaxTopKRouter(nn.Module):
     """weight `[E, D]`; probabilities softmax(logits) in fp32, top k of them, renormalised if `norm_topk_prob`."""
@@ -79,3 +109,13 @@ class SoftmaxTopKRouter(nn.Module):
         if self.norm_topk_prob:
             weight = weight / weight.sum(-1, keepdim=True)
         return index, weight.to(logits.dtype)
+
+    def add_norm_route(self, x: torch.Tensor, delta: torch.Tensor,
+                       norm: nn.Module) -> tuple[torch.Tensor, ...] | None:
+        """(h = norm(x + delta), x + delta, index, weight) in one launch with the RMSNorm `norm` run by the router
+        (`routers_triton.add_rms_norm_softmax_topk_triton`), where `_route_normed` allows; else None."""
+        def route(x, add_norm):
+            from ...ops.moe.routers_triton import add_rms_norm_softmax_topk_triton
+            return add_rms_norm_softmax_topk_triton(x, add_norm, self.top_k, self.norm_topk_prob, self.weight)
+
+        return _route_normed(self, x, delta, norm, route)

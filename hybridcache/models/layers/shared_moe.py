@@ -34,7 +34,11 @@ class SharedExpertMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
-        index, weight = self.gate(x)
+        return self.forward_routed(x, *self.gate(x))
+
+    def forward_routed(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """`forward` given the router's choice for x (`gate.add_norm_route` may have made x and the choice in
+        one launch: `DecoderLayer.residual`)."""
         fused = self.shared_expert.as_shared_expert(gate_logit=True)
         if self.experts.folds_shared(x, index, fused):  # S / I more pairs a token in the experts' kernels
             return self.experts(x, index, weight, shared=fused)

@@ -19,6 +19,10 @@ from torch import Tensor
 MAX_PAIRS = 16  # token copies (N * k) up to which the experts take the one-pair-a-program kernels
 MAX_SORTED_PAIRS = 1024  # and up to which they take the sorted kernels
 ROUTER_MAX_EXPERTS = 4096  # experts a router kernel holds in one program's registers
+# A pre-norm decoder layer's second residual add and RMSNorm run in its mixture's router launch, where the router
+# computes its logits (`routers_triton.add_rms_norm_*`, `models/layers/routers.py` add_norm_route): one launch a
+# MoE layer fewer. Off until timed.
+FOLD_NORM = False
 ACTIVATIONS = ("relu2", "relu", "silu", "gelu")  # what the kernels compute, as models/layers/mlp.py names them
 
 
@@ -60,4 +64,4 @@ def pairs(index: Tensor, inner: int, shared: SharedExpert | None = None) -> int:
     return index.shape[0] * (index.shape[1] + (shared.parts(inner) if shared is not None else 0))
 
 
-__all__ = ["ACTIVATIONS", "MAX_PAIRS", "MAX_SORTED_PAIRS", "ROUTER_MAX_EXPERTS", "SharedExpert", "pairs"]
+__all__ = ["ACTIVATIONS", "FOLD_NORM", "MAX_PAIRS", "MAX_SORTED_PAIRS", "ROUTER_MAX_EXPERTS", "SharedExpert", "pairs"]

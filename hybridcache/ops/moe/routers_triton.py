@@ -16,8 +16,17 @@ selection here: experts, a group's best two, groups). The top k come out in desc
 torch.topk's `sorted=True` gives them. Against torch in fp32, exp and the divisions differ by an ulp or so,
 so a choice can differ from torch's only between values that close (random logits never are). The
 in-kernel logits sum the products in another order than cuBLAS: an ulp or so too.
+
+With the logits from x, a pre-norm block's residual add and RMSNorm can run in the same launch
+(`add_rms_norm_softmax_topk_triton`, `add_rms_norm_group_topk_triton`; `AddNorm`): the program forms its token's
+stream s = x + d and h = RMSNorm(s) as `rms_norm_triton.add_rms_norm_triton` does (its roundings; the sum of
+squares in the kernel's own order, so h can land an ulp away), stores both for the experts, and takes the logits
+of h as it stands in registers, as the two launches would from the stored h. One launch and one wait fewer a
+mixture; nothing is recomputed, since a program takes one token's whole row either way.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -61,17 +70,63 @@ def _logits(x_ptr, w_ptr, n, N, D, stride_xn, expert, real,
 
 
 @triton.jit
+def _stream(x_ptr, d_ptr, at, ok, X: tl.constexpr):
+    """x + d at offsets `at` in fp32, rounded to X as torch's add in x's dtype; zeros where not ok."""
+    s = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    return _round(s + tl.load(d_ptr + at, mask=ok, other=0.0).to(tl.float32), X)
+
+
+@triton.jit
+def _normed_logits(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stride_xn, expert, real,
+                   ZERO_CENTRED: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
+    """`_logits` of h = RMSNorm(s), s = x + d (norm weight nw_ptr, `eps`), x and d rows of stride_xn: a first
+    pass sums s², a second forms s again (L1 hits), stores s and h [N, D] contiguous in x's dtype (s_ptr,
+    h_ptr) and multiplies h, rounded as stored, into W. -> [ROWS, FLAT] fp32."""
+    X: tl.constexpr = x_ptr.dtype.element_ty
+    squares = tl.full([ROWS], 0.0, tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        ok = (n < N)[:, None] & (d < D)[None, :]
+        s = _stream(x_ptr, d_ptr, n.to(tl.int64)[:, None] * stride_xn + d[None, :], ok, X)
+        squares += tl.reduce(s * s, 1, _SUM)
+    rstd = tl.rsqrt(tl.math.div_rn(squares, D * 1.0) + eps)  # as the norm kernel: mean(s²), then rsqrt
+    acc = tl.full([ROWS, FLAT], 0.0, tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        ok = (n < N)[:, None] & (d < D)[None, :]
+        s = _stream(x_ptr, d_ptr, n.to(tl.int64)[:, None] * stride_xn + d[None, :], ok, X)
+        nw = tl.load(nw_ptr + d, mask=d < D, other=0.0).to(tl.float32)
+        if ZERO_CENTRED:
+            nw = 1.0 + nw
+        h = _round(s * rstd[:, None] * nw[None, :], X)
+        out = n.to(tl.int64)[:, None] * D + d[None, :]
+        tl.store(s_ptr + out, s.to(X), mask=ok)
+        tl.store(h_ptr + out, h.to(X), mask=ok)
+        ws = tl.load(w_ptr + expert.to(tl.int64)[:, None] * D + d[None, :],
+                     mask=real[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [FLAT, BLOCK_D]
+        acc += tl.reduce(h[:, None, :] * ws[None, :, :], 2, _SUM)
+    return acc
+
+
+@triton.jit
 def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_n,
+                         d_ptr, nw_ptr, h_ptr, s_ptr, eps,
                          E: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, FROM_X: tl.constexpr,
+                         ADD_NORM: tl.constexpr, ZERO_CENTRED: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
                          PDL: tl.constexpr):
+    """ADD_NORM (with FROM_X): the rows are RMSNorm(x + d) (`_normed_logits`), stored with the stream."""
     pdl_entry(PDL)
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK_E)[None, :]
     valid = (n < N)[:, None] & (c < E)
     if FROM_X:  # logits_ptr is x; the logits rounded to x's dtype, as F.linear's output is
-        logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_E) < E,
-                        ROWS, BLOCK_D, BLOCK_E)
+        experts = tl.arange(0, BLOCK_E)
+        if ADD_NORM:
+            logit = _normed_logits(logits_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stride_n, experts,
+                                   experts < E, ZERO_CENTRED, ROWS, BLOCK_D, BLOCK_E)
+        else:
+            logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, experts < E, ROWS, BLOCK_D, BLOCK_E)
         X: tl.constexpr = logits_ptr.dtype.element_ty
         logit = _round(logit, X)
     else:
@@ -102,9 +157,12 @@ def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_
 
 @triton.jit
 def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D, stride_n, scaling,
+                       d_ptr, nw_ptr, h_ptr, s_ptr, eps,
                        G: tl.constexpr, EG: tl.constexpr, TOPG: tl.constexpr, K: tl.constexpr,
-                       NORM: tl.constexpr, FROM_X: tl.constexpr, ROWS: tl.constexpr, BLOCK_G: tl.constexpr,
+                       NORM: tl.constexpr, FROM_X: tl.constexpr, ADD_NORM: tl.constexpr, ZERO_CENTRED: tl.constexpr,
+                       ROWS: tl.constexpr, BLOCK_G: tl.constexpr,
                        BLOCK_EG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    """ADD_NORM: as `_softmax_topk_kernel`'s."""
     pdl_entry(PDL)
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.arange(0, BLOCK_G)
@@ -114,8 +172,12 @@ def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D,
     if FROM_X:  # logits_ptr is x; the logits over the padded experts flattened, then in groups
         FLAT_E: tl.constexpr = BLOCK_G * BLOCK_EG
         f = tl.arange(0, FLAT_E)
-        logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, (f // BLOCK_EG) * EG + f % BLOCK_EG,
-                        (f // BLOCK_EG < G) & (f % BLOCK_EG < EG), ROWS, BLOCK_D, FLAT_E)
+        experts, real = (f // BLOCK_EG) * EG + f % BLOCK_EG, (f // BLOCK_EG < G) & (f % BLOCK_EG < EG)
+        if ADD_NORM:
+            logit = _normed_logits(logits_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stride_n, experts,
+                                   real, ZERO_CENTRED, ROWS, BLOCK_D, FLAT_E)
+        else:
+            logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, real, ROWS, BLOCK_D, FLAT_E)
         logit = tl.reshape(logit, [ROWS, BLOCK_G, BLOCK_EG])
     else:
         logit = tl.load(logits_ptr + n.to(tl.int64)[:, None, None] * stride_n + expert3, mask=valid3, other=0.0)
@@ -190,29 +252,65 @@ def _prepare(rows_in: Tensor, e: int, block: int, k: int, dtype: torch.dtype, we
     return outputs, launch
 
 
-def softmax_topk_triton(logits: Tensor, k: int, renormalise: bool,
-                        weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """`SoftmaxTopKRouter`'s selection. logits: [N, E] -> (index [N, k] int64, weight [N, k] in logits' dtype).
-    Given the router `weight` [E, D], the first argument is x [N, D] and the kernel computes the logits."""
+class AddNorm(NamedTuple):
+    """A pre-norm block's residual add and RMSNorm run by a router that computes its logits: the router's rows are
+    RMSNorm(x + delta), `weight` [D] (taken as 1 + w where `zero_centred`)."""
+
+    delta: Tensor
+    weight: Tensor
+    eps: float
+    zero_centred: bool
+
+
+def _norm_args(x: Tensor, add_norm: AddNorm | None) -> tuple[tuple, dict, Tensor | None, Tensor | None]:
+    """The kernels' norm arguments: (pointer args, constexprs, h, stream); h and the stream [N, D] in x's dtype,
+    None without `add_norm`."""
+    if add_norm is None:
+        return (x, x, x, x, 0.0), dict(ADD_NORM=False, ZERO_CENTRED=False), None, None
+    delta, weight = add_norm.delta, add_norm.weight
+    if delta.shape != x.shape or delta.dtype != x.dtype or weight.shape != (x.shape[1],):
+        raise ValueError(f"delta {tuple(delta.shape)} {delta.dtype} and norm weight {tuple(weight.shape)} against "
+                         f"x {tuple(x.shape)} {x.dtype}")
+    if not (x.is_contiguous() and delta.is_contiguous() and weight.is_contiguous()):
+        raise ValueError("the norm run by a router reads x, delta and its weight as contiguous rows")
+    h, stream = torch.empty_like(x), torch.empty_like(x)
+    return ((delta, weight, h, stream, float(add_norm.eps)),
+            dict(ADD_NORM=True, ZERO_CENTRED=add_norm.zero_centred), h, stream)
+
+
+def _softmax_topk(logits: Tensor, k: int, renormalise: bool, weight: Tensor | None,
+                  add_norm: AddNorm | None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     E = logits.shape[1] if weight is None else weight.shape[0]
     assert weight is None or weight.dtype == logits.dtype, "SoftmaxTopKRouter's weight is in x's dtype"
     block = triton.next_power_of_2(E)
     (index, out), (rows_in, w, D, rows, block_d, grid, warps) = _prepare(logits, E, block, k, logits.dtype, weight)
+    norm_ptrs, norm_flags, h, stream = _norm_args(rows_in, add_norm)
     N = logits.shape[0]
     if N:
-        _softmax_topk_kernel[grid](rows_in, w, index, out, N, D, rows_in.stride(0), E=E, K=k, NORM=renormalise,
-                                   FROM_X=weight is not None, ROWS=rows, BLOCK_E=block,
-                                   BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d, num_warps=warps,
-                                   **pdl_launch(rows_in))
-    return index, out
+        _softmax_topk_kernel[grid](rows_in, w, index, out, N, D, rows_in.stride(0), *norm_ptrs, E=E, K=k,
+                                   NORM=renormalise, FROM_X=weight is not None, **norm_flags, ROWS=rows,
+                                   BLOCK_E=block, BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d,
+                                   num_warps=warps, **pdl_launch(rows_in))
+    return index, out, h, stream
 
 
-def group_topk_triton(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_group: int, renormalise: bool,
-                      scaling: float, weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """`TopKRouter`'s selection. logits: [N, E] fp32; bias: [E] -> (index [N, k] int64, weight [N, k] fp32).
-    Given the router `weight` [E, D] fp32, the first argument is x [N, D] (any float dtype, taken to fp32)
-    and the kernel computes the logits. Needs E = n_group groups of >= 2 experts and topk_group <= n_group
-    (what the config checks admit)."""
+def softmax_topk_triton(logits: Tensor, k: int, renormalise: bool,
+                        weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`SoftmaxTopKRouter`'s selection. logits: [N, E] -> (index [N, k] int64, weight [N, k] in logits' dtype).
+    Given the router `weight` [E, D], the first argument is x [N, D] and the kernel computes the logits."""
+    return _softmax_topk(logits, k, renormalise, weight, None)[:2]
+
+
+def add_rms_norm_softmax_topk_triton(x: Tensor, add_norm: AddNorm, k: int, renormalise: bool,
+                                     weight: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`softmax_topk_triton` of h = RMSNorm(x + delta) with the router `weight` [E, D], in one launch ->
+    (index, weight, h [N, D], stream x + delta [N, D]), h and the stream as `add_rms_norm_triton` gives them."""
+    return _softmax_topk(x, k, renormalise, weight, add_norm)
+
+
+def _group_topk(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_group: int, renormalise: bool,
+                scaling: float, weight: Tensor | None,
+                add_norm: AddNorm | None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     E = logits.shape[1] if weight is None else weight.shape[0]
     assert E % n_group == 0 and E // n_group >= 2 and 1 <= topk_group <= n_group, \
         f"{E} experts in {n_group} groups, {topk_group} kept"
@@ -221,11 +319,29 @@ def group_topk_triton(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_g
     block_g, block_eg = triton.next_power_of_2(n_group), triton.next_power_of_2(E // n_group)
     (index, out), (rows_in, w, D, rows, block_d, grid, warps) = _prepare(logits, E, block_g * block_eg, k,
                                                                         torch.float32, weight)
+    norm_ptrs, norm_flags, h, stream = _norm_args(rows_in, add_norm)
     N = logits.shape[0]
     if N:
-        _group_topk_kernel[grid](rows_in, w, bias, index, out, N, D, rows_in.stride(0), float(scaling),
+        _group_topk_kernel[grid](rows_in, w, bias, index, out, N, D, rows_in.stride(0), float(scaling), *norm_ptrs,
                                  G=n_group, EG=E // n_group, TOPG=topk_group, K=k, NORM=renormalise,
-                                 FROM_X=weight is not None, ROWS=rows, BLOCK_G=block_g, BLOCK_EG=block_eg,
-                                 BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d, num_warps=warps,
-                                 **pdl_launch(rows_in))
-    return index, out
+                                 FROM_X=weight is not None, **norm_flags, ROWS=rows, BLOCK_G=block_g,
+                                 BLOCK_EG=block_eg, BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d,
+                                 num_warps=warps, **pdl_launch(rows_in))
+    return index, out, h, stream
+
+
+def group_topk_triton(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_group: int, renormalise: bool,
+                      scaling: float, weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`TopKRouter`'s selection. logits: [N, E] fp32; bias: [E] -> (index [N, k] int64, weight [N, k] fp32).
+    Given the router `weight` [E, D] fp32, the first argument is x [N, D] (any float dtype, taken to fp32)
+    and the kernel computes the logits. Needs E = n_group groups of >= 2 experts and topk_group <= n_group
+    (what the config checks admit)."""
+    return _group_topk(logits, bias, k, n_group, topk_group, renormalise, scaling, weight, None)[:2]
+
+
+def add_rms_norm_group_topk_triton(x: Tensor, add_norm: AddNorm, bias: Tensor, k: int, n_group: int,
+                                   topk_group: int, renormalise: bool, scaling: float,
+                                   weight: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`group_topk_triton` of h = RMSNorm(x + delta) with the router `weight`, in one launch -> (index, weight,
+    h, stream), as `add_rms_norm_softmax_topk_triton`'s."""
+    return _group_topk(x, bias, k, n_group, topk_group, renormalise, scaling, weight, add_norm)
