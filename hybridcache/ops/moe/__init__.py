@@ -21,8 +21,11 @@ MAX_SORTED_PAIRS = 1024  # and up to which they take the sorted kernels
 ROUTER_MAX_EXPERTS = 4096  # experts a router kernel holds in one program's registers
 # A pre-norm decoder layer's second residual add and RMSNorm run in its mixture's router launch, where the router
 # computes its logits (`routers_triton.add_rms_norm_*`, `models/layers/routers.py` add_norm_route): one launch a
-# MoE layer fewer. Off until timed.
-FOLD_NORM = False
+# MoE layer fewer. H100, batch-1 graph steps (benchmarks/gpu/gemv_steps.sh, MODULE=moe SETTING=FOLD_NORM), replay
+# ms off against on over two calls: kimi_linear 0.6009 / 0.6024 against 0.5960 / 0.5969 (150 -> 139 launches,
+# 1,564-1,568 tok/s against 1,578-1,585), qwen3_next 0.7821 / 0.7841 against 0.7781 / 0.7797 (135 -> 123,
+# 1,219-1,224 against 1,225-1,229).
+FOLD_NORM = True
 ACTIVATIONS = ("relu2", "relu", "silu", "gelu")  # what the kernels compute, as models/layers/mlp.py names them
 
 
