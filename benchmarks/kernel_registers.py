@@ -46,15 +46,14 @@ def gdn(T: int, block_v: int | None = None, warps: int | None = None) -> None:
                       torch.arange(B), use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate)
 
 
-def kda(T: int, block_v: int | None = None, warps: int | None = None, persistent: bool | None = None) -> None:
+def kda(T: int, block_v: int | None = None, warps: int | None = None) -> None:
     """kimi_linear 1b: 16 heads of 128."""
     B, S, H, K = BATCH, BATCH, 16, 128
     gate = KDARawGate(_bf(B, T, H, K), _bf(B, T, H), torch.zeros(H), torch.zeros(H * K))
     kda_verify_triton(_bf(B, T, H, K), _bf(B, T, H, K), _bf(B, T, H, K), None, None, torch.zeros(S, H, K, K),
                       _bf(S, DRAFTS, H, K), torch.zeros(S, DRAFTS, H, K), _bf(S, DRAFTS, H, K),
                       torch.zeros(S, DRAFTS, H), torch.zeros(S, dtype=torch.int32), torch.arange(B),
-                      use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate,
-                      persistent=persistent)
+                      use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate)
 
 
 def mamba2(T: int, closed_form: bool | None = None) -> None:
@@ -107,8 +106,6 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
         for bv, warps in ((16, 1), (32, 1), (32, 2)):
             out.append((f"{op.__name__} T=4", lambda op=op, bv=bv, warps=warps: op(4, bv, warps)))
         out.append((f"{op.__name__} T=1 default", lambda op=op: op(1)))
-    for bv, warps in ((16, 1), (32, 1), (32, 2)):  # the persistent form (kda/triton_verify.py, PERSISTENT)
-        out.append(("kda T=4 persistent", lambda bv=bv, warps=warps: kda(4, bv, warps, True)))
     out += [("mamba2 T=4 default", lambda: mamba2(4)), ("mamba2 T=1 default", lambda: mamba2(1))]
     out.append(("mamba2 T=4 token by token", lambda: mamba2(4, closed_form=False)))
     for op in ("gdn", "kda", "mamba2"):

@@ -50,11 +50,10 @@ def cases(batch: int) -> dict:
                 b=torch.zeros(S, T - 1, H, device=DEV), n=torch.full((S,), T - 1, dtype=torch.int32, device=DEV))
     none_pending = torch.zeros_like(pend["n"])
 
-    def kda(pending: torch.Tensor, n: int = T, persistent: bool | None = None):
+    def kda(pending: torch.Tensor, n: int = T):
         return lambda bv, w: kda_verify_triton(q[:, :n, :H], k[:, :n], v[:, :n, :H], gk[:, :n], beta[:, :n, :H], kssm,
                                                pend["k"], pend["g"], pend["v"], pend["b"], pending, slots,
-                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w,
-                                               persistent=persistent)
+                                               use_qk_l2norm_in_kernel=True, block_v=bv, num_warps=w)
 
     raw = RawGate(r(batch, T, HV), r(batch, T, HV), torch.zeros(HV, device=DEV), torch.zeros(HV, device=DEV))
 
@@ -83,7 +82,6 @@ def cases(batch: int) -> dict:
            for cap in (0, 128, 144, 168, 192)},
         "kda verify T=4": kda(pend["n"]),
         "kda verify T=4 n=0": kda(none_pending),
-        "kda verify T=4 persistent": kda(pend["n"], persistent=True),  # several items a program, tiles loaded ahead
         "gdn verify T=1": gdn(1),  # the speculative engine's one-token step
         "kda verify T=1 n=0": kda(none_pending, 1),
     }

@@ -1,6 +1,5 @@
 """The verify kernels' launch options against their defaults, on the same pools and inputs: GDN's state products
-in bf16 or tf32 (against the reference, within its tolerances), GDN's register cap and KDA's persistent grid (the
-same bits). Pools, slots, NaN fill and tolerances as in tests/ops/test_delta_rule_verify_triton.py, whose helpers
+in bf16 or tf32 (against the reference, within its tolerances) and GDN's register cap (the same bits). Pools, slots, NaN fill and tolerances as in tests/ops/test_delta_rule_verify_triton.py, whose helpers
 and cases these tests use.
 """
 import pytest
@@ -15,10 +14,9 @@ if not triton_testable(torch.empty(0, device="cpu" if interpreting() or not torc
 
 from hybridcache.ops.gdn import triton_verify as gdn_triton_verify  # noqa: E402
 from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
-from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 from tests.ops import test_delta_rule_verify_triton as verify_cases  # noqa: E402
 from tests.ops.test_delta_rule_verify_triton import (  # noqa: E402
-    DEVICE, GDN_ROLES, H, HV, KDA_CASES, KDA_ROLES, SLOTS, copies, gdn_pools, gdn_run, kda_pools, kda_run, qk_inputs)
+    DEVICE, GDN_ROLES, HV, SLOTS, copies, gdn_pools, gdn_run, qk_inputs)
 
 
 @pytest.mark.parametrize("bf16_state", [False, True])
@@ -57,24 +55,3 @@ def test_gdn_register_cap_from_sixteen_programs_an_sm(monkeypatch):
     assert gdn_triton_verify.register_cap(16 * 132, cuda) == 168
     assert gdn_triton_verify.register_cap(64 * 32 * 2, cuda) == 168  # batch 64
     assert gdn_triton_verify.register_cap(10 ** 6, torch.device("cpu")) == 0
-
-
-@pytest.mark.parametrize("warps_per_sm", [1, 3])
-@pytest.mark.parametrize("T,P,K,V,dtype,norm", [KDA_CASES[2], KDA_CASES[5]])
-def test_kda_persistent_verify_gives_the_same_bits(monkeypatch, warps_per_sm, T, P, K, V, dtype, norm):
-    """The persistent form (a fixed grid, several items a program, the next tile loaded ahead) against one
-    program an item at the same tiling: outputs and every role bit for bit, padding rows among the items, one and
-    three value blocks, 4 and 12 programs (the interpreter counts 4 SMs) over 12 and 36 items."""
-    from hybridcache.ops.kda import triton_verify as kda_module
-
-    monkeypatch.setattr(kda_module, "PERSISTENT_WARPS_PER_SM", warps_per_sm)
-    before = kda_pools(P, K, V, dtype)
-    plain, persistent = copies(before, DEVICE), copies(before, DEVICE)
-    x = [t.to(DEVICE) for t in qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)]
-    slots = torch.tensor(SLOTS, device=DEVICE)
-    kw = dict(use_qk_l2norm_in_kernel=norm, block_v=kda_module.PERSISTENT_BLOCK_V)
-    o = kda_run(kda_verify_triton, x, plain, slots, **kw, persistent=False)
-    o_persistent = kda_run(kda_verify_triton, x, persistent, slots, **kw, persistent=True)
-    assert torch.equal(o, o_persistent)
-    for r in KDA_ROLES:
-        assert torch.equal(plain[r].nan_to_num(), persistent[r].nan_to_num()), r

@@ -9,23 +9,11 @@ import triton.language as tl
 from torch import Tensor
 
 from ..delta_rule_triton import kda_raw_gate, unit_last
-from ..delta_rule_verify_triton import (key_l2norm, pending_row, slot_pending, state_tile, tile_pointers,
-                                       verify_tile_sizes, verify_warps)
+from ..delta_rule_verify_triton import key_l2norm, pending_row, state_tile, verify_tile_sizes, verify_warps
 from ..pdl_triton import pdl_entry, pdl_launch
-from ..triton_support import num_sms
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
-
-# The verify as a fixed grid of programs that each take several (row, head, value block) items, the next item's
-# tile loading while this one's passes run (`_kda_verify_kernel` with PERSISTENT), not one program an item; off until
-# timed. Its grid: PERSISTENT_WARPS_PER_SM warps an SM (one warp of up to 255 registers a thread: 8 fit an SM);
-# its tile PERSISTENT_BLOCK_V value columns unless given (two tiles live at once: at sm_90, one warp, 16 columns
-# spill 12 bytes a thread, 32 columns 1,104; benchmarks/kernel_registers.py).
-PERSISTENT = False
-PERSISTENT_WARPS_PER_SM = 8
-PERSISTENT_BLOCK_V = 16
-
 
 @triton.jit
 def _decay_rows(h, d, g):
@@ -107,19 +95,10 @@ def _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
 
 
 @triton.jit
-def _item(slot_ptr, item, items, H: tl.constexpr, NVB: tl.constexpr):
-    """Work item `item` (clamped below `items`) of the persistent kernel as (row, head, value block, the row's
-    slot as stored: negative for padding)."""
-    item = tl.minimum(item, items - 1)
-    row = (item // (H * NVB)).to(tl.int64)
-    return row, (item // NVB) % H, item % NVB, tl.load(slot_ptr + row).to(tl.int64)
-
-
-@triton.jit
 def _kda_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
     ssm_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, n_ptr, slot_ptr,
-    scale, items,
+    scale,
     s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
     s_ss, s_sh, s_sk, s_sv,
     s_ks, s_kp, s_kh, s_kk,
@@ -129,15 +108,11 @@ def _kda_verify_kernel(
     s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
-    PERSISTENT: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]. One
-    program an item (row, head, value block) on a grid (B, H, NVB), or with PERSISTENT the items, item = (row·H +
-    head)·NVB + block (`items` of them), taken by a fixed grid: a program takes items pid, pid + programs, …, and
-    issues the next item's tile loads before this one's passes (a load in flight while the program computes), its
-    slot read one item earlier still (the tile's address waits on it). Items are distinct tiles, and no item
-    writes what another reads.
+    program an item (row, head, value block) on a grid (B, H, NVB).
 
     The rows' decays are kept as a scale d beside the tile, the state diag(d)·h: hᵀk = hᵀ(d⊙k), the update
     h += (k/d)·uᵀ, hᵀq = hᵀ(d⊙q); three passes over the tile a token (two a pending draft), and one more to store
@@ -164,37 +139,21 @@ def _kda_verify_kernel(
     101.3 / 383.5, 168 131.1 / 491.5, 128 206.6 / 784.1 (benchmarks/tune_delta_rule.py in one call). Nor did
     prefetching every token's and pending draft's vectors at entry (PTX prefetch.global to L1 or L2, no registers
     held; session 46, history bea4967): H100, us at batch 16 / 64 / 256, none 21.0 / 84.3 / 313.6, L1 21.2 / 84.9
-    / 313.3, L2 21.1 / 84.7 / 313.9; the per-token loads are not what the program waits on."""
+    / 313.3, L2 21.1 / 84.7 / 313.9; the per-token loads are not what the program waits on. Nor did a persistent
+    grid (session 47, history cf476ba): 8 or 16 warps an SM, each program taking items pid, pid + programs, …, the
+    next item's tile loaded before this one's passes; H100, us at batch 16 / 64 / 256, its best tiling (16 columns
+    x 1 warp, 8 warps an SM) 25.1 / 98.6 / 362.3 against 20.9 / 84.1 / 312.1 (ops_kda.py replay ms 0.026 / 0.102 /
+    0.358 against 0.022 / 0.089 / 0.334)."""
     pdl_entry(PDL)
-    if PERSISTENT:  # items pid, pid + programs, ...; carried: their scalars and tiles (pointers are recomputed)
-        first, step = tl.program_id(0), tl.num_programs(0)
-        row, hd, vb, slot = _item(slot_ptr, first, items, H, NVB)
-        s, valid, n = slot_pending(slot, n_ptr, s_n, P)
-        h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)[6]
-        row1, hd1, vb1, slot1 = _item(slot_ptr, first + step, items, H, NVB)
-        for it in range(first, items, step):
-            row2, hd2, vb2, slot2 = _item(slot_ptr, it + 2 * step, items, H, NVB)
-            s1, valid1, n1 = slot_pending(tl.where(it + step < items, slot1, -1), n_ptr, s_n, P)  # none past the last
-            h1 = state_tile(ssm_ptr, s1, hd1, vb1, valid1, s_ss, s_sh, s_sk, s_sv, K, V, BK, BV)[6]
-            kk, k_ok, vv, v_ok, tile, ssm_tile = tile_pointers(ssm_ptr, s, hd, vb, s_ss, s_sh, s_sk, s_sv, K, V, BK,
-                                                               BV)
-            _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
-                         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr,
-                         pb_ptr, scale, s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git,
-                         s_gih, s_bib, s_bit, s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp,
-                         s_vh, s_vv, s_bs, s_bp, s_bh, T, H, K, V, BK, L2NORM, RAW_GATE)
-            row, hd, vb, s, valid, n, h = row1, hd1, vb1, s1, valid1, n1, h1
-            row1, hd1, vb1, slot1 = row2, hd2, vb2, slot2
-    else:  # one item a program
-        row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-        s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
-        kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V,
-                                                           BK, BV)
-        _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
-                     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr,
-                     scale, s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib,
-                     s_bit, s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp,
-                     s_bh, T, H, K, V, BK, L2NORM, RAW_GATE)
+    row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
+    kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V,
+                                                       BK, BV)
+    _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
+                 q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr,
+                 scale, s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib,
+                 s_bit, s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp,
+                 s_bh, T, H, K, V, BK, L2NORM, RAW_GATE)
 
 
 @triton.jit
@@ -260,7 +219,6 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
-    persistent: bool | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -268,9 +226,7 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
-    Returns o [B, T, H, V] in v's dtype (zeros for padding rows). `persistent` (default PERSISTENT): the first
-    launch in its persistent form (`_kda_verify_kernel`), PERSISTENT_BLOCK_V value columns unless `block_v`; the
-    same values bit for bit.
+    Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
     V, P = v.shape[3], pend_k.shape[1]
@@ -297,15 +253,10 @@ def kda_verify_triton(
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
-    persistent = PERSISTENT if persistent is None else persistent
-    BK, BV = verify_tile_sizes(K, V, block_v or (PERSISTENT_BLOCK_V if persistent else None), B * H, q.device)
-    warps = num_warps or verify_warps(T)
+    BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
     nvb = triton.cdiv(V, BV)
-    items = B * H * nvb
-    grid = (min(items, max(1, num_sms(q.device) * PERSISTENT_WARPS_PER_SM // warps)), 1, 1) if persistent else \
-        (B, H, nvb)
-    _kda_verify_kernel[grid](*args[:16], items, *args[16:], **shapes, BK=BK, BV=BV, NVB=nvb, PERSISTENT=persistent,
-                             num_warps=warps, **pdl_launch(q))
+    _kda_verify_kernel[(B, H, nvb)](*args, **shapes, BK=BK, BV=BV, NVB=nvb, num_warps=num_warps or verify_warps(T),
+                                    **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
             k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
