@@ -7,7 +7,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..ops.argmax import argmax
 from .device_sampler import RowParams, sample, sample_greedy
 from .request import Request, TokenLogprob
 from .scheduler import ScheduledStep
@@ -161,7 +160,7 @@ def sample_plain(rows: list[Request], logits: torch.Tensor, device: torch.device
     logits [R, V]. A row's draw counter counts its tokens still on their way back (`num_pending`), so
     it draws what the synchronous step draws."""
     if all(r.params.greedy for r in rows):
-        tokens = argmax(logits)
+        tokens = logits.argmax(-1)
     else:
         params = row_params(rows, device, positions=[len(r.output) + r.num_pending for r in rows])
         tokens = sample(logits[:, None], params)[0][:, 0]

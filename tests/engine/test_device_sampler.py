@@ -118,28 +118,3 @@ def test_upload_packs_every_field_in_one_copy():
     assert r.temperature.tolist() == [0.0, pytest.approx(0.7)] and r.top_p.tolist() == [1.0, 0.25]
     assert r.top_k.tolist() == [0, 5] and r.seed.tolist() == [-3, 2**62] and r.position.tolist() == [4, 9]
     assert r.drafts.tolist() == [[7, 0], [0, 0]] and r.num_drafts.tolist() == [1, 0]
-
-
-def test_triton_argmax_chooses_what_torch_does(monkeypatch):
-    """With `ops.argmax.TRITON_ARGMAX` on (the kernel under Triton's interpreter), `sample` and `sample_greedy`
-    give torch argmax's tokens and counts, ties among the logits included."""
-    from hybridcache.ops import argmax as argmax_op
-    from hybridcache.ops.triton_support import HAS_TRITON, interpreting, kernels_on_cpu
-
-    if not (HAS_TRITON and interpreting()):
-        pytest.skip("needs triton and TRITON_INTERPRET=1")
-    g = torch.Generator().manual_seed(5)
-    R, T, V = 6, 3, 40
-    logits = torch.randint(0, 4, (R, T, V), generator=g).float()  # many ties
-    best = logits.argmax(-1)
-    drafts = torch.where(torch.rand(R, T - 1, generator=g) < 0.7, best[:, :-1], torch.randint(0, V, (R, T - 1),
-                                                                                              generator=g))
-    params = rows(R, T, drafts=drafts)
-    expected = sample(logits, params), sample_greedy(logits, drafts)
-    monkeypatch.setattr(argmax_op, "TRITON_ARGMAX", True)
-    with kernels_on_cpu():
-        got = sample(logits, params), sample_greedy(logits, drafts)
-    for (tokens, counts), (want_tokens, want_counts) in zip(got, expected):
-        assert torch.equal(counts, want_counts)
-        for i in range(R):
-            assert torch.equal(tokens[i, :counts[i]], want_tokens[i, :want_counts[i]])

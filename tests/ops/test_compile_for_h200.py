@@ -103,15 +103,13 @@ for op in ("gdn", "kda", "mamba2"):  # a k = 3 verify and a one-token step, each
 results["mamba2_verify-stepwise"] = compiles_launches(lambda: engine_calls.mamba2(4, closed_form=False))
 for family in ("kimi_linear", "qwen3_next"):  # one token a program, as on CUDA
     results[f"router-{family}"] = compiles_launches(lambda: engine_calls.router(family, 1))
-import torch
-from hybridcache.ops.argmax_triton import argmax_triton
-results["argmax"] = compiles_launches(lambda: argmax_triton(torch.randn(2, 32000)))
 spills = {}
 for label, call in engine_calls.cases():  # the tilings the engine launches: spill-store bytes a thread
     if "default" in label or label.startswith("router"):
         with captured_launches() as launches:
             call()
         spills[label] = ptxas_report(compile_launch(launches[0]))[1]
+import torch
 from hybridcache.ops.moe import SharedExpert, experts_sorted_triton
 
 def sorted_moe(parts, logit):
@@ -156,7 +154,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1", "gemv-rows1",
-         "gemv-rows4", "argmax"]
+         "gemv-rows4"]
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py
