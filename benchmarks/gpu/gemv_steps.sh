@@ -3,7 +3,7 @@
 # `ops/$MODULE.py`'s $SETTING (a module constant; MODULE linear unless given), back to back, by module; into $OUT.
 # By default the few-row Triton GEMM off (GEMV_ROWS 0: cuBLAS) and on (1); the first value's run compiles cold
 # (capped at 200 s). E.g. MODULE=moe SETTING=FOLD_NORM VALUES="False True"; a value may set more
-# (no spaces): VALUES="False True True;moe.FOLD_NORM=True" (`with_setting.py`).
+# (no spaces): VALUES="False True True;linear.GEMV_ROWS=0" (`with_setting.py`).
 set -u
 FAMILIES=${FAMILIES:-"nemotron_h kimi_linear"}
 MODULE=${MODULE:-linear}

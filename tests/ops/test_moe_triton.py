@@ -26,6 +26,13 @@ from hybridcache.ops.moe import (  # noqa: E402
 from hybridcache.ops.moe.sort import sort_by_expert  # noqa: E402
 from tests.ops.moe_testing import BF16, D, DEVICE, F32, I, filled, gen, launches, randn  # noqa: E402,F401
 
+@pytest.fixture(params=[False, True], ids=["down pair by pair", "down gathered"])
+def down_form(request, monkeypatch) -> bool:
+    """Kernel 2 as `_down_kernel` (the default) or `_down_gathered_kernel` (`DOWN_GATHERED`)."""
+    monkeypatch.setattr(experts_triton, "DOWN_GATHERED", request.param)
+    return request.param
+
+
 def routing(n: int, e: int, k: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """k distinct experts a token and positive weights: index, weight [n, k]."""
     g = gen(seed)
@@ -86,7 +93,7 @@ def check_forward(monkeypatch, launches, gated, dtype, e, k, n, used, entry):
 
 
 @pytest.mark.parametrize("gated, dtype, e, k, n", CASES)
-def test_experts_match_the_torch_path_and_the_loop(monkeypatch, launches, gated, dtype, e, k, n):
+def test_experts_match_the_torch_path_and_the_loop(monkeypatch, launches, gated, dtype, e, k, n, down_form):
     """Up to MAX_PAIRS the forwards take the one-pair-a-program kernels."""
     assert n * k <= MAX_PAIRS
     check_forward(monkeypatch, launches, gated, dtype, e, k, n, e, "fused_experts_triton")
@@ -167,7 +174,8 @@ def shared_reference(module, shared: GatedMLP, x, index, weight, logit: bool) ->
 
 
 @pytest.mark.parametrize("dtype, e, k, n, parts, logit, entry", SHARED_CASES)
-def test_a_shared_expert_runs_in_the_experts_kernels(monkeypatch, launches, dtype, e, k, n, parts, logit, entry):
+def test_a_shared_expert_runs_in_the_experts_kernels(monkeypatch, launches, dtype, e, k, n, parts, logit, entry,
+                                                   down_form):
     """GatedExperts with a shared GatedMLP of `parts` times a routed expert's width (with a sigmoid gate row
     where `logit`): one fused call that equals the torch path's sum and the per-token loop with the shared
     expert added last."""
@@ -208,7 +216,7 @@ def test_the_gate_logit_scales_the_shared_expert():
 
 
 @pytest.mark.parametrize("up_launch, down_launch", [((4, 16, 2), (64, 32, 8)), ((32, 64, 1), (8, 16, 4))])
-def test_each_kernels_launch_choice_leaves_the_result(up_launch, down_launch):
+def test_each_kernels_launch_choice_leaves_the_result(up_launch, down_launch, down_form):
     """`up_launch` / `down_launch` (rows, inner step, warps, one pair or token a program; the tiling sweep's
     knobs) on their own kernel, with a gated shared expert of two parts: the same sums as `_tiles`' choice
     (rows and inner steps off the sizes, so the last of each is masked)."""

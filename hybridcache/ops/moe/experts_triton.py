@@ -48,6 +48,11 @@ _SUM = tl.standard._sum_combine
 TILE = 4096  # weight elements a program reads per loop step (32 fp32 products a thread at 4 warps)
 MIN_ROWS, MAX_ROWS = 4, 64  # output rows a program
 INTERPRETER_BLOCK = 1 << 20  # weight elements a program gathers at once in the interpreter
+# Kernel 2 as `_down_gathered_kernel`: each inner step loads the rows of all of a token's pairs at once (the K
+# routed experts and the shared expert's M parts as K + M slices of I columns), where `_down_kernel` takes the
+# pairs one after another, one memory round trip each (at sm_90 its SASS issues expert j + 1's loads after expert
+# j's sums: three round trips a program for kimi_linear's batch-1 step). Off until timed.
+DOWN_GATHERED = False
 
 
 @triton.jit
@@ -182,6 +187,70 @@ def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_
     tl.store(out_ptr + out, total.to(O), mask=live[:, None] & (rows < D)[None, :])
 
 
+@triton.jit
+def _down_gathered_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_ptr, out_ptr, N, stride_we,
+                          stride_wd, stride_sd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, M: tl.constexpr,
+                          LOGIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
+                          BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, PDL: tl.constexpr):
+    """`_down_kernel`'s output with a token's K + M pairs as one gather: pair j < K reads routed expert e_j's rows,
+    pair K + s the shared expert's columns s·I .. s·I + I (h's row n·(K + M) + K + s holds their inputs), all in
+    each inner step ([BLOCK_N, BLOCK_J, BLOCK_ROWS, BLOCK_IN], BLOCK_J >= K + M); then the routed sums in k
+    order and the shared expert's M partial sums added in fp32, with `_down_kernel`'s roundings."""
+    pdl_entry(PDL)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] tokens
+    rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    jj = tl.arange(0, BLOCK_J)
+    live = n < N
+    n = n.to(tl.int64)
+    KP: tl.constexpr = K + M  # pairs a token
+    routed = (jj < K)[None, :]  # [1, BLOCK_J]
+    pair_ok = live[:, None] & (jj < KP)[None, :]  # [BLOCK_N, BLOCK_J]
+    choice = n[:, None] * K + jj[None, :]
+    e = tl.load(index_ptr + choice, mask=live[:, None] & routed, other=0).to(tl.int64)
+    weights = tl.load(weight_ptr + choice, mask=live[:, None] & routed, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_J]
+    if LOGIT:  # read with the rest, not after the sums (one memory round trip a program)
+        gate = tl.load(logit_ptr + n, mask=live, other=0.0)
+    r = rows.to(tl.int64)[None, None, :]
+    w_rows = tl.where(routed[:, :, None], down_ptr + e[:, :, None] * stride_we + r * stride_wd,
+                      shared_down_ptr + ((jj - K).to(tl.int64) * I)[None, :, None] + r * stride_sd)
+    w_ok = pair_ok[:, :, None] & (rows < D)[None, None, :]  # [BLOCK_N, BLOCK_J, BLOCK_ROWS]
+    h_rows = h_ptr + (n[:, None] * KP + jj[None, :]) * I  # [BLOCK_N, BLOCK_J]
+    acc = tl.full([BLOCK_N, BLOCK_J, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
+    for c0 in tl.static_range(0, I, BLOCK_IN):  # unrolled: every step's loads can issue before the sums
+        c = c0 + tl.arange(0, BLOCK_IN)
+        c_ok = c < I
+        hv = tl.load(h_rows[:, :, None] + c[None, None, :], mask=pair_ok[:, :, None] & c_ok[None, None, :], other=0.0)
+        w_mask = w_ok[:, :, :, None] & c_ok[None, None, None, :]
+        w = tl.load(w_rows[:, :, :, None] + c[None, None, None, :], mask=w_mask, other=0.0)
+        acc += w.to(tl.float32) * hv.to(tl.float32)[:, :, None, :]
+    y_pairs = tl.reduce(acc, 3, _SUM)  # [BLOCK_N, BLOCK_J, BLOCK_ROWS]
+    W: tl.constexpr = down_ptr.dtype.element_ty
+    O: tl.constexpr = out_ptr.dtype.element_ty
+    total = tl.full([BLOCK_N, BLOCK_ROWS], 0.0, tl.float32)
+    for j in tl.static_range(K + (M > 0)):
+        if j < K:  # pair j alone (the other pairs' terms are zeros: exact)
+            y = tl.reduce(tl.where((jj == j)[None, :, None], y_pairs, 0.0), 1, _SUM)
+        else:  # the shared expert: its M parts' sums
+            y = tl.reduce(tl.where((jj >= K)[None, :, None], y_pairs, 0.0), 1, _SUM)
+        if W != tl.float32:  # the GEMM's output in W, then in O (`_round` only where narrower than fp32)
+            y = _round(y, W)
+        if O != tl.float32 and O != W:
+            y = _round(y, O)
+        if j < K:  # promote(O, weight's dtype) is O or fp32: no rounding
+            y = y * tl.reduce(tl.where((jj == j)[None, :], weights, 0.0), 1, _SUM)[:, None]
+        elif LOGIT:  # sigmoid(logit) in W (= O), then the product in W; else the shared expert's weight is 1
+            g = _sigmoid(gate)
+            if W != tl.float32:
+                g = _round(g, W)
+            y = y * g[:, None]
+        if O != tl.float32:
+            total = _round(total + _round(y, O), O)
+        else:
+            total = total + y
+    out = n[:, None] * D + rows[None, :]
+    tl.store(out_ptr + out, total.to(O), mask=live[:, None] & (rows < D)[None, :])
+
+
 def _tiles(count: int, rows: int, inner: int, device: torch.device) -> tuple[int, int, int]:
     """(BLOCK, BLOCK_ROWS, BLOCK_IN) for `count` programs' worth of pairs (or tokens), each an output of `rows`.
 
@@ -269,11 +338,27 @@ def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, d
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
         LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps, **pdl_launch(x))
     (block, rows, inner), warps = _launch(tiles, down_launch, N, D, I, x.device)
+    down_args = (h, index, weight, down, s.down, s.logits, out, N, down.stride(0), down.stride(1), s.stride_down)
+    if DOWN_GATHERED:
+        block_j = triton.next_power_of_2(K + s.parts)
+        block, inner = _gathered_step(block, rows, inner, block_j, x.device)
+        _down_gathered_kernel[(triton.cdiv(N, block), triton.cdiv(D, rows))](
+            *down_args, K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_J=block_j, BLOCK_ROWS=rows,
+            BLOCK_IN=inner, num_warps=warps, **pdl_launch(h))
+        return out
     _down_kernel[(triton.cdiv(N, block), triton.cdiv(D, rows))](
-        h, index, weight, down, s.down, s.logits, out, N, down.stride(0), down.stride(1), s.stride_down,
-        K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps,
-        **pdl_launch(h))
+        *down_args, K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner,
+        num_warps=warps, **pdl_launch(h))
     return out
+
+
+def _gathered_step(block: int, rows: int, inner: int, block_j: int, device: torch.device) -> tuple[int, int]:
+    """(tokens a program, inner step) of `_down_gathered_kernel` from `_down_kernel`'s tiling, its tile block_j
+    pairs deep: CUDA keeps the token and narrows the step to TILE elements of the [block_j, rows, step] tile (down
+    to 16); the interpreter keeps the step and takes fewer tokens, within INTERPRETER_BLOCK."""
+    if device.type == "cuda":
+        return block, max(16, min(inner, TILE // (block_j * rows)))
+    return max(1, min(block, INTERPRETER_BLOCK // (block_j * rows * inner))), inner
 
 
 def _launch(tiles: tuple[int, int, int] | None, launch: tuple[int, int, int] | None, count: int, rows: int,
