@@ -136,6 +136,32 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
 
 
 @triton.jit
+def _add_expert(total, y, scale, W: tl.constexpr, O: tl.constexpr):
+    """total + y·scale with the roundings of the experts' paths: y, one expert's GEMM output [BLOCK_N, R] in fp32,
+    stored in W then in O, times `scale` [BLOCK_N] (its router weight, or the shared expert's gate or 1: promote(O,
+    weight's dtype) is O or fp32, so no rounding), added to `total` in O."""
+    if W != tl.float32:  # `_round` only where narrower than fp32
+        y = _round(y, W)
+    if O != tl.float32 and O != W:
+        y = _round(y, O)
+    y = y * scale[:, None]
+    if O != tl.float32:
+        return _round(total + _round(y, O), O)
+    return total + y
+
+
+@triton.jit
+def _shared_gate(logit_ptr, n, live, W: tl.constexpr, LOGIT: tl.constexpr):
+    """The shared expert's scale [BLOCK_N]: sigmoid(logit) in W (= O) where LOGIT, else 1."""
+    if LOGIT:
+        g = _sigmoid(tl.load(logit_ptr + n, mask=live, other=0.0))
+        if W != tl.float32:
+            g = _round(g, W)
+        return g
+    return tl.full(n.shape, 1.0, tl.float32)
+
+
+@triton.jit
 def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_ptr, out_ptr, N, stride_we,
                  stride_wd, stride_sd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, M: tl.constexpr,
                  LOGIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr,
@@ -167,22 +193,12 @@ def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_
             mask = row_ok & (c < INNER)[None, None, :]
             acc += tl.load(w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * \
                 hv.to(tl.float32)[:, None, :]
-        y = tl.reduce(acc, 2, _SUM)  # [BLOCK_N, R]
-        if W != tl.float32:  # the GEMM's output in W, then in O (`_round` only where narrower than fp32)
-            y = _round(y, W)
-        if O != tl.float32 and O != W:
-            y = _round(y, O)
-        if j < K:  # promote(O, weight's dtype) is O or fp32: no rounding
-            y = y * tl.load(weight_ptr + n * K + j, mask=live, other=0.0).to(tl.float32)[:, None]
-        elif LOGIT:  # sigmoid(logit) in W (= O), then the product in W; else the shared expert's weight is 1
-            g = _sigmoid(tl.load(logit_ptr + n, mask=live, other=0.0))
-            if W != tl.float32:
-                g = _round(g, W)
-            y = y * g[:, None]
-        if O != tl.float32:
-            total = _round(total + _round(y, O), O)
+        y = tl.reduce(acc, 2, _SUM)  # [BLOCK_N, R]; the scale read after it, as few registers live as can be
+        if j < K:
+            scale = tl.load(weight_ptr + n * K + j, mask=live, other=0.0).to(tl.float32)
         else:
-            total = total + y
+            scale = _shared_gate(logit_ptr, n, live, W, LOGIT)
+        total = _add_expert(total, y, scale, W, O)
     out = n[:, None] * D + rows[None, :]
     tl.store(out_ptr + out, total.to(O), mask=live[:, None] & (rows < D)[None, :])
 
@@ -208,8 +224,9 @@ def _down_gathered_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_pt
     choice = n[:, None] * K + jj[None, :]
     e = tl.load(index_ptr + choice, mask=live[:, None] & routed, other=0).to(tl.int64)
     weights = tl.load(weight_ptr + choice, mask=live[:, None] & routed, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_J]
-    if LOGIT:  # read with the rest, not after the sums (one memory round trip a program)
-        gate = tl.load(logit_ptr + n, mask=live, other=0.0)
+    W: tl.constexpr = down_ptr.dtype.element_ty
+    O: tl.constexpr = out_ptr.dtype.element_ty
+    gate = _shared_gate(logit_ptr, n, live, W, LOGIT)  # read with the rest, before the sums
     r = rows.to(tl.int64)[None, None, :]
     w_rows = tl.where(routed[:, :, None], down_ptr + e[:, :, None] * stride_we + r * stride_wd,
                       shared_down_ptr + ((jj - K).to(tl.int64) * I)[None, :, None] + r * stride_sd)
@@ -224,29 +241,15 @@ def _down_gathered_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_pt
         w = tl.load(w_rows[:, :, :, None] + c[None, None, None, :], mask=w_mask, other=0.0)
         acc += w.to(tl.float32) * hv.to(tl.float32)[:, :, None, :]
     y_pairs = tl.reduce(acc, 3, _SUM)  # [BLOCK_N, BLOCK_J, BLOCK_ROWS]
-    W: tl.constexpr = down_ptr.dtype.element_ty
-    O: tl.constexpr = out_ptr.dtype.element_ty
     total = tl.full([BLOCK_N, BLOCK_ROWS], 0.0, tl.float32)
     for j in tl.static_range(K + (M > 0)):
         if j < K:  # pair j alone (the other pairs' terms are zeros: exact)
             y = tl.reduce(tl.where((jj == j)[None, :, None], y_pairs, 0.0), 1, _SUM)
+            scale = tl.reduce(tl.where((jj == j)[None, :], weights, 0.0), 1, _SUM)
         else:  # the shared expert: its M parts' sums
             y = tl.reduce(tl.where((jj >= K)[None, :, None], y_pairs, 0.0), 1, _SUM)
-        if W != tl.float32:  # the GEMM's output in W, then in O (`_round` only where narrower than fp32)
-            y = _round(y, W)
-        if O != tl.float32 and O != W:
-            y = _round(y, O)
-        if j < K:  # promote(O, weight's dtype) is O or fp32: no rounding
-            y = y * tl.reduce(tl.where((jj == j)[None, :], weights, 0.0), 1, _SUM)[:, None]
-        elif LOGIT:  # sigmoid(logit) in W (= O), then the product in W; else the shared expert's weight is 1
-            g = _sigmoid(gate)
-            if W != tl.float32:
-                g = _round(g, W)
-            y = y * g[:, None]
-        if O != tl.float32:
-            total = _round(total + _round(y, O), O)
-        else:
-            total = total + y
+            scale = gate
+        total = _add_expert(total, y, scale, W, O)
     out = n[:, None] * D + rows[None, :]
     tl.store(out_ptr + out, total.to(O), mask=live[:, None] & (rows < D)[None, :])
 
