@@ -231,6 +231,21 @@ def test_each_kernels_launch_choice_leaves_the_result(up_launch, down_launch, do
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+def test_up_stages_change_no_bit(monkeypatch, stages):
+    """UP_STAGES pipelines kernel 1's loads (cp.async on the GPU; the interpreter runs the loop as it is): the same
+    sums bit for bit, over several inner steps with the last one masked, a gated shared expert of two parts."""
+    e, k, n = 4, 2, 3
+    module = filled(experts.GatedExperts(e, D, I, "silu", DEVICE, BF16), seed=7)
+    shared = filled(GatedMLP(D, 2 * I, "silu", DEVICE, BF16, extra_rows=1), seed=8).as_shared_expert(gate_logit=True)
+    index, weight = routing(n, e, k, seed=9, dtype=F32)
+    args = (randn(n, D, seed=10, dtype=BF16), index, weight, module.up, module.down, module.gate, "silu", BF16)
+    launch = dict(shared=shared, up_launch=(4, 32, 4))  # D = 72 in 32-column steps
+    want = experts_triton.fused_experts_triton(*args, **launch)
+    monkeypatch.setattr(experts_triton, "UP_STAGES", stages)
+    assert torch.equal(experts_triton.fused_experts_triton(*args, **launch), want)
+
+
 def test_which_shared_experts_the_kernels_take(monkeypatch):
     """`SharedExpert.fits`: any multiple of I with the routed experts' D, dtype and gating; a width that is
     not a multiple, another dtype, a non-gated one beside gated experts, a gate row of the wrong width: no.

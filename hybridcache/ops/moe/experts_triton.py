@@ -53,6 +53,10 @@ INTERPRETER_BLOCK = 1 << 20  # weight elements a program gathers at once in the 
 # pairs one after another, one memory round trip each (at sm_90 its SASS issues expert j + 1's loads after expert
 # j's sums: three round trips a program for kimi_linear's batch-1 step). Off until timed.
 DOWN_GATHERED = False
+# Kernel 1's loop over D in Triton's software pipeline (cp.async of x, up and gate into shared memory, UP_STAGES - 1
+# steps ahead), where each step otherwise waits a memory round trip (sm_90 SASS: 2 a program at D = 2,048 in 1,024-
+# column steps); 1: none (the SASS as before). 1 until timed.
+UP_STAGES = 1
 
 
 @triton.jit
@@ -71,7 +75,8 @@ def activation(v, ACT: tl.constexpr):
 def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_ptr, logit_w_ptr, h_ptr, logit_ptr, P,
                stride_xn, stride_we, stride_wi, stride_si, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
                ACT: tl.constexpr, GATED: tl.constexpr, M: tl.constexpr, LOGIT: tl.constexpr,
-               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, PDL: tl.constexpr):
+               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, STAGES: tl.constexpr,
+               PDL: tl.constexpr):
     pdl_entry(PDL)
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BLOCK_P] pairs
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -92,7 +97,7 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
     acc_u = tl.full([BLOCK_P, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
     acc_g = tl.full([BLOCK_P, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
     acc_l = tl.full([BLOCK_P, BLOCK_IN], 0.0, tl.float32)
-    for c0 in range(0, D, BLOCK_IN):
+    for c0 in tl.range(0, D, BLOCK_IN, num_stages=STAGES):  # UP_STAGES
         c = c0 + tl.arange(0, BLOCK_IN)
         xv = tl.load(x_ptr + n[:, None] * stride_xn + c[None, :], mask=live[:, None] & (c < D)[None, :], other=0.0)
         xv = xv.to(tl.float32)
@@ -339,7 +344,8 @@ def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, d
     _up_kernel[(triton.cdiv(pairs, block), triton.cdiv(I, rows))](
         x, index, up if gate is None else gate, up, s.gate, s.up, s.logit_row, h, s.logits, pairs, x.stride(0),
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
-        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps, **pdl_launch(x))
+        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, STAGES=UP_STAGES, num_warps=warps,
+        **pdl_launch(x))
     (block, rows, inner), warps = _launch(tiles, down_launch, N, D, I, x.device)
     down_args = (h, index, weight, down, s.down, s.logits, out, N, down.stride(0), down.stride(1), s.stride_down)
     if DOWN_GATHERED:
