@@ -122,24 +122,28 @@ def _delta_rule_decode_kernel(
         else:
             dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     for t in range(T):
+        # every load of the token first: issued together, none waiting on the key norms' reductions
         q = tl.load(q_row + t * stride_qt + rk, mask=mk, other=0.0).to(tl.float32)
         k = tl.load(k_row + t * stride_kt + rk, mask=mk, other=0.0).to(tl.float32)
-        if L2NORM:
-            q = key_l2norm(q, PER_KEY_GATE)  # KDA's form or GDN's, as the verify kernels and the torch paths
-            k = key_l2norm(k, PER_KEY_GATE)
-        q = q * scale
         v = tl.load(v_row + t * stride_vt + rv, mask=mv, other=0.0).to(tl.float32)
         beta = tl.load(beta_row + t * stride_bt).to(tl.float32)
         if PER_KEY_GATE:
             g = tl.load(g_row + t * stride_gt + rk, mask=mk, other=0.0).to(tl.float32)
+        else:
+            g = tl.load(g_row + t * stride_gt).to(tl.float32)
+        if L2NORM:
+            q = key_l2norm(q, PER_KEY_GATE)  # KDA's form or GDN's, as the verify kernels and the torch paths
+            k = key_l2norm(k, PER_KEY_GATE)
+        q = q * scale
+        if PER_KEY_GATE:
             if RAW_GATE:
                 g, beta = kda_raw_gate(g, beta, neg_A, dt_bias, B_DTYPE)
             h = h * tl.exp(g)[:, None]
         elif RAW_GATE:
-            g, beta = gdn_raw_gate(tl.load(g_row + t * stride_gt).to(tl.float32), beta, neg_A, dt_bias, B_DTYPE)
+            g, beta = gdn_raw_gate(g, beta, neg_A, dt_bias, B_DTYPE)
             h = h * tl.exp(g)
         else:
-            h = h * tl.exp(tl.load(g_row + t * stride_gt).to(tl.float32))
+            h = h * tl.exp(g)
         u = beta * (v - tl.sum(h * k[:, None], 0))
         h = h + k[:, None] * u[None, :]
         o = tl.where(live, tl.sum(h * q[:, None], 0), 0.0)  # a padding row's inputs may be anything
