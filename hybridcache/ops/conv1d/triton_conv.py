@@ -82,14 +82,15 @@ def _update_kernel(
         acc += _update_seq(x_row, window, t + i, t_ok, live, c, c_ok, stride_xt, stride_xc, stride_sj, W) * w_i[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[:, None]
+    if KEEP > 0:  # the window's new columns read before y's store (y is a fresh tensor): the loads go out together
+        j = tl.arange(0, BLOCK_J)[None, :]
+        j_ok = j < KEEP
+        kept = _update_seq(x_row, window, j + 1, j_ok, live, c, c_ok, stride_xt, stride_xc, stride_sj, W)
     acc = _activate(acc, SILU)
     tl.store(y_ptr + row64 * stride_yb + t * stride_yt + c[:, None], acc.to(y_ptr.dtype.element_ty),
              mask=t_ok & c_ok[:, None])
 
     if KEEP > 0:
-        j = tl.arange(0, BLOCK_J)[None, :]
-        j_ok = j < KEEP
-        kept = _update_seq(x_row, window, j + 1, j_ok, live, c, c_ok, stride_xt, stride_xc, stride_sj, W)
         tl.debug_barrier()  # every read of the window above happens before any store below
         tl.store(window + j * stride_sj, kept.to(conv_ptr.dtype.element_ty), mask=live & j_ok & c_ok[:, None])
 
