@@ -80,6 +80,12 @@ def _rms_norm_kernel(
     m = (r // G).to(tl.int64)
     g = (r % G).to(tl.int64)
     mask = (r < rows)[:, None] & (c < D)[None, :]
+    # the weight (GROUP: this row's group's slice) read first, with x: at sm_90, read after the sum of squares or
+    # after the sum's store it went out only then, one more memory round trip a program
+    if MODE == GROUP:
+        w = tl.load(w_ptr + (g * D)[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    else:
+        w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
     x = tl.load(x_ptr + (m * stride_xm + g * stride_xg)[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
     X: tl.constexpr = x_ptr.dtype.element_ty
     if MODE != PLAIN or ADD:  # a gate: z (GROUP, SILU) or gate (SIGMOID); with ADD the delta
@@ -88,11 +94,8 @@ def _rms_norm_kernel(
     if ADD:  # the residual stream x + d, rounded as torch's add in x's dtype, kept and normalised
         x = _round(x + z, X)
         tl.store(sum_ptr + r.to(tl.int64)[:, None] * D + c[None, :], x.to(X), mask=mask)
-    if MODE == GROUP:  # gate first; the weight slice of this row's group
+    if MODE == GROUP:  # gate first
         x = x * _silu(z)
-        w = tl.load(w_ptr + (g * D)[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
-    else:
-        w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
     n = x * tl.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps)[:, None]  # mean(h²)
 
     if MODE == PLAIN:
