@@ -1,5 +1,5 @@
-"""Shared by the MoE kernel tests (`test_moe_triton.py`, `test_moe_routers_triton.py`): the device, the
-seeded inputs and the `launches` spy on the fused entry points. Import it after the module-level skip
+"""Shared by the MoE kernel tests (`test_moe_triton.py`, `test_moe_sort_and_tiles.py`, `test_moe_routers_triton.py`):
+the device, the seeded inputs and routings, and the `launches` spy on the fused entry points. Import it after the module-level skip
 (it imports the Triton kernels)."""
 import pytest
 import torch
@@ -17,6 +17,13 @@ def gen(seed: int) -> torch.Generator:
 
 def randn(*shape: int, seed: int, scale: float = 1.0, dtype: torch.dtype = F32) -> torch.Tensor:
     return (scale * torch.randn(*shape, generator=gen(seed))).to(device=DEVICE, dtype=dtype)
+
+
+def routing(n: int, e: int, k: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """k distinct experts a token and positive weights: index, weight [n, k]."""
+    g = gen(seed)
+    index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).view(n, k)
+    return index.to(DEVICE), torch.rand(n, k, generator=g).to(device=DEVICE, dtype=dtype)
 
 
 def filled(module: torch.nn.Module, seed: int) -> torch.nn.Module:
