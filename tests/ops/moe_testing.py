@@ -1,6 +1,6 @@
 """Shared by the MoE kernel tests (`test_moe_triton.py`, `test_moe_sort_and_tiles.py`, `test_moe_routers_triton.py`):
-the device, the seeded inputs and routings, and the `launches` spy on the fused entry points. Import it after the module-level skip
-(it imports the Triton kernels)."""
+the device, the seeded inputs and routings, and the `launches` spy on the fused entry points. Import it after the
+module-level skip (it imports the Triton kernels)."""
 import pytest
 import torch
 
