@@ -102,14 +102,13 @@ def gemv_triton(
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
-    num_stages: int | None = None,
     stages: int | None = None,
 ) -> Tensor:
     """`F.linear(x, weight, bias)` for x [M, K] with M <= MAX_ROWS, weight [N, K], bias [N] or None -> [M, N] in
     x's dtype; fp32 accumulation, so the values agree with cuBLAS's within one rounding of the result.
-    `block_n`, `block_k` (powers of two), `num_warps`, `num_stages`: the tiling (defaults BLOCK_N (`_block_n`),
-    BLOCK_K, NUM_WARPS, Triton's stages), which changes the result only within rounding; `stages` (default STAGES)
-    the loop's pipeline, which changes nothing in it."""
+    `block_n`, `block_k` (powers of two), `num_warps`: the tiling (defaults BLOCK_N (`_block_n`), BLOCK_K,
+    NUM_WARPS), which changes the result only within rounding; `stages` (default STAGES) the loop's pipeline, which
+    changes nothing in it (the launch's own num_stages is left at Triton's: it pipelines no loop of this kernel)."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [M, K] and [N, K]")
     M, K = x.shape
@@ -131,6 +130,6 @@ def gemv_triton(
         x, weight, weight if bias is None else bias, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
         ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None,
         STAGES=stages or STAGES,
-        num_warps=num_warps or NUM_WARPS, **({"num_stages": num_stages} if num_stages else {}), **pdl_launch(x),
+        num_warps=num_warps or NUM_WARPS, **pdl_launch(x),
     )
     return y

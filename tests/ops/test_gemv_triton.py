@@ -54,11 +54,12 @@ def test_tilings_agree(block_n, block_k, num_warps):
     torch.testing.assert_close(y.cpu(), reference(x, w, b).cpu(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(DEVICE == "cpu", reason="Triton's interpreter ignores loop stages: nothing to compare")
 @pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("stages", [2, 3])
 def test_loop_stages_change_no_bit(rows, stages):
-    """`stages` pipelines the weight loads (cp.async on the GPU; the interpreter runs the loop as it is): the
-    same products in the same order, bit for bit, over several steps with the last one masked."""
+    """`stages` pipelines the weight loads (cp.async): the same products in the same order, bit for bit, over
+    several steps with the last one masked."""
     x, w, b = inputs(rows, 40, 700, torch.bfloat16, True, seed=11)
     plain = gemv_triton(x, w, b, block_k=128, stages=1)
     assert torch.equal(gemv_triton(x, w, b, block_k=128, stages=stages), plain)

@@ -224,10 +224,11 @@ def test_each_kernels_launch_choice_leaves_the_result(up_launch, down_launch, do
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(DEVICE == "cpu", reason="Triton's interpreter ignores loop stages: nothing to compare")
 @pytest.mark.parametrize("stages", [2, 3])
 def test_up_stages_change_no_bit(monkeypatch, stages):
-    """UP_STAGES pipelines kernel 1's loads (cp.async on the GPU; the interpreter runs the loop as it is): the same
-    sums bit for bit, over several inner steps with the last one masked, a gated shared expert of two parts."""
+    """UP_STAGES pipelines kernel 1's loads (cp.async): the same sums bit for bit, over several inner steps with
+    the last one masked, a gated shared expert of two parts."""
     e, k, n = 4, 2, 3
     module = filled(experts.GatedExperts(e, D, I, "silu", DEVICE, BF16), seed=7)
     shared = filled(GatedMLP(D, 2 * I, "silu", DEVICE, BF16, extra_rows=1), seed=8).as_shared_expert(gate_logit=True)
