@@ -26,8 +26,7 @@ from hybridcache.ops.kda.gate import KDARawGate  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_decode import mamba2_decode_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton  # noqa: E402
-from hybridcache.ops.moe.routers_triton import (  # noqa: E402
-    AddNorm, add_rms_norm_group_topk_triton, add_rms_norm_softmax_topk_triton, group_topk_triton, softmax_topk_triton)
+from hybridcache.ops.moe.routers_triton import group_topk_triton, softmax_topk_triton  # noqa: E402
 
 BATCH, HIST, DRAFTS = 64, 16, 3
 BF16 = torch.bfloat16
@@ -89,17 +88,11 @@ def conv_update(T: int) -> None:
                                 "silu")
 
 
-def router(family: str, tokens: int, norm: bool = False) -> None:
-    """kimi_linear's grouped sigmoid top-2 (fp32 weight) or qwen3_next's softmax top-2 (bf16), 8 experts of 2048;
-    `norm`: with the layer's residual add and RMSNorm in the launch (ops/moe FOLD_NORM)."""
+def router(family: str, tokens: int) -> None:
+    """kimi_linear's grouped sigmoid top-2 (fp32 weight) or qwen3_next's softmax top-2 (bf16), 8 experts of 2048."""
     x = _bf(tokens, 2048)
-    add_norm = AddNorm(_bf(tokens, 2048), _bf(2048), 1e-6, family == "qwen3_next")
-    if family == "kimi_linear" and norm:
-        add_rms_norm_group_topk_triton(x, add_norm, torch.zeros(8), 2, 1, 1, True, 2.446, torch.zeros(8, 2048))
-    elif family == "kimi_linear":
+    if family == "kimi_linear":
         group_topk_triton(x, torch.zeros(8), 2, 1, 1, True, 2.446, weight=torch.zeros(8, 2048))
-    elif norm:
-        add_rms_norm_softmax_topk_triton(x, add_norm, 2, True, _bf(8, 2048))
     else:
         softmax_topk_triton(x, 2, True, weight=_bf(8, 2048))
 
@@ -120,7 +113,6 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
     out += [("conv update T=1 default", lambda: conv_update(1)), ("conv update T=4 default", lambda: conv_update(4))]
     for family in ("kimi_linear", "qwen3_next"):  # one token: as CUDA launches every batch (a program a token)
         out.append((f"router {family}", lambda f=family: router(f, 1)))
-        out.append((f"router {family} norm", lambda f=family: router(f, 1, norm=True)))
     return out
 
 

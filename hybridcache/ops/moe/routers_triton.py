@@ -77,38 +77,12 @@ def _stream(x_ptr, d_ptr, at, ok, X: tl.constexpr):
 
 
 @triton.jit
-def _normed_chunk(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, s, rstd, n, N, D, d, ZERO_CENTRED: tl.constexpr):
-    """h = RMSNorm(s) at columns d of the rows n, rounded to x's dtype; s and h stored [N, D] contiguous in it."""
-    X: tl.constexpr = x_ptr.dtype.element_ty
-    nw = tl.load(nw_ptr + d, mask=d < D, other=0.0).to(tl.float32)
-    if ZERO_CENTRED:
-        nw = 1.0 + nw
-    h = _round(s * rstd[:, None] * nw[None, :], X)
-    out = n.to(tl.int64)[:, None] * D + d[None, :]
-    ok = (n < N)[:, None] & (d < D)[None, :]
-    tl.store(s_ptr + out, s.to(X), mask=ok)
-    tl.store(h_ptr + out, h.to(X), mask=ok)
-    return h
-
-
-@triton.jit
 def _normed_logits(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stride_xn, expert, real,
-                   ZERO_CENTRED: tl.constexpr, ONE_STEP: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                   FLAT: tl.constexpr):
-    """`_logits` of h = RMSNorm(s), s = x + d (norm weight nw_ptr, `eps`), x and d rows of stride_xn: s² summed
-    first, then h formed, stored with s [N, D] contiguous in x's dtype (s_ptr, h_ptr), and multiplied, rounded as
-    stored, into W. ONE_STEP (BLOCK_D >= D): W is loaded with s, before the sum, so that its load does not wait
-    on it; else a second pass over the row forms s again (L1 hits) and loads W step by step. -> [ROWS, FLAT] fp32."""
+                   ZERO_CENTRED: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
+    """`_logits` of h = RMSNorm(s), s = x + d (norm weight nw_ptr, `eps`), x and d rows of stride_xn: a first
+    pass sums s², a second forms s again (L1 hits), stores s and h [N, D] contiguous in x's dtype (s_ptr,
+    h_ptr) and multiplies h, rounded as stored, into W. -> [ROWS, FLAT] fp32."""
     X: tl.constexpr = x_ptr.dtype.element_ty
-    if ONE_STEP:
-        d = tl.arange(0, BLOCK_D)
-        s = _stream(x_ptr, d_ptr, n.to(tl.int64)[:, None] * stride_xn + d[None, :], (n < N)[:, None] & (d < D)[None, :],
-                    X)
-        ws = tl.load(w_ptr + expert.to(tl.int64)[:, None] * D + d[None, :],
-                     mask=real[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [FLAT, BLOCK_D]
-        rstd = tl.rsqrt(tl.math.div_rn(tl.reduce(s * s, 1, _SUM), D * 1.0) + eps)  # as the norm kernel's
-        h = _normed_chunk(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, s, rstd, n, N, D, d, ZERO_CENTRED)
-        return tl.reduce(h[:, None, :] * ws[None, :, :], 2, _SUM)
     squares = tl.full([ROWS], 0.0, tl.float32)
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
@@ -121,7 +95,13 @@ def _normed_logits(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stri
         d = d0 + tl.arange(0, BLOCK_D)
         ok = (n < N)[:, None] & (d < D)[None, :]
         s = _stream(x_ptr, d_ptr, n.to(tl.int64)[:, None] * stride_xn + d[None, :], ok, X)
-        h = _normed_chunk(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, s, rstd, n, N, D, d, ZERO_CENTRED)
+        nw = tl.load(nw_ptr + d, mask=d < D, other=0.0).to(tl.float32)
+        if ZERO_CENTRED:
+            nw = 1.0 + nw
+        h = _round(s * rstd[:, None] * nw[None, :], X)
+        out = n.to(tl.int64)[:, None] * D + d[None, :]
+        tl.store(s_ptr + out, s.to(X), mask=ok)
+        tl.store(h_ptr + out, h.to(X), mask=ok)
         ws = tl.load(w_ptr + expert.to(tl.int64)[:, None] * D + d[None, :],
                      mask=real[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [FLAT, BLOCK_D]
         acc += tl.reduce(h[:, None, :] * ws[None, :, :], 2, _SUM)
@@ -132,7 +112,7 @@ def _normed_logits(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stri
 def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_n,
                          d_ptr, nw_ptr, h_ptr, s_ptr, eps,
                          E: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, FROM_X: tl.constexpr,
-                         ADD_NORM: tl.constexpr, ZERO_CENTRED: tl.constexpr, ONE_STEP: tl.constexpr,
+                         ADD_NORM: tl.constexpr, ZERO_CENTRED: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
                          PDL: tl.constexpr):
     """ADD_NORM (with FROM_X): the rows are RMSNorm(x + d) (`_normed_logits`), stored with the stream."""
@@ -144,7 +124,7 @@ def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_
         experts = tl.arange(0, BLOCK_E)
         if ADD_NORM:
             logit = _normed_logits(logits_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stride_n, experts,
-                                   experts < E, ZERO_CENTRED, ONE_STEP, ROWS, BLOCK_D, BLOCK_E)
+                                   experts < E, ZERO_CENTRED, ROWS, BLOCK_D, BLOCK_E)
         else:
             logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, experts < E, ROWS, BLOCK_D, BLOCK_E)
         X: tl.constexpr = logits_ptr.dtype.element_ty
@@ -180,7 +160,7 @@ def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D,
                        d_ptr, nw_ptr, h_ptr, s_ptr, eps,
                        G: tl.constexpr, EG: tl.constexpr, TOPG: tl.constexpr, K: tl.constexpr,
                        NORM: tl.constexpr, FROM_X: tl.constexpr, ADD_NORM: tl.constexpr, ZERO_CENTRED: tl.constexpr,
-                       ONE_STEP: tl.constexpr, ROWS: tl.constexpr, BLOCK_G: tl.constexpr,
+                       ROWS: tl.constexpr, BLOCK_G: tl.constexpr,
                        BLOCK_EG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """ADD_NORM: as `_softmax_topk_kernel`'s."""
     pdl_entry(PDL)
@@ -195,7 +175,7 @@ def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D,
         experts, real = (f // BLOCK_EG) * EG + f % BLOCK_EG, (f // BLOCK_EG < G) & (f % BLOCK_EG < EG)
         if ADD_NORM:
             logit = _normed_logits(logits_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stride_n, experts,
-                                   real, ZERO_CENTRED, ONE_STEP, ROWS, BLOCK_D, FLAT_E)
+                                   real, ZERO_CENTRED, ROWS, BLOCK_D, FLAT_E)
         else:
             logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, real, ROWS, BLOCK_D, FLAT_E)
         logit = tl.reshape(logit, [ROWS, BLOCK_G, BLOCK_EG])
@@ -308,8 +288,7 @@ def _softmax_topk(logits: Tensor, k: int, renormalise: bool, weight: Tensor | No
     N = logits.shape[0]
     if N:
         _softmax_topk_kernel[grid](rows_in, w, index, out, N, D, rows_in.stride(0), *norm_ptrs, E=E, K=k,
-                                   NORM=renormalise, FROM_X=weight is not None, **norm_flags, ONE_STEP=block_d >= D,
-                                   ROWS=rows,
+                                   NORM=renormalise, FROM_X=weight is not None, **norm_flags, ROWS=rows,
                                    BLOCK_E=block, BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d,
                                    num_warps=warps, **pdl_launch(rows_in))
     return index, out, h, stream
@@ -345,8 +324,7 @@ def _group_topk(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_group: 
     if N:
         _group_topk_kernel[grid](rows_in, w, bias, index, out, N, D, rows_in.stride(0), float(scaling), *norm_ptrs,
                                  G=n_group, EG=E // n_group, TOPG=topk_group, K=k, NORM=renormalise,
-                                 FROM_X=weight is not None, **norm_flags, ONE_STEP=block_d >= D, ROWS=rows,
-                                 BLOCK_G=block_g,
+                                 FROM_X=weight is not None, **norm_flags, ROWS=rows, BLOCK_G=block_g,
                                  BLOCK_EG=block_eg, BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d,
                                  num_warps=warps, **pdl_launch(rows_in))
     return index, out, h, stream
