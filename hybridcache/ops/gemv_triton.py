@@ -18,7 +18,6 @@ import triton.language as tl
 from torch import Tensor
 
 from .pdl_triton import pdl_entry, pdl_launch
-from .prefetch_triton import LINE_BYTES, prefetch_level, static_prefetch
 
 MAX_ROWS = 4
 # 4 x 1,024 weight elements a step: 64 bytes of loads a thread in flight at 4 warps, and 512 programs for a
@@ -34,10 +33,6 @@ NUM_WARPS = 4
 # double buffer written into the loop did not help: ptxas issues the next step's loads after this step's products.
 # 1 until timed.
 STAGES = 1
-# Before PDL's wait, each program prefetches its weight rows into L2 (every line, `prefetch_triton`): no kernel of
-# a step writes a weight, so they can stream in while the kernels before this one run (further ahead with
-# pdl_triton.EARLY_TRIGGER). Off until timed. (Loading the first two blocks into registers there instead was even.)
-PREFETCH = False
 # Triton's CPU interpreter runs programs one by one at a fixed cost each: there a program takes up to this many
 # outputs (the tiny test models' whole GEMM, in one to a few programs), the same values within summation order
 INTERPRETER_BLOCK_N = 64
@@ -66,26 +61,14 @@ def _store_row(y_ptr, b_ptr, acc, r, M, s_ym, nn, n_ok, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def static_prefetch_weight(w_ptr, N, K, s_wn, BLOCK_N: tl.constexpr, LINE: tl.constexpr, LEVEL: tl.constexpr):
-    """Prefetch every cache line of this program's BLOCK_N weight rows (LINE elements a line) at LEVEL."""
-    if LEVEL != 0:
-        rows = tl.minimum(tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-        for k0 in range(0, K, 32 * LINE):  # 32 lines a row a step: one a lane at 4 rows and 4 warps
-            cols = tl.minimum(k0 + tl.arange(0, 32) * LINE, K - 1)
-            static_prefetch(w_ptr + rows[:, None] * s_wn + cols[None, :], LEVEL)
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, STAGES: tl.constexpr,
-    LINE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """x [M, K], w [N, K], y [M, N] by their row strides (unit last); b [N] where HAS_BIAS; ROWS (1 to 4) >= M.
     One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout; the loop in STAGES stages (the same
-    products in the same order). PREFETCH (a `prefetch_triton` level): the weight rows' lines (LINE elements each)
-    prefetched before the wait."""
-    static_prefetch_weight(w_ptr, N, K, s_wn, BLOCK_N, LINE, PREFETCH)
+    products in the same order)."""
     pdl_entry(PDL)
     nn = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = nn < N
@@ -146,7 +129,7 @@ def gemv_triton(
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x, weight, weight if bias is None else bias, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
         ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None,
-        STAGES=stages or STAGES, LINE=LINE_BYTES // weight.element_size(), PREFETCH=prefetch_level(PREFETCH),
+        STAGES=stages or STAGES,
         num_warps=num_warps or NUM_WARPS, **pdl_launch(x),
     )
     return y

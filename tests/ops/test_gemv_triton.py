@@ -66,18 +66,6 @@ def test_loop_stages_change_no_bit(rows, stages):
     torch.testing.assert_close(plain.cpu(), reference(x, w, b).cpu(), atol=1e-2, rtol=8e-3)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_weight_prefetch_changes_no_bit(dtype, monkeypatch):
-    """PREFETCH (the weight rows' lines into L2 before PDL's wait) is a hint: bit for bit the same, on a weight
-    whose rows end inside a line and past the last step. In the interpreter it compiles to nothing."""
-    from hybridcache.ops import gemv_triton as module
-
-    x, w, b = inputs(2, 37, 4100, dtype, True, seed=13)
-    plain = gemv_triton(x, w, b)
-    monkeypatch.setattr(module, "PREFETCH", True)
-    assert torch.equal(gemv_triton(x, w, b), plain)
-
-
 def test_reads_strided_rows_and_weight_views():
     """x as the first columns of a wider tensor (a row stride past its width), read in place; a weight in
     column-major order (no unit last stride) is copied: both give the contiguous inputs' values, bit for bit."""
