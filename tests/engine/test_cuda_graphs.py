@@ -46,12 +46,11 @@ def test_graph_steps_give_the_eager_tokens(checkpoint, spec):
         assert graphs.num_replays == 0
 
 
-@pytest.mark.parametrize("early", [False, True], ids=["wait-first", "early-trigger"])
 @pytest.mark.parametrize("spec", SPECULATIVE)
-def test_programmatic_dependent_launch_gives_the_same_tokens(checkpoint, spec, early, monkeypatch):
+def test_programmatic_dependent_launch_gives_the_same_tokens(checkpoint, spec, monkeypatch):
     """PDL on (`pdl_triton.ENABLED`, the default; HYBRIDCACHE_PDL=0 clears it: every Triton kernel launched with
-    PDL, waiting at its entry; with EARLY_TRIGGER releasing the next launch before its wait) changes no token
-    against plain launches, eager or captured in graphs, and the launches do take PDL."""
+    PDL, waiting at its entry) changes no token against plain launches, eager or captured in graphs, and the
+    launches do take PDL."""
     from hybridcache.ops import pdl_triton
     _, path = checkpoint
     kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=4, speculative=SPECULATIVE[spec], page_size=4,
@@ -59,9 +58,7 @@ def test_programmatic_dependent_launch_gives_the_same_tokens(checkpoint, spec, e
     monkeypatch.setattr(pdl_triton, "ENABLED", False)
     plain = LLM(path, **kw).generate(PROMPTS, params())
     monkeypatch.setattr(pdl_triton, "ENABLED", True)
-    monkeypatch.setattr(pdl_triton, "EARLY_TRIGGER", early)
-    pdl = 2 if early else True
-    assert pdl_triton.pdl_launch(torch.zeros(1, device="cuda")) == {"PDL": pdl, "launch_pdl": True}
+    assert pdl_triton.pdl_launch(torch.zeros(1, device="cuda")) == {"PDL": True, "launch_pdl": True}
     for eager in (True, False):
         llm = LLM(path, enforce_eager=eager, **kw)
         assert [o.token_ids for o in llm.generate(PROMPTS, params())] == [o.token_ids for o in plain]

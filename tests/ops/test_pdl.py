@@ -24,11 +24,9 @@ def test_the_variable_is_read_when_the_module_is_imported(env, enabled):
     assert run.stdout.strip().splitlines()[-1] == str(enabled)
 
 
-@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("enabled", [False, True])
-def test_cpu_tensors_never_launch_with_pdl(enabled, early, monkeypatch):
+def test_cpu_tensors_never_launch_with_pdl(enabled, monkeypatch):
     monkeypatch.setattr(pdl_triton, "ENABLED", enabled)
-    monkeypatch.setattr(pdl_triton, "EARLY_TRIGGER", early)
     assert pdl_triton.pdl_launch(torch.zeros(2)) == {"PDL": False}
 
 
@@ -40,8 +38,6 @@ def test_cuda_launches_take_pdl_only_where_enabled(monkeypatch):
     monkeypatch.setattr(pdl_triton, "ENABLED", True)
     on = torch.cuda.get_device_capability()[0] >= 9
     assert pdl_triton.pdl_launch(t) == ({"PDL": True, "launch_pdl": True} if on else {"PDL": False})
-    monkeypatch.setattr(pdl_triton, "EARLY_TRIGGER", True)
-    assert pdl_triton.pdl_launch(t) == ({"PDL": 2, "launch_pdl": True} if on else {"PDL": False})
 
 
 def _kernels_and_launches() -> tuple[dict, list]:
