@@ -28,7 +28,12 @@ against 974 / 1,206 / 1,557 (nemotron_h's run with them on spent 22% of its 1.03
 Nor did loading a weight's first two [4, 1,024] blocks before the gemv's PDL wait (a parameter no kernel of the step
 writes, so they could stream in while the kernels before it finish; session 46, history 7e3dc2d): H100, batch-1
 graph steps, replay ms without against with, back to back (gemv_steps.sh with MODULE=gemv_triton): kimi_linear 0.60
-against 0.59, nemotron_h 0.77 against 0.77.
+against 0.59, nemotron_h 0.77 against 0.77. Nor did prefetching each program's whole weight rows into L2 there
+(prefetch.global.L2, no registers held; session 48, history 4f78000), alone or with pdl_triton's early release
+(history 74535d0): H100, tok/s without / with / with both, kimi_linear 1,589 / 1,546 / 1,489, qwen3_next 1,232 /
+1,185 / 1,129, nemotron_h 1,241 / 1,119 / 1,119. Nor did the gemv's loop in Triton's software pipeline (STAGES: the
+weight loads as cp.async into shared memory, 2 steps ahead at 3 stages; session 47, history c823c12): H100, tok/s
+1 / 3 stages, kimi_linear 1,579 / 1,433, qwen3_next 1,230 / 1,092, nemotron_h 1,243 / 1,031.
 """
 from __future__ import annotations
 

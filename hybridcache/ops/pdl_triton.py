@@ -11,6 +11,10 @@ edges. `pdl_launch(t)` gives the launch options: PDL and launch_pdl on, or PDL o
 On an H100, CUDA-graph decode steps of the 1B-class checkpoints (benchmarks/step_profile.py, same machine,
 back to back): batch 1 kimi_linear 1,445 against 1,318 tok/s, qwen3_next 1,142 against 1,055, nemotron_h
 1,050 against 994; batch 16 kimi_linear 14,465 against 13,820 (an earlier run), qwen3_next 10,597 against 10,119.
+
+Releasing the next launch before the wait instead (the next grid resident one kernel further ahead; each grid still
+waits for its predecessor, so the order is the same; session 48, history 74535d0) did not pay: H100, batch-1 graph
+steps, tok/s after / before the wait, kimi_linear 1,589 / 1,596, qwen3_next 1,232 / 1,215, nemotron_h 1,241 / 1,217.
 """
 from __future__ import annotations
 
