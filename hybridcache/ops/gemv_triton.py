@@ -27,12 +27,6 @@ MAX_ROWS = 4
 BLOCK_N = 4
 BLOCK_K = 1024
 NUM_WARPS = 4
-# Loop stages of the weight loads (Triton's software pipeline: cp.async into shared memory, STAGES - 1 steps in
-# flight ahead of the products); 1: none. Without it each step waits a memory round trip (the SASS at sm_90 issues a
-# step's loads only after the step before's products: 2 round trips a program at K = 2,048, 5 at 5,120). A register
-# double buffer written into the loop did not help: ptxas issues the next step's loads after this step's products.
-# 1 until timed.
-STAGES = 1
 # Triton's CPU interpreter runs programs one by one at a fixed cost each: there a program takes up to this many
 # outputs (the tiny test models' whole GEMM, in one to a few programs), the same values within summation order
 INTERPRETER_BLOCK_N = 64
@@ -63,12 +57,10 @@ def _store_row(y_ptr, b_ptr, acc, r, M, s_ym, nn, n_ok, HAS_BIAS: tl.constexpr):
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, STAGES: tl.constexpr,
-    PDL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):
     """x [M, K], w [N, K], y [M, N] by their row strides (unit last); b [N] where HAS_BIAS; ROWS (1 to 4) >= M.
-    One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout; the loop in STAGES stages (the same
-    products in the same order)."""
+    One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout."""
     pdl_entry(PDL)
     nn = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = nn < N
@@ -76,7 +68,7 @@ def _gemv_kernel(
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
         w = tl.load(w_ptr + nn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
@@ -102,13 +94,11 @@ def gemv_triton(
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
-    stages: int | None = None,
 ) -> Tensor:
     """`F.linear(x, weight, bias)` for x [M, K] with M <= MAX_ROWS, weight [N, K], bias [N] or None -> [M, N] in
     x's dtype; fp32 accumulation, so the values agree with cuBLAS's within one rounding of the result.
     `block_n`, `block_k` (powers of two), `num_warps`: the tiling (defaults BLOCK_N (`_block_n`), BLOCK_K,
-    NUM_WARPS), which changes the result only within rounding; `stages` (default STAGES) the loop's pipeline, which
-    changes nothing in it (the launch's own num_stages is left at Triton's: it pipelines no loop of this kernel)."""
+    NUM_WARPS), which changes the result only within rounding."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [M, K] and [N, K]")
     M, K = x.shape
@@ -129,7 +119,6 @@ def gemv_triton(
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x, weight, weight if bias is None else bias, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
         ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None,
-        STAGES=stages or STAGES,
         num_warps=num_warps or NUM_WARPS, **pdl_launch(x),
     )
     return y

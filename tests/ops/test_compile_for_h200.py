@@ -164,10 +164,10 @@ results["sigmoid_gated_add"] = compile_(activation_triton._sigmoid_gated_add_ker
     {"BLOCK": 2048})
 gemv_sig = {**{n: "*bf16" for n in ("x_ptr", "w_ptr", "b_ptr", "y_ptr")}, **{n: "i32" for n in ("M", "N", "K")},
             **{n: "i64" for n in ("s_xm", "s_wn", "s_ym")}}
-for rows, bias, stages in ((1, False, 1), (4, True, 1), (1, False, 3), (4, True, 3)):
-    results[f"gemv-rows{rows}{'-stages3' if stages > 1 else ''}"] = compile_(gemv_triton._gemv_kernel, gemv_sig, {
-        "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias,
-        "STAGES": stages}, num_warps=gemv_triton.NUM_WARPS)
+for rows, bias in ((1, False), (4, True)):
+    results[f"gemv-rows{rows}"] = compile_(gemv_triton._gemv_kernel, gemv_sig, {
+        "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias},
+        num_warps=gemv_triton.NUM_WARPS)
 print(json.dumps({"compiled": results, "spills": spills}))
 '''
 CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
@@ -178,7 +178,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1",
          "moe_pairs-shared1", "moe_pairs-shared1-gathered", "moe_pairs-shared4", "moe_pairs-shared4-gathered",
          "moe_pairs-shared1-up3", "moe_pairs-shared4-up3",
-         "gemv-rows1", "gemv-rows4", "gemv-rows1-stages3", "gemv-rows4-stages3"]
+         "gemv-rows1", "gemv-rows4"]
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py

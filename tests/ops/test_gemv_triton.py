@@ -54,18 +54,6 @@ def test_tilings_agree(block_n, block_k, num_warps):
     torch.testing.assert_close(y.cpu(), reference(x, w, b).cpu(), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(DEVICE == "cpu", reason="Triton's interpreter ignores loop stages: nothing to compare")
-@pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize("stages", [2, 3])
-def test_loop_stages_change_no_bit(rows, stages):
-    """`stages` pipelines the weight loads (cp.async): the same products in the same order, bit for bit, over
-    several steps with the last one masked."""
-    x, w, b = inputs(rows, 40, 700, torch.bfloat16, True, seed=11)
-    plain = gemv_triton(x, w, b, block_k=128, stages=1)
-    assert torch.equal(gemv_triton(x, w, b, block_k=128, stages=stages), plain)
-    torch.testing.assert_close(plain.cpu(), reference(x, w, b).cpu(), atol=1e-2, rtol=8e-3)
-
-
 def test_reads_strided_rows_and_weight_views():
     """x as the first columns of a wider tensor (a row stride past its width), read in place; a weight in
     column-major order (no unit last stride) is copied: both give the contiguous inputs' values, bit for bit."""
