@@ -81,7 +81,12 @@ def _normed_logits(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stri
                    ZERO_CENTRED: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
     """`_logits` of h = RMSNorm(s), s = x + d (norm weight nw_ptr, `eps`), x and d rows of stride_xn: a first
     pass sums s², a second forms s again (L1 hits), stores s and h [N, D] contiguous in x's dtype (s_ptr,
-    h_ptr) and multiplies h, rounded as stored, into W. -> [ROWS, FLAT] fp32."""
+    h_ptr) and multiplies h, rounded as stored, into W. -> [ROWS, FLAT] fp32.
+
+    Loading W with x and d where the row fits one step (one memory round trip fewer; session 47, history 7b9c124)
+    summed the logits in another order on an H100: the weights then differed in the last bit from the router run on
+    the stored h (4 router-norm tests failed), so it was taken back, though kimi_linear's batch-1 step replayed in
+    0.592 against 0.598 ms."""
     X: tl.constexpr = x_ptr.dtype.element_ty
     squares = tl.full([ROWS], 0.0, tl.float32)
     for d0 in range(0, D, BLOCK_D):
