@@ -132,26 +132,20 @@ results["moe_sorted-shared4-logit"] = sorted_moe(4, True)
 results["moe_sorted-shared1"] = sorted_moe(1, False)
 from hybridcache.ops.moe import experts_triton
 
-def pair_moe(parts, gathered, up_stages=1):
+def pair_moe(parts):
     """The one-pair-a-program experts' two launches for one token with a shared expert of `parts` parts (with its
-    gate logit), kernel 2 gathered or pair by pair, at the tiling they take on CUDA (kimi_linear's 1B sizes)."""
+    gate logit), at the tiling they take on CUDA (kimi_linear's 1B sizes)."""
     D, I, E, k = 2048, 512, 8, 2
     w = lambda *shape: torch.randn(*shape).to(torch.bfloat16)
     shared = SharedExpert(w(parts * I, D), w(D, parts * I), w(parts * I, D), w(D))
-    experts_triton.DOWN_GATHERED, experts_triton.UP_STAGES = gathered, up_stages
-    cuda_step = experts_triton._gathered_step
-    experts_triton._gathered_step = lambda b, r, i, j, d: cuda_step(b, r, i, j, torch.device("cuda"))
     with captured_launches() as launches:
         experts_triton.fused_experts_triton(w(1, D), torch.tensor([[1, 5]]), torch.rand(1, k), w(E, I, D), w(E, D, I),
                                             w(E, I, D), "silu", torch.bfloat16, shared=shared,
                                             up_launch=(4, 1024, 4), down_launch=(4, 512, 4))
-    experts_triton._gathered_step, experts_triton.DOWN_GATHERED, experts_triton.UP_STAGES = cuda_step, False, 1
     return len(launches) == 2 and all(ptxas_report(compile_launch(l))[1] == 0 for l in launches)
 
 for parts in (1, 4):
-    for gathered in (False, True):
-        results[f"moe_pairs-shared{parts}{'-gathered' if gathered else ''}"] = pair_moe(parts, gathered)
-    results[f"moe_pairs-shared{parts}-up3"] = pair_moe(parts, False, 3)
+    results[f"moe_pairs-shared{parts}"] = pair_moe(parts)
 results["relu2"] = compile_(activation_triton._relu2_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32"},
                            {"BLOCK": 2048})
 results["silu_mul"] = compile_(activation_triton._silu_mul_kernel, {"h_ptr": "*bf16", "y_ptr": "*bf16", "inner": "i32",
@@ -176,8 +170,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1",
-         "moe_pairs-shared1", "moe_pairs-shared1-gathered", "moe_pairs-shared4", "moe_pairs-shared4-gathered",
-         "moe_pairs-shared1-up3", "moe_pairs-shared4-up3",
+         "moe_pairs-shared1", "moe_pairs-shared4",
          "gemv-rows1", "gemv-rows4"]
 
 

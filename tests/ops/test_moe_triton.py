@@ -26,12 +26,6 @@ from hybridcache.ops.moe import (  # noqa: E402
 from hybridcache.ops.moe.sort import sort_by_expert  # noqa: E402
 from tests.ops.moe_testing import BF16, D, DEVICE, F32, I, filled, launches, randn, routing  # noqa: E402,F401
 
-@pytest.fixture(params=[False, True], ids=["down pair by pair", "down gathered"])
-def down_form(request, monkeypatch) -> bool:
-    """Kernel 2 as `_down_kernel` (the default) or `_down_gathered_kernel` (`DOWN_GATHERED`)."""
-    monkeypatch.setattr(experts_triton, "DOWN_GATHERED", request.param)
-    return request.param
-
 
 def assert_experts_close(out: torch.Tensor, ref: torch.Tensor, weight_dtype: torch.dtype,
                          max_ulps: int = 1) -> None:
@@ -86,7 +80,7 @@ def check_forward(monkeypatch, launches, gated, dtype, e, k, n, used, entry):
 
 
 @pytest.mark.parametrize("gated, dtype, e, k, n", CASES)
-def test_experts_match_the_torch_path_and_the_loop(monkeypatch, launches, gated, dtype, e, k, n, down_form):
+def test_experts_match_the_torch_path_and_the_loop(monkeypatch, launches, gated, dtype, e, k, n):
     """Up to MAX_PAIRS the forwards take the one-pair-a-program kernels."""
     assert n * k <= MAX_PAIRS
     check_forward(monkeypatch, launches, gated, dtype, e, k, n, e, "fused_experts_triton")
@@ -167,8 +161,7 @@ def shared_reference(module, shared: GatedMLP, x, index, weight, logit: bool) ->
 
 
 @pytest.mark.parametrize("dtype, e, k, n, parts, logit, entry", SHARED_CASES)
-def test_a_shared_expert_runs_in_the_experts_kernels(monkeypatch, launches, dtype, e, k, n, parts, logit, entry,
-                                                   down_form):
+def test_a_shared_expert_runs_in_the_experts_kernels(monkeypatch, launches, dtype, e, k, n, parts, logit, entry):
     """GatedExperts with a shared GatedMLP of `parts` times a routed expert's width (with a sigmoid gate row
     where `logit`): one fused call that equals the torch path's sum and the per-token loop with the shared
     expert added last."""
@@ -209,7 +202,7 @@ def test_the_gate_logit_scales_the_shared_expert():
 
 
 @pytest.mark.parametrize("up_launch, down_launch", [((4, 16, 2), (64, 32, 8)), ((32, 64, 1), (8, 16, 4))])
-def test_each_kernels_launch_choice_leaves_the_result(up_launch, down_launch, down_form):
+def test_each_kernels_launch_choice_leaves_the_result(up_launch, down_launch):
     """`up_launch` / `down_launch` (rows, inner step, warps, one pair or token a program; the tiling sweep's
     knobs) on their own kernel, with a gated shared expert of two parts: the same sums as `_tiles`' choice
     (rows and inner steps off the sizes, so the last of each is masked)."""
@@ -222,22 +215,6 @@ def test_each_kernels_launch_choice_leaves_the_result(up_launch, down_launch, do
     want = experts_triton.fused_experts_triton(*args, tiles=(1, 32, 32), shared=shared)
     got = experts_triton.fused_experts_triton(*args, shared=shared, up_launch=up_launch, down_launch=down_launch)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.skipif(DEVICE == "cpu", reason="Triton's interpreter ignores loop stages: nothing to compare")
-@pytest.mark.parametrize("stages", [2, 3])
-def test_up_stages_change_no_bit(monkeypatch, stages):
-    """UP_STAGES pipelines kernel 1's loads (cp.async): the same sums bit for bit, over several inner steps with
-    the last one masked, a gated shared expert of two parts."""
-    e, k, n = 4, 2, 3
-    module = filled(experts.GatedExperts(e, D, I, "silu", DEVICE, BF16), seed=7)
-    shared = filled(GatedMLP(D, 2 * I, "silu", DEVICE, BF16, extra_rows=1), seed=8).as_shared_expert(gate_logit=True)
-    index, weight = routing(n, e, k, seed=9, dtype=F32)
-    args = (randn(n, D, seed=10, dtype=BF16), index, weight, module.up, module.down, module.gate, "silu", BF16)
-    launch = dict(shared=shared, up_launch=(4, 32, 4))  # D = 72 in 32-column steps
-    want = experts_triton.fused_experts_triton(*args, **launch)
-    monkeypatch.setattr(experts_triton, "UP_STAGES", stages)
-    assert torch.equal(experts_triton.fused_experts_triton(*args, **launch), want)
 
 
 def test_which_shared_experts_the_kernels_take(monkeypatch):

@@ -48,15 +48,12 @@ _SUM = tl.standard._sum_combine
 TILE = 4096  # weight elements a program reads per loop step (32 fp32 products a thread at 4 warps)
 MIN_ROWS, MAX_ROWS = 4, 64  # output rows a program
 INTERPRETER_BLOCK = 1 << 20  # weight elements a program gathers at once in the interpreter
-# Kernel 2 as `_down_gathered_kernel`: each inner step loads the rows of all of a token's pairs at once (the K
-# routed experts and the shared expert's M parts as K + M slices of I columns), where `_down_kernel` takes the
-# pairs one after another, one memory round trip each (at sm_90 its SASS issues expert j + 1's loads after expert
-# j's sums: three round trips a program for kimi_linear's batch-1 step). Off until timed.
-DOWN_GATHERED = False
-# Kernel 1's loop over D in Triton's software pipeline (cp.async of x, up and gate into shared memory, UP_STAGES - 1
-# steps ahead), where each step otherwise waits a memory round trip (sm_90 SASS: 2 a program at D = 2,048 in 1,024-
-# column steps); 1: none (the SASS as before). 1 until timed.
-UP_STAGES = 1
+# Kernel 2 as one gather did not pay (DOWN_GATHERED: a token's routed experts and shared-expert parts read as one
+# [pairs, rows, step] tile a step, where `_down_kernel` takes the pairs one memory round trip after another; history
+# c823c12): H100, batch-1 CUDA-graph decode steps (benchmarks/gpu/gemv_steps.sh), tok/s off / on, kimi_linear 1,579
+# and 1,594 (two off runs) / 1,574 (replay 0.59 / 0.60 ms), qwen3_next 1,230 and 1,225 / 1,203 (0.78 / 0.79 ms).
+# Nor did kernel 1's loop in Triton's software pipeline with it (UP_STAGES 3: cp.async 2 steps ahead): kimi_linear
+# 1,523, qwen3_next 1,196 tok/s.
 
 
 @triton.jit
@@ -75,8 +72,7 @@ def activation(v, ACT: tl.constexpr):
 def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_ptr, logit_w_ptr, h_ptr, logit_ptr, P,
                stride_xn, stride_we, stride_wi, stride_si, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
                ACT: tl.constexpr, GATED: tl.constexpr, M: tl.constexpr, LOGIT: tl.constexpr,
-               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, STAGES: tl.constexpr,
-               PDL: tl.constexpr):
+               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, PDL: tl.constexpr):
     pdl_entry(PDL)
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BLOCK_P] pairs
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -97,7 +93,7 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
     acc_u = tl.full([BLOCK_P, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
     acc_g = tl.full([BLOCK_P, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
     acc_l = tl.full([BLOCK_P, BLOCK_IN], 0.0, tl.float32)
-    for c0 in tl.range(0, D, BLOCK_IN, num_stages=STAGES):  # UP_STAGES
+    for c0 in range(0, D, BLOCK_IN):
         c = c0 + tl.arange(0, BLOCK_IN)
         xv = tl.load(x_ptr + n[:, None] * stride_xn + c[None, :], mask=live[:, None] & (c < D)[None, :], other=0.0)
         xv = xv.to(tl.float32)
@@ -208,57 +204,6 @@ def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_
     tl.store(out_ptr + out, total.to(O), mask=live[:, None] & (rows < D)[None, :])
 
 
-@triton.jit
-def _down_gathered_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_ptr, out_ptr, N, stride_we,
-                          stride_wd, stride_sd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, M: tl.constexpr,
-                          LOGIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
-                          BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, PDL: tl.constexpr):
-    """`_down_kernel`'s output with a token's K + M pairs as one gather: pair j < K reads routed expert e_j's rows,
-    pair K + s the shared expert's columns s·I .. s·I + I (h's row n·(K + M) + K + s holds their inputs), all in
-    each inner step ([BLOCK_N, BLOCK_J, BLOCK_ROWS, BLOCK_IN], BLOCK_J >= K + M); then the routed sums in k
-    order and the shared expert's M partial sums added in fp32, with `_down_kernel`'s roundings."""
-    pdl_entry(PDL)
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] tokens
-    rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    jj = tl.arange(0, BLOCK_J)
-    live = n < N
-    n = n.to(tl.int64)
-    KP: tl.constexpr = K + M  # pairs a token
-    routed = (jj < K)[None, :]  # [1, BLOCK_J]
-    pair_ok = live[:, None] & (jj < KP)[None, :]  # [BLOCK_N, BLOCK_J]
-    choice = n[:, None] * K + jj[None, :]
-    e = tl.load(index_ptr + choice, mask=live[:, None] & routed, other=0).to(tl.int64)
-    weights = tl.load(weight_ptr + choice, mask=live[:, None] & routed, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_J]
-    W: tl.constexpr = down_ptr.dtype.element_ty
-    O: tl.constexpr = out_ptr.dtype.element_ty
-    gate = _shared_gate(logit_ptr, n, live, W, LOGIT)  # read with the rest, before the sums
-    r = rows.to(tl.int64)[None, None, :]
-    w_rows = tl.where(routed[:, :, None], down_ptr + e[:, :, None] * stride_we + r * stride_wd,
-                      shared_down_ptr + ((jj - K).to(tl.int64) * I)[None, :, None] + r * stride_sd)
-    w_ok = pair_ok[:, :, None] & (rows < D)[None, None, :]  # [BLOCK_N, BLOCK_J, BLOCK_ROWS]
-    h_rows = h_ptr + (n[:, None] * KP + jj[None, :]) * I  # [BLOCK_N, BLOCK_J]
-    acc = tl.full([BLOCK_N, BLOCK_J, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
-    for c0 in tl.static_range(0, I, BLOCK_IN):  # unrolled: every step's loads can issue before the sums
-        c = c0 + tl.arange(0, BLOCK_IN)
-        c_ok = c < I
-        hv = tl.load(h_rows[:, :, None] + c[None, None, :], mask=pair_ok[:, :, None] & c_ok[None, None, :], other=0.0)
-        w_mask = w_ok[:, :, :, None] & c_ok[None, None, None, :]
-        w = tl.load(w_rows[:, :, :, None] + c[None, None, None, :], mask=w_mask, other=0.0)
-        acc += w.to(tl.float32) * hv.to(tl.float32)[:, :, None, :]
-    y_pairs = tl.reduce(acc, 3, _SUM)  # [BLOCK_N, BLOCK_J, BLOCK_ROWS]
-    total = tl.full([BLOCK_N, BLOCK_ROWS], 0.0, tl.float32)
-    for j in tl.static_range(K + (M > 0)):
-        if j < K:  # pair j alone (the other pairs' terms are zeros: exact)
-            y = tl.reduce(tl.where((jj == j)[None, :, None], y_pairs, 0.0), 1, _SUM)
-            scale = tl.reduce(tl.where((jj == j)[None, :], weights, 0.0), 1, _SUM)
-        else:  # the shared expert: its M parts' sums
-            y = tl.reduce(tl.where((jj >= K)[None, :, None], y_pairs, 0.0), 1, _SUM)
-            scale = gate
-        total = _add_expert(total, y, scale, W, O)
-    out = n[:, None] * D + rows[None, :]
-    tl.store(out_ptr + out, total.to(O), mask=live[:, None] & (rows < D)[None, :])
-
-
 def _tiles(count: int, rows: int, inner: int, device: torch.device) -> tuple[int, int, int]:
     """(BLOCK, BLOCK_ROWS, BLOCK_IN) for `count` programs' worth of pairs (or tokens), each an output of `rows`.
 
@@ -344,30 +289,13 @@ def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, d
     _up_kernel[(triton.cdiv(pairs, block), triton.cdiv(I, rows))](
         x, index, up if gate is None else gate, up, s.gate, s.up, s.logit_row, h, s.logits, pairs, x.stride(0),
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
-        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, STAGES=UP_STAGES, num_warps=warps,
-        **pdl_launch(x))
+        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps, **pdl_launch(x))
     (block, rows, inner), warps = _launch(tiles, down_launch, N, D, I, x.device)
-    down_args = (h, index, weight, down, s.down, s.logits, out, N, down.stride(0), down.stride(1), s.stride_down)
-    if DOWN_GATHERED:
-        block_j = triton.next_power_of_2(K + s.parts)
-        block, inner = _gathered_step(block, rows, inner, block_j, x.device)
-        _down_gathered_kernel[(triton.cdiv(N, block), triton.cdiv(D, rows))](
-            *down_args, K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_J=block_j, BLOCK_ROWS=rows,
-            BLOCK_IN=inner, num_warps=warps, **pdl_launch(h))
-        return out
     _down_kernel[(triton.cdiv(N, block), triton.cdiv(D, rows))](
-        *down_args, K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner,
-        num_warps=warps, **pdl_launch(h))
+        h, index, weight, down, s.down, s.logits, out, N, down.stride(0), down.stride(1), s.stride_down,
+        K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps,
+        **pdl_launch(h))
     return out
-
-
-def _gathered_step(block: int, rows: int, inner: int, block_j: int, device: torch.device) -> tuple[int, int]:
-    """(tokens a program, inner step) of `_down_gathered_kernel` from `_down_kernel`'s tiling, its tile block_j
-    pairs deep: CUDA keeps the token and narrows the step to TILE elements of the [block_j, rows, step] tile (down
-    to 16); the interpreter keeps the step and takes fewer tokens, within INTERPRETER_BLOCK."""
-    if device.type == "cuda":
-        return block, max(16, min(inner, TILE // (block_j * rows)))
-    return max(1, min(block, INTERPRETER_BLOCK // (block_j * rows * inner))), inner
 
 
 def _launch(tiles: tuple[int, int, int] | None, launch: tuple[int, int, int] | None, count: int, rows: int,
