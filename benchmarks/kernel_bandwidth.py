@@ -54,14 +54,18 @@ def kernel_rows(lines) -> list[dict]:
     if not rows:
         return []
     header, launches = rows[0], rows[1:]
-    col = {name: header.index(name) for name in ("Kernel Name", TIME, READ, WRITE)}
+    names = [n for n in ("Kernel Name", "Function Name", "Demangled Name") if n in header]
+    missing = [m for m in (TIME, READ, WRITE) if m not in header]
+    if not names or missing:
+        raise ValueError(f"ncu's CSV lacks {missing or 'a kernel name column'}: its columns are {header}")
+    col = {m: header.index(m) for m in (TIME, READ, WRITE)}
     out = []
     for r in launches:
         try:
             ns, read, write = (float(r[col[m]].replace(",", "")) for m in (TIME, READ, WRITE))
         except ValueError:  # the units row under the header
             continue
-        out.append(dict(name=r[col["Kernel Name"]], ns=ns, bytes=read + write))
+        out.append(dict(name=r[header.index(names[0])], ns=ns, bytes=read + write))
     return out
 
 

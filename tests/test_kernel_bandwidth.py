@@ -34,3 +34,8 @@ def test_sums_each_kernel_and_ranks_by_time_over_the_bandwidth():
 
 def test_no_kernel_rows_gives_nothing():
     assert kernel_rows(["==PROF== No kernels were profiled."]) == []
+
+
+def test_a_csv_without_the_metrics_says_what_it_has():
+    with pytest.raises(ValueError, match="dram__bytes_write.sum"):
+        kernel_rows(['"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum"', '"0","k","1","2"'])
