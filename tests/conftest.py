@@ -58,6 +58,9 @@ def pytest_configure(config) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:  # a test module's SLOW_CASES: the ids of parametrised cases marked slow
+        if any(case in item.name for case in getattr(getattr(item, "module", None), "SLOW_CASES", ())):
+            item.add_marker(pytest.mark.slow)
     if config.getoption("--runslow") or os.environ.get("HYBRIDCACHE_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: pass --runslow or set HYBRIDCACHE_SLOW=1")
