@@ -137,32 +137,6 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
 
 
 @triton.jit
-def _add_expert(total, y, scale, W: tl.constexpr, O: tl.constexpr):
-    """total + y·scale with the roundings of the experts' paths: y, one expert's GEMM output [BLOCK_N, R] in fp32,
-    stored in W then in O, times `scale` [BLOCK_N] (its router weight, or the shared expert's gate or 1: promote(O,
-    weight's dtype) is O or fp32, so no rounding), added to `total` in O."""
-    if W != tl.float32:  # `_round` only where narrower than fp32
-        y = _round(y, W)
-    if O != tl.float32 and O != W:
-        y = _round(y, O)
-    y = y * scale[:, None]
-    if O != tl.float32:
-        return _round(total + _round(y, O), O)
-    return total + y
-
-
-@triton.jit
-def _shared_gate(logit_ptr, n, live, W: tl.constexpr, LOGIT: tl.constexpr):
-    """The shared expert's scale [BLOCK_N]: sigmoid(logit) in W (= O) where LOGIT, else 1."""
-    if LOGIT:
-        g = _sigmoid(tl.load(logit_ptr + n, mask=live, other=0.0))
-        if W != tl.float32:
-            g = _round(g, W)
-        return g
-    return tl.full(n.shape, 1.0, tl.float32)
-
-
-@triton.jit
 def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_ptr, out_ptr, N, stride_we,
                  stride_wd, stride_sd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, M: tl.constexpr,
                  LOGIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr,
@@ -194,12 +168,22 @@ def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_
             mask = row_ok & (c < INNER)[None, None, :]
             acc += tl.load(w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * \
                 hv.to(tl.float32)[:, None, :]
-        y = tl.reduce(acc, 2, _SUM)  # [BLOCK_N, R]; the scale read after it, as few registers live as can be
-        if j < K:
-            scale = tl.load(weight_ptr + n * K + j, mask=live, other=0.0).to(tl.float32)
+        y = tl.reduce(acc, 2, _SUM)  # [BLOCK_N, R]
+        if W != tl.float32:  # the GEMM's output in W, then in O (`_round` only where narrower than fp32)
+            y = _round(y, W)
+        if O != tl.float32 and O != W:
+            y = _round(y, O)
+        if j < K:  # promote(O, weight's dtype) is O or fp32: no rounding
+            y = y * tl.load(weight_ptr + n * K + j, mask=live, other=0.0).to(tl.float32)[:, None]
+        elif LOGIT:  # sigmoid(logit) in W (= O), then the product in W; else the shared expert's weight is 1
+            g = _sigmoid(tl.load(logit_ptr + n, mask=live, other=0.0))
+            if W != tl.float32:
+                g = _round(g, W)
+            y = y * g[:, None]
+        if O != tl.float32:
+            total = _round(total + _round(y, O), O)
         else:
-            scale = _shared_gate(logit_ptr, n, live, W, LOGIT)
-        total = _add_expert(total, y, scale, W, O)
+            total = total + y
     out = n[:, None] * D + rows[None, :]
     tl.store(out_ptr + out, total.to(O), mask=live[:, None] & (rows < D)[None, :])
 
