@@ -11,7 +11,7 @@ copy=$(python3 -c "from benchmarks.ops_gdn import copy_bandwidth; print(round(co
 echo "copy bandwidth (read + write): $copy GB/s"
 for f in $FAMILIES; do
   echo "== $f"
-  timeout 200 $NCU --profile-from-start off --graph-profiling node --clock-control none --print-units base --csv \
+  timeout ${FAMILY_TIMEOUT:-200} $NCU --profile-from-start off --graph-profiling node --clock-control none --print-units base --csv \
       --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
       python3 benchmarks/kernel_bandwidth.py run --family $f > $OUT/ncu-$f-bs1.csv 2> $OUT/ncu-$f-bs1.err
   tail -3 $OUT/ncu-$f-bs1.err | grep -v "^$"
