@@ -42,11 +42,11 @@ class _Hold:
         global _held, _previous
         if threading.get_ident() != threading.main_thread().ident:
             return
-        self.depth += 1
-        if self.depth == 1:
+        if self.depth == 0:
             if _signal.getsignal(signal.SIGINT) is not _on_sigint:
                 _previous = signal.signal(signal.SIGINT, _on_sigint)
-            _held = True
+            _held = True  # from here a SIGINT only sets a flag: the count below cannot be torn
+        self.depth += 1
 
     def __exit__(self, *exc: object) -> None:
         global _held, _received
@@ -54,7 +54,7 @@ class _Hold:
             return
         self.depth -= 1
         if self.depth == 0:
-            _held = False
+            _held = False  # the count is settled first: a SIGINT from here raises at once
             if _received:
                 _received = False
                 _deliver(signal.SIGINT, None)

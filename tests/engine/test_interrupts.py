@@ -1,5 +1,6 @@
 """SIGINT holds (hybridcache/engine/interrupts.py): held inside, raised at the end, untouched outside."""
 import signal
+import threading
 
 import pytest
 
@@ -39,3 +40,24 @@ def test_the_application_handler_still_runs_outside_holds():
     assert calls == [signal.SIGINT]  # delivered to the application's handler when the hold ended
     signal.raise_signal(signal.SIGINT)
     assert calls == [signal.SIGINT, signal.SIGINT]
+
+
+def test_holds_defer_again_after_one_was_raised_and_other_threads_do_not_hold():
+    for _ in range(2):  # the nesting count is back at zero after the raise: the next hold takes effect again
+        with pytest.raises(KeyboardInterrupt):
+            with deferred_interrupts():
+                with deferred_interrupts():
+                    signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGINT)  # still held by the outer hold
+    seen = []
+
+    def other_thread():
+        with deferred_interrupts():
+            seen.append("ran")
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert seen == ["ran"]
+    with pytest.raises(KeyboardInterrupt):  # the other thread's hold held nothing here
+        signal.raise_signal(signal.SIGINT)
