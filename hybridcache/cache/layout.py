@@ -60,7 +60,7 @@ class Layout:
     def take_writes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, cols, pages) of the page-table entries not yet written; the width doubles as needed."""
         held = self.held
-        rows = np.flatnonzero(held > self.written)
+        rows = (held > self.written).nonzero()[0]
         if rows.size == 0:
             return _EMPTY, _EMPTY, _EMPTY
         start = self.written[rows]

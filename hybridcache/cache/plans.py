@@ -69,7 +69,7 @@ class StepPlan:
 
     @property
     def gen_rows(self) -> np.ndarray:
-        return np.flatnonzero(self.generation)
+        return self.generation.nonzero()[0]  # flatnonzero's wrapper costs 2 us more a call (1-D here)
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,7 @@ class PlannerCore:
 
     def _take_pages(self, entries: list[Entry], grow: np.ndarray) -> bool:
         """Extend entry `i`'s pages by `grow[i]` new ones, in row order; whether any were taken."""
-        rows = np.flatnonzero(grow)
+        rows = grow.nonzero()[0]
         if rows.size == 0:
             return False
         ids = self.page_pool.allocate(int(grow.sum()))  # the same ids, row by row, as one call per row
