@@ -59,13 +59,14 @@ def kernel_rows(lines) -> list[dict]:
     if not names or missing:
         raise ValueError(f"ncu's CSV lacks {missing or 'a kernel name column'}: its columns are {header}")
     col = {m: header.index(m) for m in (TIME, READ, WRITE)}
+    name = header.index(names[0])
     out = []
     for r in launches:
         try:
             ns, read, write = (float(r[col[m]].replace(",", "")) for m in (TIME, READ, WRITE))
         except ValueError:  # the units row under the header
             continue
-        out.append(dict(name=r[header.index(names[0])], ns=ns, bytes=read + write))
+        out.append(dict(name=r[name], ns=ns, bytes=read + write))
     return out
 
 
