@@ -74,7 +74,7 @@ def run(path, mode: str, kernels: bool) -> list[list[int]]:
     llm = LLM(path, device="cpu", dtype="float32", max_num_seqs=2, page_size=4, max_model_len=64,
               speculative=SpeculativeConfig(backoff_max_steps=0, num_draft_tokens=3) if mode != "plain" else None,
               async_scheduling=mode == "async-ngram")
-    params = [SamplingParams(max_tokens=10, ignore_eos=True) for _ in PROMPTS]
+    params = [SamplingParams(max_tokens=7, ignore_eos=True) for _ in PROMPTS]
     if kernels:
         with kernels_on_cpu():
             outs = llm.generate(PROMPTS, params)
