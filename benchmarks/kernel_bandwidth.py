@@ -96,7 +96,8 @@ def summarize(args: argparse.Namespace) -> None:
 
     rows = summary(launches, args.copy_gbs)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rec = Record(args.json, "kernel_bandwidth", device, dict(csv=args.csv, copy_gbs=args.copy_gbs))
+    rec = Record(args.json, "kernel_bandwidth", device, dict(csv=args.csv, copy_gbs=args.copy_gbs, family=args.family,
+                                                             batch=args.batch))
     total_us, total_mb = sum(r["us"] for r in rows), sum(r["mb"] for r in rows)
     print(f"{len(launches)} launches, {total_us:.1f} us one after another, {total_mb:.1f} MB from DRAM: "
           f"{total_mb / args.copy_gbs * 1e3:.1f} us at {args.copy_gbs:.0f} GB/s")
@@ -122,6 +123,8 @@ def main() -> None:
     s = sub.add_parser("summarize", help="per kernel: time, DRAM bytes, share of the copy bandwidth")
     s.add_argument("csv")
     s.add_argument("--copy-gbs", type=float, required=True, help="the device's copy bandwidth (read + write)")
+    s.add_argument("--family", default=None, help="the profiled family, recorded for the report")
+    s.add_argument("--batch", type=int, default=1, help="the profiled batch size, recorded for the report")
     add_json_arg(s)
     args = ap.parse_args()
     run(args) if args.what == "run" else summarize(args)

@@ -58,4 +58,12 @@ def subject(data: dict) -> tuple:
     if data["benchmark"] == "ops_kernels":  # a decode sweep, a prefill-only rerun and one of a few rows differ
         return (tuple(sorted({str(r.get("kind")) for r in data["rows"]})), tuple(p.get("prefill_ops", ())),
                 tuple(p.get("prefill_shapes", ())))
+    if data["benchmark"] == "kernel_bandwidth":
+        return (profiled_family(p), p.get("batch", 1))
     return (p.get("op"), p.get("device"))
+
+
+def profiled_family(params: dict) -> str:
+    """A kernel_bandwidth run's family: its --family, else (runs before that was recorded) the name of
+    bs1_kernels.sh's CSV, ncu-<family>-bs<batch>.csv."""
+    return params.get("family") or Path(params.get("csv", "?")).stem.removeprefix("ncu-").rsplit("-bs", 1)[0]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.report import weight_bandwidth_limit
+from benchmarks.report import kernel_bandwidth_section, weight_bandwidth_limit
 from benchmarks.report_data import load
 
 
@@ -32,3 +32,24 @@ def test_weight_bandwidth_limit_follows_the_gpu():
     h100 = weight_bandwidth_limit(step_file("NVIDIA H100 80GB HBM3", "", 0.0))
     assert h200 == pytest.approx(2859) and h100 == pytest.approx(2859 * 3.0 / 4.2)
     assert weight_bandwidth_limit(step_file("cpu", "", 0.0)) is None
+
+
+def kernel_file(params: dict, created: str) -> dict:
+    return {"benchmark": "kernel_bandwidth", "created": created, "machine": {"device": "NVIDIA H100 80GB HBM3"},
+            "command": "kernel_bandwidth.py summarize", "complete": True, "params": dict(copy_gbs=3000.0, **params),
+            "rows": [{"kernel": "_gemv_kernel", "launches": 2, "us": 9.0, "mb": 12.0, "gbs": 1333.3, "share": 0.444,
+                      "over_us": 5.0}, {"kernel": "_rms_norm_kernel", "launches": 1, "us": 3.0, "mb": 0.01,
+                                        "gbs": 3.3, "share": 0.001, "over_us": 3.0}]}
+
+
+def test_kernel_profiles_are_one_subject_a_family_named_or_read_from_the_csv(tmp_path):
+    files = {"old": kernel_file({"csv": "/out/ncu-kimi_linear-bs1.csv"}, "2026-12-01"),
+             "new": kernel_file({"csv": "/out/x.csv", "family": "kimi_linear", "batch": 1}, "2026-12-02"),
+             "other": kernel_file({"csv": "/out/ncu-nemotron_h-bs1.csv"}, "2026-12-01")}
+    for name, data in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    shown = load(tmp_path)["kernel_bandwidth"]
+    assert sorted(d["file"] for d in shown) == ["new.json", "other.json"]
+    text = "\n".join(kernel_bandwidth_section(sorted(shown, key=lambda d: d["file"])))
+    assert "### kimi_linear, batch 1, on NVIDIA H100" in text and "### nemotron_h, batch 1" in text
+    assert "3 launches, 12.0 us one after another, 12.0 MB from DRAM: 4.0 us at the copy bandwidth" in text

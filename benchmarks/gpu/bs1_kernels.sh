@@ -1,5 +1,5 @@
-# See README.md here: one device call, from the repository root, about 200 s for the three families (a guess:
-# not run yet). Nsight Compute on one batch-1 CUDA-graph decode step of each of $FAMILIES
+# See README.md here: one device call, from the repository root, 260 s for the three families on an H100 (with the
+# checkpoints' build; 2026-12-07), ten files into $OUT (tar the CSVs: a call brings back eight). Nsight Compute on one batch-1 CUDA-graph decode step of each of $FAMILIES
 # (benchmarks/kernel_bandwidth.py): every kernel alone, caches flushed, its time and DRAM bytes, then per kernel
 # name its share of the measured copy bandwidth and its time over what its bytes take at it; into $OUT.
 set -u
@@ -15,7 +15,7 @@ for f in $FAMILIES; do
       --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
       python3 benchmarks/kernel_bandwidth.py run --family $f > $OUT/ncu-$f-bs1.csv 2> $OUT/ncu-$f-bs1.err
   tail -3 $OUT/ncu-$f-bs1.err | grep -v "^$"
-  python3 benchmarks/kernel_bandwidth.py summarize $OUT/ncu-$f-bs1.csv --copy-gbs $copy \
+  python3 benchmarks/kernel_bandwidth.py summarize $OUT/ncu-$f-bs1.csv --copy-gbs $copy --family $f \
       --json $OUT/kernel_bandwidth-$f-bs1.json | head -24
 done
 echo "total ${SECONDS}s"
