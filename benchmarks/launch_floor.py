@@ -3,9 +3,9 @@ captured in one graph, replayed, timed per launch, with programmatic dependent l
 
     empty        a Triton kernel that only takes PDL's wait and returns (no loads)
     norm         rms_norm_triton of a [1, D] row, each launch normalising the one before's output
-    gemv         gemv_triton of a [1, D] row by a [D_out, D] bf16 weight, a fresh weight each launch (the chain's
+    gemv         gemv_triton of a [1, D] row by a [D, D] bf16 weight, a fresh weight each launch (the chain's
                  weights pass L2 many times over), each launch's row the one before's output
-    gemv-merged  the same weights as one [N·D_out, D] weight: one launch reads the chain's bytes, no chain
+    gemv-merged  the same weights as one [N·D, D] weight: one launch reads the chain's bytes, no chain
 
 `gemv` minus `gemv-merged` a launch is what the chain adds to a weight read: what a step of N such launches would
 save as one kernel. A batch-1 decode step of a 1B-class checkpoint is 120 to 150 launches, about a third of them
@@ -16,12 +16,11 @@ gemvs of this size (benchmarks/gpu/bs1_kernels.sh gives them per kernel name).
 from __future__ import annotations
 
 import argparse
-import statistics
-
 import torch
 import triton
 import triton.language as tl
 
+from benchmarks.ops_mamba2 import timed
 from benchmarks.record import Record, add_json_arg
 from hybridcache.ops import pdl_triton
 from hybridcache.ops.gemv_triton import gemv_triton
@@ -40,8 +39,8 @@ def empty(x: torch.Tensor) -> torch.Tensor:
 
 
 def replay_us(chain, x: torch.Tensor, launches: int, replays: int, repeats: int) -> float:
-    """Microseconds a launch of `chain(x) -> x` captured `launches` times into one graph: the median of `repeats`
-    timings of `replays` back-to-back replays."""
+    """Microseconds a launch of `chain(i, x) -> x` captured `launches` times into one graph: the median of
+    `repeats` timings of `replays` back-to-back replays."""
     def body():
         y = x
         for i in range(launches):
@@ -56,45 +55,31 @@ def replay_us(chain, x: torch.Tensor, launches: int, replays: int, repeats: int)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         body()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / replays / launches)
-    return statistics.median(times)
+    return timed(graph.replay, "cuda", replays, repeats) * 1e6 / launches
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--launches", type=int, default=64, help="launches a chain (N)")
     ap.add_argument("--hidden", type=int, default=2048, help="the row's width D")
-    ap.add_argument("--out", type=int, default=2048, help="a gemv's outputs D_out")
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=5)
     add_json_arg(ap)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("launch_floor times CUDA graphs: it needs a GPU")
-    n, d, d_out = args.launches, args.hidden, args.out
-    if d_out != d:
-        raise SystemExit("a chain feeds each gemv's output to the next: --out must equal --hidden")
+    n, d = args.launches, args.hidden
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(1, d, device=dev, generator=gen).to(torch.bfloat16)
     norm_w = torch.ones(d, device=dev, dtype=torch.bfloat16)
-    weights = torch.randn(n * d_out, d, device=dev, generator=gen).mul_(d ** -0.5).to(torch.bfloat16)
-    parts = weights.view(n, d_out, d)
-    gemv_bytes = d_out * d * 2
+    weights = torch.randn(n * d, d, device=dev, generator=gen).mul_(d ** -0.5).to(torch.bfloat16)
+    parts = weights.view(n, d, d)
+    gemv_bytes = d * d * 2
     from benchmarks.ops_gdn import copy_bandwidth
 
     copy_gbs = copy_bandwidth("cuda", 1 << 30)
-    rec = Record(args.json, "launch_floor", "cuda", dict(launches=n, hidden=d, out=d_out, copy_gbs=copy_gbs))
+    rec = Record(args.json, "launch_floor", "cuda", dict(launches=n, hidden=d, copy_gbs=copy_gbs))
     chains = {
         "empty": (lambda i, y: empty(y), 0),
         "norm": (lambda i, y: rms_norm_triton(y, norm_w, 1e-6), 4 * d),
