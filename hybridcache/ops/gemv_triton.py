@@ -27,28 +27,14 @@ MAX_ROWS = 4
 BLOCK_N = 4
 BLOCK_K = 1024
 NUM_WARPS = 4
-# Fewer outputs a program where BLOCK_N leaves fewer than this many programs (halved down to 1; 0: off). In Nsight
-# Compute on the batch-1 steps (benchmarks/gpu/bs1_kernels.sh, H100, 2026-12-07) the 512-program gemvs read their
-# weight at 61-72% of the copy bandwidth (nemotron_h's 16.8 MB ones 9.1 us, kimi_linear's 8.4 MB ones 6.1 us)
-# against 85% for qwen3_next's 3,088-program one: 512 programs on 132 SMs are 3 or 4 an SM, so the SMs holding 4
-# end last. Not yet timed in the steps: benchmarks/gpu/gemv_steps.sh with MODULE=gemv_triton SETTING=MIN_PROGRAMS.
-MIN_PROGRAMS = 0
 # Triton's CPU interpreter runs programs one by one at a fixed cost each: there a program takes up to this many
 # outputs (the tiny test models' whole GEMM, in one to a few programs), the same values within summation order
 INTERPRETER_BLOCK_N = 64
 
 
 def _block_n(x: Tensor, N: int, block_n: int | None) -> int:
-    """Outputs a program: `block_n`, else BLOCK_N on a GPU (halved while that leaves fewer than MIN_PROGRAMS
-    programs, down to 1) and up to INTERPRETER_BLOCK_N in the interpreter."""
-    if block_n:
-        return block_n
-    if not x.is_cuda:
-        return min(INTERPRETER_BLOCK_N, max(BLOCK_N, triton.next_power_of_2(N)))
-    bn = BLOCK_N
-    while bn > 1 and triton.cdiv(N, bn) < MIN_PROGRAMS:
-        bn //= 2
-    return bn
+    """Outputs a program: `block_n`, else BLOCK_N on a GPU and up to INTERPRETER_BLOCK_N in the interpreter."""
+    return block_n or (BLOCK_N if x.is_cuda else min(INTERPRETER_BLOCK_N, max(BLOCK_N, triton.next_power_of_2(N))))
 
 
 @triton.jit

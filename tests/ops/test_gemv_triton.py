@@ -105,31 +105,3 @@ def test_linear_takes_it_up_to_gemv_rows(monkeypatch):
         linear_op.linear(x, w, b)  # 3 rows: F.linear
         assert calls == ["gemv_triton"]
     torch.testing.assert_close(y2.cpu(), reference(x[:2], w, b).cpu(), atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("N,min_programs,expected", [(2048, 0, 4), (2048, 512, 4), (2048, 1024, 2), (2048, 4096, 1),
-                                                     (8192, 1024, 4), (3, 64, 1)])
-def test_min_programs_halves_the_outputs_a_program(monkeypatch, N, min_programs, expected):
-    """On a GPU, BLOCK_N halves while it leaves fewer than MIN_PROGRAMS programs (not below 1); the interpreter's
-    block size and an explicit block_n do not change."""
-    monkeypatch.setattr(gemv_module, "MIN_PROGRAMS", min_programs)
-
-    class OnGPU:
-        is_cuda = True
-
-    assert gemv_module._block_n(OnGPU(), N, None) == expected
-    assert gemv_module._block_n(OnGPU(), N, 8) == 8
-    if DEVICE == "cpu":
-        assert gemv_module._block_n(torch.empty(0), N, None) == min(gemv_module.INTERPRETER_BLOCK_N,
-                                                                    max(4, 1 << (N - 1).bit_length()))
-
-
-@pytest.mark.parametrize("block_n", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_and_two_outputs_a_program(block_n, dtype):
-    """The tiles MIN_PROGRAMS can pick: one or two weight rows a program, every row count up to MAX_ROWS."""
-    for M in range(1, MAX_ROWS + 1):
-        x, w, b = inputs(M, 13, 700, dtype, True, seed=M)
-        atol, rtol = TOL[dtype]
-        torch.testing.assert_close(gemv_triton(x, w, b, block_n=block_n).cpu(), reference(x, w, b).cpu(),
-                                   atol=atol, rtol=rtol)
