@@ -11,7 +11,8 @@ step's graph once inside cudaProfilerStart/Stop, so Nsight Compute sees that ste
 one at a time (no overlap between them, caches flushed before each: every byte comes from DRAM, as a 1B
 checkpoint's weights do at batch 1). `summarize` reads its CSV and prints, per kernel name: launches, time,
 DRAM bytes, GB/s and its share of the copy bandwidth, and the time over what its bytes take at that bandwidth,
-the largest first; `--json` keeps the rows.
+the largest first, and beyond that a floor a launch (the median time of the launches that move almost nothing):
+what a kernel loses beyond a launch and its bytes; `--json` keeps the rows.
 """
 from __future__ import annotations
 
@@ -70,9 +71,20 @@ def kernel_rows(lines) -> list[dict]:
     return out
 
 
-def summary(launches: list[dict], copy_gbs: float) -> list[dict]:
+SMALL_BYTES = 200_000  # a launch that moves less than this is all latency: the profile's cost of a launch
+
+
+def launch_floor_us(launches: list[dict]) -> float | None:
+    """What a launch costs under the profiler whatever it moves: the median time of the launches that move under
+    SMALL_BYTES (norms, routers, conv updates, glue); None without any."""
+    small = sorted(k["ns"] for k in launches if k["bytes"] < SMALL_BYTES)
+    return (small[len(small) // 2] + small[(len(small) - 1) // 2]) / 2e3 if small else None
+
+
+def summary(launches: list[dict], copy_gbs: float, floor_us: float | None = None) -> list[dict]:
     """Per kernel name: launches, us, MB, GB/s, share of `copy_gbs`, and `over_us` (the time beyond its bytes
-    at `copy_gbs`), the largest `over_us` first."""
+    at `copy_gbs`), the largest `over_us` first; with `floor_us`, `beyond_us`: the time beyond its bytes and
+    a floor a launch (what is the kernel's own beyond a launch and a read at the copy bandwidth)."""
     by_name = defaultdict(lambda: [0, 0.0, 0.0])
     for k in launches:
         entry = by_name[k["name"]]
@@ -82,8 +94,9 @@ def summary(launches: list[dict], copy_gbs: float) -> list[dict]:
     rows = []
     for name, (count, ns, nbytes) in by_name.items():
         gbs = nbytes / ns if ns else 0.0  # bytes / ns = GB/s
-        rows.append(dict(kernel=name, launches=count, us=ns / 1e3, mb=nbytes / 1e6, gbs=gbs,
-                         share=gbs / copy_gbs, over_us=ns / 1e3 - nbytes / copy_gbs / 1e3))
+        over_us = ns / 1e3 - nbytes / copy_gbs / 1e3
+        rows.append(dict(kernel=name, launches=count, us=ns / 1e3, mb=nbytes / 1e6, gbs=gbs, share=gbs / copy_gbs,
+                         over_us=over_us, **({} if floor_us is None else {"beyond_us": over_us - count * floor_us})))
     return sorted(rows, key=lambda r: -r["over_us"])
 
 
@@ -94,17 +107,20 @@ def summarize(args: argparse.Namespace) -> None:
         sys.exit(f"{args.csv}: no kernel rows (did ncu profile anything?)")
     import torch
 
-    rows = summary(launches, args.copy_gbs)
+    floor_us = launch_floor_us(launches)
+    rows = summary(launches, args.copy_gbs, floor_us)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rec = Record(args.json, "kernel_bandwidth", device, dict(csv=args.csv, copy_gbs=args.copy_gbs, family=args.family,
                                                              batch=args.batch))
+    rec.extra("floor_us", floor_us)
     total_us, total_mb = sum(r["us"] for r in rows), sum(r["mb"] for r in rows)
     print(f"{len(launches)} launches, {total_us:.1f} us one after another, {total_mb:.1f} MB from DRAM: "
-          f"{total_mb / args.copy_gbs * 1e3:.1f} us at {args.copy_gbs:.0f} GB/s")
-    print(f"{'launches':>8} {'us':>8} {'MB':>8} {'GB/s':>7} {'share':>6} {'over us':>8}  kernel")
+          f"{total_mb / args.copy_gbs * 1e3:.1f} us at {args.copy_gbs:.0f} GB/s; a launch under "
+          f"{SMALL_BYTES / 1e3:.0f} kB takes {floor_us or 0:.2f} us (median)")
+    print(f"{'launches':>8} {'us':>8} {'MB':>8} {'GB/s':>7} {'share':>6} {'over us':>8} {'beyond':>7}  kernel")
     for r in rows:
         print(f"{r['launches']:>8} {r['us']:>8.1f} {r['mb']:>8.2f} {r['gbs']:>7.0f} {r['share']:>6.0%} "
-              f"{r['over_us']:>8.1f}  {r['kernel'][:70]}")
+              f"{r['over_us']:>8.1f} {r.get('beyond_us', 0.0):>7.1f}  {r['kernel'][:70]}")
         rec.add(**r)
     rec.close()
 

@@ -345,11 +345,16 @@ def kernel_bandwidth_section(files: list[dict]) -> list[str]:
         device = data.get("machine", {}).get("device", "?")
         out += [f"### {profiled_family(p)}, batch {p.get('batch', 1)}, on {device}", ""] + provenance(data) + [""]
         launches, us, mb = (sum(r[k] for r in rows) for k in ("launches", "us", "mb"))
-        out += [f"{launches} launches, {us:,.1f} us one after another, {mb:,.1f} MB from DRAM: {mb / p['copy_gbs'] * 1e3:,.1f} "
-                f"us at the copy bandwidth ({p['copy_gbs']:,.0f} GB/s, read + write).", ""]
-        out += table(["kernel", "launches", "us", "MB", "GB/s", "of copy bandwidth", "over us"],
-                     [[f"`{r['kernel'][:60]}`", str(r["launches"]), f"{r['us']:.1f}", f"{r['mb']:.2f}", f"{r['gbs']:,.0f}",
-                       f"{r['share']:.0%}", f"{r['over_us']:.1f}"] for r in rows]) + [""]
+        floor = data.get("extra", {}).get("floor_us")
+        out += [f"{launches} launches, {us:,.1f} us one after another, {mb:,.1f} MB from DRAM: "
+                f"{mb / p['copy_gbs'] * 1e3:,.1f} us at the copy bandwidth ({p['copy_gbs']:,.0f} GB/s, read + write)"
+                + (f"; a launch that moves almost nothing takes {floor:.2f} us (the median under 200 kB), and "
+                   "*beyond us* is a kernel's time beyond that a launch and its bytes." if floor else "."), ""]
+        beyond = floor is not None
+        header = ["kernel", "launches", "us", "MB", "GB/s", "of copy bandwidth", "over us"] + ["beyond us"] * beyond
+        out += table(header, [[f"`{r['kernel'][:60]}`", str(r["launches"]), f"{r['us']:.1f}", f"{r['mb']:.2f}",
+                               f"{r['gbs']:,.0f}", f"{r['share']:.0%}", f"{r['over_us']:.1f}"]
+                              + ([f"{r['beyond_us']:.1f}"] if beyond else []) for r in rows]) + [""]
     return out
 
 

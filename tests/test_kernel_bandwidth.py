@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.kernel_bandwidth import kernel_rows, summary
+from benchmarks.kernel_bandwidth import kernel_rows, launch_floor_us, summary
 
 NCU_CSV = """==PROF== Connected to process 1234
 "ID","Process ID","Kernel Name","dram__bytes_read.sum","dram__bytes_write.sum","gpu__time_duration.sum"
@@ -39,3 +39,19 @@ def test_no_kernel_rows_gives_nothing():
 def test_a_csv_without_the_metrics_says_what_it_has():
     with pytest.raises(ValueError, match="dram__bytes_write.sum"):
         kernel_rows(['"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum"', '"0","k","1","2"'])
+
+
+def test_the_launch_floor_is_the_median_of_the_launches_that_move_almost_nothing():
+    launches = [dict(name="big", ns=9000.0, bytes=8e6)] + [dict(name=n, ns=ns, bytes=4096.0)
+                                                         for n, ns in (("a", 3000.0), ("b", 4000.0), ("c", 3500.0))]
+    assert launch_floor_us(launches) == pytest.approx(3.5)
+    assert launch_floor_us(launches[:1]) is None
+    assert launch_floor_us(launches + [dict(name="d", ns=5000.0, bytes=0.0)]) == pytest.approx(3.75)
+
+
+def test_beyond_takes_out_a_floor_a_launch_as_well_as_the_bytes():
+    launches = kernel_rows(NCU_CSV.splitlines())
+    gemv, norm = summary(launches, copy_gbs=4000.0, floor_us=1.5)
+    assert gemv["beyond_us"] == pytest.approx(gemv["over_us"] - 2 * 1.5)
+    assert norm["beyond_us"] == pytest.approx(norm["over_us"] - 1.5)
+    assert "beyond_us" not in summary(launches, copy_gbs=4000.0)[0]

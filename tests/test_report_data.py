@@ -53,3 +53,8 @@ def test_kernel_profiles_are_one_subject_a_family_named_or_read_from_the_csv(tmp
     text = "\n".join(kernel_bandwidth_section(sorted(shown, key=lambda d: d["file"])))
     assert "### kimi_linear, batch 1, on NVIDIA H100" in text and "### nemotron_h, batch 1" in text
     assert "3 launches, 12.0 us one after another, 12.0 MB from DRAM: 4.0 us at the copy bandwidth" in text
+    assert "beyond us" not in text  # runs before the floor was kept
+    floored = dict(files["new"], extra={"floor_us": 2.5}, rows=[dict(r, beyond_us=r["over_us"] - 2.5 * r["launches"])
+                                                                  for r in files["new"]["rows"]])
+    text = "\n".join(kernel_bandwidth_section([dict(floored, file="new.json")]))
+    assert "takes 2.50 us (the median under 200 kB)" in text and "| 0.0 |" in text  # 5.0 over, 2 launches
