@@ -1,5 +1,6 @@
 # See README.md here: one device call, from the repository root, 260 s for the three families on an H100 (with the
-# checkpoints' build; 2026-12-07), ten files into $OUT (tar the CSVs: a call brings back eight). Nsight Compute on one batch-1 CUDA-graph decode step of each of $FAMILIES
+# checkpoints' build; 2026-12-07); into $OUT each family's summary JSON and its raw CSV and log in one
+# ncu-raw.tgz (a call brings back eight files). Nsight Compute on one batch-1 CUDA-graph decode step of each of $FAMILIES
 # (benchmarks/kernel_bandwidth.py): every kernel alone, caches flushed, its time and DRAM bytes, then per kernel
 # name its share of the measured copy bandwidth and its time over what its bytes take at it; into $OUT.
 set -u
@@ -18,4 +19,5 @@ for f in $FAMILIES; do
   python3 benchmarks/kernel_bandwidth.py summarize $OUT/ncu-$f-bs1.csv --copy-gbs $copy --family $f \
       --json $OUT/kernel_bandwidth-$f-bs1.json | head -24
 done
+(cd $OUT && tar czf ncu-raw.tgz ncu-*.csv ncu-*.err && rm -f ncu-*.csv ncu-*.err)
 echo "total ${SECONDS}s"
