@@ -123,3 +123,17 @@ def test_fast_path_dispatches_to_triton_without_host_sync() -> None:
         torch.cuda.set_sync_debug_mode("default")
     want = paged.attend_kv_pages_torch(q, kv, *idx)
     torch.testing.assert_close(got, want, **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("min_keys", [256, 16])
+def test_the_default_splits_follow_min_keys_per_split(monkeypatch, min_keys: int) -> None:
+    """The split count a launch takes by default reads MIN_KEYS_PER_SPLIT when it runs (so a setting can be
+    timed by changing it), and the result stays the naive one at either."""
+    monkeypatch.setattr(triton_paged, "MIN_KEYS_PER_SPLIT", min_keys)
+    seen = []
+    real = triton_paged.split_buffers
+    monkeypatch.setattr(triton_paged, "split_buffers", lambda splits, out: seen.append(splits) or real(splits, out))
+    run_case([(70, 1)], 16, 2, torch.float32)
+    # one row of 70 cached keys and one new one over 16-key pages, a table of 5 pages (80 keys): one split at 256
+    # keys a split; at 16, up to 5 (4 in the interpreter, which counts 4 SMs: 8 programs over 2 kv heads)
+    assert len(seen) == 1 and (seen[0] == 1 if min_keys == 256 else seen[0] > 1)

@@ -23,7 +23,6 @@ from ..pdl_triton import pdl_entry, pdl_launch
 from ..triton_support import interpreting, num_sms
 
 LOG2E = 1.4426950408889634
-MIN_KEYS_PER_SPLIT = 256
 
 
 @triton.jit
@@ -128,7 +127,7 @@ def _merge_kernel(
 def plan_grid(
     num_tokens: int, num_rows: int, width: int, page_size: int, heads_per_tile: int, max_tile_rows: int,
     programs_per_block: int, device: torch.device, block_t: int | None, num_splits: int | None,
-    min_keys: int = MIN_KEYS_PER_SPLIT, max_splits: int | None = None,
+    min_keys: int, max_splits: int | None = None,
 ) -> tuple[int, int, int]:
     """(block_t, query-block programs, key splits). block_t defaults to the tokens per row on average,
     rounded up to a power of two, at most 16, with ``block_t * heads_per_tile <= max_tile_rows``;

@@ -32,6 +32,12 @@ MAX_TILE_ROWS = 64  # BLOCK_T * G query rows per program, bounded to keep the fp
 # 1B) one program fills an SM's shared memory either way, and Triton's depth stays (17.8 / 50.9 / 139.1 against
 # 18.8 / 50.6 / 140.0 at two stages).
 DECODE_STAGES, DECODE_STAGES_MAX_DIM = 2, 128
+# Keys a split at least (`plan_grid`): at batch 1 over a short context that is one split, so qwen3_next 1B's decode
+# attention runs 2 programs (its 2 kv heads) for the whole GPU: 12.0 us a launch under Nsight Compute (H100,
+# benchmarks/gpu/bs1_kernels.sh, 2026-12-07), 8.1 us beyond the profile's floor and its bytes. Fewer keys a split
+# add programs and a merge launch: not timed here yet (gemv_steps.sh MODULE=attention.triton_paged
+# SETTING=MIN_KEYS_PER_SPLIT). MLA's kernel takes 16 (triton_mla.py).
+MIN_KEYS_PER_SPLIT = 256
 
 
 @triton.jit
@@ -118,7 +124,8 @@ def attend_kv_pages_triton(
     cached_lens, cu_seqlens, page_table = cached_lens.int(), cu_seqlens.int(), page_table.int()
 
     block_t, grid_blocks, num_splits = plan_grid(
-        num_tokens, num_rows, width, page_size, group, MAX_TILE_ROWS, num_kv_heads, q.device, block_t, num_splits)
+        num_tokens, num_rows, width, page_size, group, MAX_TILE_ROWS, num_kv_heads, q.device, block_t, num_splits,
+        MIN_KEYS_PER_SPLIT)
     block_n = block_n or (64 if page_size * width >= 64 else 16)
     decode = block_t == 1 and head_dim <= DECODE_STAGES_MAX_DIM
     part, stat = split_buffers(num_splits, out)
