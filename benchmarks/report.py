@@ -18,38 +18,16 @@ import math
 import os
 from pathlib import Path
 
-from benchmarks.report_data import load, profiled_family
+from benchmarks.report_data import load
+from benchmarks.report_format import eager, provenance, table
 from benchmarks.report_plots import PEERS, on_gpu, plot_all
+from benchmarks.report_steps import kernel_bandwidth_section, step_section
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "docs" / "bench-data"
 
 
 # ------------------------------------------------------------------------------------------ markdown
-def provenance(data: dict) -> list[str]:
-    m = data.get("machine", {})
-    lines = [f"Command: `{data['command']}`  ", f"Machine: {m.get('device', '?')}, torch {m.get('torch', '?')}"
-             + (f", transformers {m['transformers']}" if "transformers" in m else "")
-             + f"; run {data.get('created', '?')}; file `{data['file']}`."]
-    if not on_gpu(data):
-        lines.append("")
-        lines.append("**CPU run: a smoke test, not a benchmark figure.**")
-    if not data.get("complete", False):
-        lines.append("")
-        lines.append(f"**Run cut short: only the {len(data['rows'])} rows it finished are here.**")
-    return lines
-
-
-def eager(params: dict) -> str:
-    return ", no CUDA graphs (--enforce-eager)" if params.get("enforce_eager") else ""
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
-
-
 def engine_section(files: list[dict], img: str | None) -> list[str]:
     out = ["## Engine throughput", "",
            "Generated tokens per second of a whole `generate` call (prefill included), greedy, equal-length "
@@ -212,57 +190,6 @@ def kernels_section(files: list[dict], img: str | None) -> list[str]:
     return out
 
 
-WEIGHT_BANDWIDTH_TOK_S = {"nemotron_h": 2859, "qwen3_next": 3099, "kimi_linear": 5208}  # 1b at 4.2 TB/s (issue 9)
-COPY_TB_S = {"H200": 4.2, "H100": 3.0}  # the copy bandwidth measured on each (benchmarks/ops_*.py print it)
-
-
-def weight_bandwidth_limit(data: dict) -> float | None:
-    """tok/s of a 1b checkpoint's bytes read once a step at the copy bandwidth of the run's GPU; None where
-    neither applies."""
-    device = data.get("machine", {}).get("device", "")
-    tb_s = next((v for name, v in COPY_TB_S.items() if name in device), None)
-    limit = WEIGHT_BANDWIDTH_TOK_S.get(data["params"]["family"]) if data["params"]["size"] == "1b" else None
-    return limit * tb_s / 4.2 if limit and tb_s else None
-
-
-def step_section(files: list[dict], img: str | None) -> list[str]:
-    out = ["## Decode step: host overlap and kernel launches", "",
-           "One steady decode step of the whole engine (`LLM.step()`, every request decoding): wall time, GPU kernel "
-           "time and its share of the wall time, kernels launched, and tokens/s. `graph`: CUDA graphs with "
-           "asynchronous scheduling (the next step is planned and launched before this one's tokens are read back); "
-           "`graph-sync`: CUDA graphs, the host plans while the device idles; `eager`: no graphs; `verify`: every step "
-           "a k=3 verify under graphs whose drafts the model does not pick (synchronous: the host drafts from the "
-           "tokens read back), tok/s of the committed tokens; `spec-idle`: the speculative engine with every row "
-           "backing off for good (what zero acceptance mostly runs; runs of 2026-12-06 and before: one-token steps chained on "
-           "the verify steps in flight; since, plain steps after one read); `spec-chain`: every row held in a short back-off "
-           "(one-token steps chained on the verify steps in flight, what pauses up to 8 steps run). *replay ms*: the step's graph replayed back to back "
-           "alone; *host share* = 1 - replay / wall. The weight-bandwidth limit is the checkpoint's bytes read once "
-           "per step at the GPU's copy bandwidth (H200 4.2 TB/s, H100 3.0 TB/s). Where a family's runs measured different modes or batches, each (batch, mode) "
-           "shows its newest run, and the row names its file.", ""]
-    for data in files:
-        p = data["params"]
-        device = data.get("machine", {}).get("device", "?")
-        out += [f"### {p['family']} {p['size']} on {device} ({p['dtype']}, prompt {p['prompt_len']}, mean of "
-                f"{p['steps']} steps)", ""]
-        sources = data.get("sources", [data])
-        for src in sources:
-            out += provenance(src) + [""]
-            if src.get("extra", {}).get("note"):
-                out += [src["extra"]["note"], ""]
-        limit = weight_bandwidth_limit(data)
-        replays = any(r.get("replay_ms") for r in data["rows"])
-        named = len(sources) > 1  # rows from several runs: each names its file
-        rows = [[str(r["batch"]), r["mode"], f"{r['wall_ms']:.2f}", f"{r['gpu_ms']:.2f}", f"{r['gpu_ms'] / r['wall_ms']:.0%}",
-                 f"{r['launches']:.0f}", f"{r['tok_s']:,.0f}",
-                 f"{r['tok_s'] / limit:.0%}" if limit and r["batch"] == 1 and r["mode"] != "verify" else "-"]
-                + ([f"{r['replay_ms']:.2f}", f"{1 - r['replay_ms'] / r['wall_ms']:.0%}"] if r.get("replay_ms") else ["-", "-"]
-                   if replays else []) + ([f"`{r['file']}`"] if named else []) for r in data["rows"]]
-        out += table(["batch", "mode", "wall ms", "GPU ms", "GPU busy", "launches", "tok/s",
-                      "bs1 of weight-bandwidth limit"] + (["replay ms", "host share"] if replays else [])
-                     + (["file"] if named else []), rows) + [""]
-    return out
-
-
 def spec_section(files: list[dict], img: str | None) -> list[str]:
     out = ["## Speculative decoding: cost at zero acceptance, gain at full acceptance", "",
            "`benchmarks/spec_decode.py`: tokens/s with n-gram speculation whose drafts are never the greedy choice "
@@ -329,32 +256,6 @@ def prefix_section(files: list[dict], img: str | None) -> list[str]:
                       "evictions", "outputs equal"], rows) + [""]
         if not on_gpu(data):
             out += ["CPU run (tiny model): token counts hold anywhere; the time ratios are of a shared 2-core box.", ""]
-    return out
-
-
-def kernel_bandwidth_section(files: list[dict]) -> list[str]:
-    out = ["## Decode step, kernel by kernel", "",
-           "Nsight Compute on one batch-1 CUDA-graph decode step (`benchmarks/gpu/bs1_kernels.sh`): each kernel of the "
-           "step alone, caches flushed before it, its time and DRAM bytes; per kernel name the launches, time, bytes, "
-           "GB/s and its share of the copy bandwidth, and *over us*: the time beyond what its bytes take at that "
-           "bandwidth, the largest first. Kernels one after another take longer than the step's graph replay (each "
-           "pays its launch and a cold start here, where the graph under PDL overlaps them); the over column shows "
-           "where a step's time goes beyond reading its bytes once.", ""]
-    for data in files:
-        p, rows = data["params"], data["rows"]
-        device = data.get("machine", {}).get("device", "?")
-        out += [f"### {profiled_family(p)}, batch {p.get('batch', 1)}, on {device}", ""] + provenance(data) + [""]
-        launches, us, mb = (sum(r[k] for r in rows) for k in ("launches", "us", "mb"))
-        floor = data.get("extra", {}).get("floor_us")
-        out += [f"{launches} launches, {us:,.1f} us one after another, {mb:,.1f} MB from DRAM: "
-                f"{mb / p['copy_gbs'] * 1e3:,.1f} us at the copy bandwidth ({p['copy_gbs']:,.0f} GB/s, read + write)"
-                + (f"; a launch that moves almost nothing takes {floor:.2f} us (the median under 200 kB), and "
-                   "*beyond us* is a kernel's time beyond that a launch and its bytes." if floor else "."), ""]
-        beyond = floor is not None
-        header = ["kernel", "launches", "us", "MB", "GB/s", "of copy bandwidth", "over us"] + ["beyond us"] * beyond
-        out += table(header, [[f"`{r['kernel'][:60]}`", str(r["launches"]), f"{r['us']:.1f}", f"{r['mb']:.2f}",
-                               f"{r['gbs']:,.0f}", f"{r['share']:.0%}", f"{r['over_us']:.1f}"]
-                              + ([f"{r['beyond_us']:.1f}"] if beyond else []) for r in rows]) + [""]
     return out
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.report import kernel_bandwidth_section, weight_bandwidth_limit
+from benchmarks.report_steps import kernel_bandwidth_section, weight_bandwidth_limit
 from benchmarks.report_data import load
 
 
