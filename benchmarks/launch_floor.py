@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from benchmarks.ops_gdn import copy_bandwidth
 from benchmarks.ops_mamba2 import timed
 from benchmarks.record import Record, add_json_arg
 from hybridcache.ops import pdl_triton
@@ -76,8 +77,6 @@ def main() -> None:
     weights = torch.randn(n * d, d, device=dev, generator=gen).mul_(d ** -0.5).to(torch.bfloat16)
     parts = weights.view(n, d, d)
     gemv_bytes = d * d * 2
-    from benchmarks.ops_gdn import copy_bandwidth
-
     copy_gbs = copy_bandwidth("cuda", 1 << 30)
     rec = Record(args.json, "launch_floor", "cuda", dict(launches=n, hidden=d, copy_gbs=copy_gbs))
     chains = {

@@ -84,10 +84,10 @@ def run(path, mode: str, kernels: bool) -> list[list[int]]:
     return [o.token_ids for o in outs]
 
 
-# the longest cases (about a minute each on a 2-core CI machine), in the slow suite: the wide shared expert's
-# speculative steps (its plain steps stay; qwen3_next's speculative steps run with the narrow one); and the
-# synchronous verify of qwen3_next and kimi_linear (46 and 32 s on 2 workers): their verify kernels run in the
-# asynchronous cases, and nemotron_h's synchronous case stays
+# the longest cases (about a minute each on a 2-core CI machine, timed at 10 tokens a prompt), in the slow suite:
+# the wide shared expert's speculative steps (its plain steps stay; qwen3_next's speculative steps run with the
+# narrow one); and the synchronous verify of qwen3_next and kimi_linear (46 and 32 s on 2 workers at 10 tokens):
+# their verify kernels run in the asynchronous cases, and nemotron_h's synchronous case stays
 SLOW_CASES = ("[qwen3_next-wide-shared-ngram]", "[qwen3_next-wide-shared-async-ngram]", "[qwen3_next-ngram]",
               "[kimi_linear-ngram]")
 
