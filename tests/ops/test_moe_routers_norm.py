@@ -82,3 +82,29 @@ def test_a_mismatched_delta_is_refused_before_any_launch():
     bias = torch.zeros(16, device=DEVICE)
     with pytest.raises(ValueError, match="delta"):
         routers_triton.add_rms_norm_group_topk_triton(x, AddNorm(delta[:1], nw, EPS, False), bias, 2, 4, 2, True, 1.0, w)
+
+
+@pytest.mark.parametrize("router", ["softmax", "group"])
+def test_weights_before_the_wait_change_no_bit(router, monkeypatch):
+    """W loaded before the kernel's PDL wait (`WEIGHTS_BEFORE_WAIT`, W in one step) against loaded in the step
+    that multiplies it: every output bit for bit, with the norm run in the launch and without."""
+    N, D, E, k = 3, 40, 16, 3
+    x, delta, nw, g = rows_in(N, D, BF16, False, seed=5)
+    w = (torch.randn(E, D, generator=g) / D ** 0.5).to(DEVICE)
+    bias = (torch.randn(E, generator=g) * 0.1).to(DEVICE)
+
+    def run():
+        if router == "softmax":
+            wb = w.to(BF16)
+            return (routers_triton.add_rms_norm_softmax_topk_triton(x, AddNorm(delta, nw, EPS, False), k, True, wb)
+                    + routers_triton.softmax_topk_triton(x, k, True, weight=wb))
+        return (routers_triton.add_rms_norm_group_topk_triton(x, AddNorm(delta, nw, EPS, False), bias, k, 4, 2,
+                                                              True, 2.5, w)
+                + routers_triton.group_topk_triton(x, bias, k, 4, 2, True, 2.5, weight=w))
+
+    assert routers_triton._w_first(w, D, routers_triton.ONE_TOKEN_TILE // E), "W not in one step: no case here"
+    first = run()
+    monkeypatch.setattr(routers_triton, "WEIGHTS_BEFORE_WAIT", False)
+    assert not routers_triton._w_first(w, D, routers_triton.ONE_TOKEN_TILE // E)
+    for a, b in zip(first, run(), strict=True):
+        assert torch.equal(a, b)

@@ -48,6 +48,10 @@ LOGIT_TILE = 4096  # experts x hidden columns of W a program of several tokens (
 # 2048 in one step: 112 registers a thread compiled for sm_90), so its loads are in flight together instead of
 # one round trip per LOGIT_TILE
 ONE_TOKEN_TILE = 16384
+# Where W fits one step (BLOCK_D >= D, every decode launch on CUDA) the program loads it before its PDL wait: W is
+# a parameter no kernel of the step writes, so its round trip overlaps the launches before it; the products are
+# the same, in the same order.
+WEIGHTS_BEFORE_WAIT = True
 # (Fewer warps for a one-token program, its W step scaled with them, so that each reduction of the selection
 # crosses fewer warps, were no faster than the 8 it takes above LOGIT_TILE of W: H100, us a call at batch 1 at
 # 1 / 2 / 4 warps, kimi_linear 8.4 / 6.6 / 5.7, qwen3_next 7.5 / 5.8 / 4.1; the 8-warp launch, timed twice in
@@ -55,16 +59,33 @@ ONE_TOKEN_TILE = 16384
 
 
 @triton.jit
-def _logits(x_ptr, w_ptr, n, N, D, stride_xn, expert, real,
-            ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
-    """fp32 x[n] · W[expert]ᵀ: [ROWS, FLAT], 0 where not `real` (expert [FLAT] indexes W's rows)."""
+def _w_step(w_ptr, D, expert, real, d):
+    """W[expert] at columns d in fp32: [FLAT, BLOCK_D], 0 where not `real` or past D."""
+    return tl.load(w_ptr + expert.to(tl.int64)[:, None] * D + d[None, :],
+                   mask=real[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _weights_first(w_ptr, D, expert, real, FLAT: tl.constexpr, BLOCK_D: tl.constexpr, W_FIRST: tl.constexpr):
+    """W's one step [FLAT, BLOCK_D] where W_FIRST (`_w_step` at columns 0..BLOCK_D), else zeros (unused)."""
+    if W_FIRST:
+        w = _w_step(w_ptr, D, expert, real, tl.arange(0, BLOCK_D))
+    else:
+        w = tl.full([FLAT, BLOCK_D], 0.0, tl.float32)
+    return w
+
+
+@triton.jit
+def _logits(x_ptr, w_ptr, n, N, D, stride_xn, expert, real, w_first,
+            ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr, W_FIRST: tl.constexpr):
+    """fp32 x[n] · W[expert]ᵀ: [ROWS, FLAT], 0 where not `real` (expert [FLAT] indexes W's rows); W_FIRST: W
+    is `w_first` [FLAT, BLOCK_D] (one step covers D), loaded by the caller."""
     acc = tl.full([ROWS, FLAT], 0.0, tl.float32)
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         xs = tl.load(x_ptr + n.to(tl.int64)[:, None] * stride_xn + d[None, :],
                      mask=(n < N)[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [ROWS, BLOCK_D]
-        ws = tl.load(w_ptr + expert.to(tl.int64)[:, None] * D + d[None, :],
-                     mask=real[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [FLAT, BLOCK_D]
+        ws = w_first if W_FIRST else _w_step(w_ptr, D, expert, real, d)
         acc += tl.reduce(xs[:, None, :] * ws[None, :, :], 2, _SUM)
     return acc
 
@@ -77,11 +98,13 @@ def _stream(x_ptr, d_ptr, at, ok, X: tl.constexpr):
 
 
 @triton.jit
-def _normed_logits(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stride_xn, expert, real,
-                   ZERO_CENTRED: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr):
+def _normed_logits(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stride_xn, expert, real, w_first,
+                   ZERO_CENTRED: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, FLAT: tl.constexpr,
+                   W_FIRST: tl.constexpr):
     """`_logits` of h = RMSNorm(s), s = x + d (norm weight nw_ptr, `eps`), x and d rows of stride_xn: a first
     pass sums s², a second forms s again (L1 hits), stores s and h [N, D] contiguous in x's dtype (s_ptr,
-    h_ptr) and multiplies h, rounded as stored, into W. -> [ROWS, FLAT] fp32.
+    h_ptr) and multiplies h, rounded as stored, into W (`w_first` where W_FIRST, as `_logits`). -> [ROWS, FLAT]
+    fp32.
 
     Loading W with x and d where the row fits one step (one memory round trip fewer; session 47, history 7b9c124)
     summed the logits in another order on an H100: the weights then differed in the last bit from the router run on
@@ -107,8 +130,7 @@ def _normed_logits(x_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stri
         out = n.to(tl.int64)[:, None] * D + d[None, :]
         tl.store(s_ptr + out, s.to(X), mask=ok)
         tl.store(h_ptr + out, h.to(X), mask=ok)
-        ws = tl.load(w_ptr + expert.to(tl.int64)[:, None] * D + d[None, :],
-                     mask=real[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [FLAT, BLOCK_D]
+        ws = w_first if W_FIRST else _w_step(w_ptr, D, expert, real, d)
         acc += tl.reduce(h[:, None, :] * ws[None, :, :], 2, _SUM)
     return acc
 
@@ -119,19 +141,22 @@ def _softmax_topk_kernel(logits_ptr, w_ptr, index_ptr, weight_ptr, N, D, stride_
                          E: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, FROM_X: tl.constexpr,
                          ADD_NORM: tl.constexpr, ZERO_CENTRED: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                         PDL: tl.constexpr):
-    """ADD_NORM (with FROM_X): the rows are RMSNorm(x + d) (`_normed_logits`), stored with the stream."""
+                         W_FIRST: tl.constexpr, PDL: tl.constexpr):
+    """ADD_NORM (with FROM_X): the rows are RMSNorm(x + d) (`_normed_logits`), stored with the stream. W_FIRST
+    (with FROM_X, BLOCK_D >= D): W is loaded before the PDL wait."""
+    experts = tl.arange(0, BLOCK_E)
+    w_first = _weights_first(w_ptr, D, experts, experts < E, BLOCK_E, BLOCK_D, W_FIRST)
     pdl_entry(PDL)
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK_E)[None, :]
     valid = (n < N)[:, None] & (c < E)
     if FROM_X:  # logits_ptr is x; the logits rounded to x's dtype, as F.linear's output is
-        experts = tl.arange(0, BLOCK_E)
         if ADD_NORM:
             logit = _normed_logits(logits_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stride_n, experts,
-                                   experts < E, ZERO_CENTRED, ROWS, BLOCK_D, BLOCK_E)
+                                   experts < E, w_first, ZERO_CENTRED, ROWS, BLOCK_D, BLOCK_E, W_FIRST)
         else:
-            logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, experts < E, ROWS, BLOCK_D, BLOCK_E)
+            logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, experts < E, w_first, ROWS, BLOCK_D,
+                            BLOCK_E, W_FIRST)
         X: tl.constexpr = logits_ptr.dtype.element_ty
         logit = _round(logit, X)
     else:
@@ -166,8 +191,13 @@ def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D,
                        G: tl.constexpr, EG: tl.constexpr, TOPG: tl.constexpr, K: tl.constexpr,
                        NORM: tl.constexpr, FROM_X: tl.constexpr, ADD_NORM: tl.constexpr, ZERO_CENTRED: tl.constexpr,
                        ROWS: tl.constexpr, BLOCK_G: tl.constexpr,
-                       BLOCK_EG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    """ADD_NORM: as `_softmax_topk_kernel`'s."""
+                       BLOCK_EG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                       W_FIRST: tl.constexpr, PDL: tl.constexpr):
+    """ADD_NORM, W_FIRST: as `_softmax_topk_kernel`'s."""
+    FLAT_E: tl.constexpr = BLOCK_G * BLOCK_EG
+    f = tl.arange(0, FLAT_E)
+    experts, real = (f // BLOCK_EG) * EG + f % BLOCK_EG, (f // BLOCK_EG < G) & (f % BLOCK_EG < EG)
+    w_first = _weights_first(w_ptr, D, experts, real, FLAT_E, BLOCK_D, W_FIRST)
     pdl_entry(PDL)
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.arange(0, BLOCK_G)
@@ -175,14 +205,12 @@ def _group_topk_kernel(logits_ptr, w_ptr, bias_ptr, index_ptr, weight_ptr, N, D,
     expert3 = g[None, :, None] * EG + c[None, None, :]  # [1, BLOCK_G, BLOCK_EG]
     valid3 = (n < N)[:, None, None] & (g < G)[None, :, None] & (c < EG)[None, None, :]
     if FROM_X:  # logits_ptr is x; the logits over the padded experts flattened, then in groups
-        FLAT_E: tl.constexpr = BLOCK_G * BLOCK_EG
-        f = tl.arange(0, FLAT_E)
-        experts, real = (f // BLOCK_EG) * EG + f % BLOCK_EG, (f // BLOCK_EG < G) & (f % BLOCK_EG < EG)
         if ADD_NORM:
             logit = _normed_logits(logits_ptr, d_ptr, nw_ptr, h_ptr, s_ptr, w_ptr, eps, n, N, D, stride_n, experts,
-                                   real, ZERO_CENTRED, ROWS, BLOCK_D, FLAT_E)
+                                   real, w_first, ZERO_CENTRED, ROWS, BLOCK_D, FLAT_E, W_FIRST)
         else:
-            logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, real, ROWS, BLOCK_D, FLAT_E)
+            logit = _logits(logits_ptr, w_ptr, n, N, D, stride_n, experts, real, w_first, ROWS, BLOCK_D, FLAT_E,
+                            W_FIRST)
         logit = tl.reshape(logit, [ROWS, BLOCK_G, BLOCK_EG])
     else:
         logit = tl.load(logits_ptr + n.to(tl.int64)[:, None, None] * stride_n + expert3, mask=valid3, other=0.0)
@@ -257,6 +285,12 @@ def _prepare(rows_in: Tensor, e: int, block: int, k: int, dtype: torch.dtype, we
     return outputs, launch
 
 
+def _w_first(weight: Tensor | None, D: int, block_d: int) -> bool:
+    """Whether a launch loads the router weight before its PDL wait (`WEIGHTS_BEFORE_WAIT`): given W, in one
+    step."""
+    return WEIGHTS_BEFORE_WAIT and weight is not None and block_d >= D
+
+
 class AddNorm(NamedTuple):
     """A pre-norm block's residual add and RMSNorm run by a router that computes its logits: the router's rows are
     RMSNorm(x + delta), `weight` [D] (taken as 1 + w where `zero_centred`)."""
@@ -295,7 +329,7 @@ def _softmax_topk(logits: Tensor, k: int, renormalise: bool, weight: Tensor | No
         _softmax_topk_kernel[grid](rows_in, w, index, out, N, D, rows_in.stride(0), *norm_ptrs, E=E, K=k,
                                    NORM=renormalise, FROM_X=weight is not None, **norm_flags, ROWS=rows,
                                    BLOCK_E=block, BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d,
-                                   num_warps=warps, **pdl_launch(rows_in))
+                                   W_FIRST=_w_first(weight, D, block_d), num_warps=warps, **pdl_launch(rows_in))
     return index, out, h, stream
 
 
@@ -331,7 +365,7 @@ def _group_topk(logits: Tensor, bias: Tensor, k: int, n_group: int, topk_group: 
                                  G=n_group, EG=E // n_group, TOPG=topk_group, K=k, NORM=renormalise,
                                  FROM_X=weight is not None, **norm_flags, ROWS=rows, BLOCK_G=block_g,
                                  BLOCK_EG=block_eg, BLOCK_K=triton.next_power_of_2(k), BLOCK_D=block_d,
-                                 num_warps=warps, **pdl_launch(rows_in))
+                                 W_FIRST=_w_first(weight, D, block_d), num_warps=warps, **pdl_launch(rows_in))
     return index, out, h, stream
 
 
