@@ -48,6 +48,9 @@ _SUM = tl.standard._sum_combine
 TILE = 4096  # weight elements a program reads per loop step (32 fp32 products a thread at 4 warps)
 MIN_ROWS, MAX_ROWS = 4, 64  # output rows a program
 INTERPRETER_BLOCK = 1 << 20  # weight elements a program gathers at once in the interpreter
+# Each kernel's input rows (x, h) loaded in the weight tile's layout, [BLOCK, BLOCK_ROWS, BLOCK_IN] with every row
+# the same (L1 hits), as `gemv_triton` loads x, instead of [BLOCK, BLOCK_IN] broadcast over the rows
+X_IN_TILE = True
 # Kernel 2 as one gather did not pay (DOWN_GATHERED: a token's routed experts and shared-expert parts read as one
 # [pairs, rows, step] tile a step, where `_down_kernel` takes the pairs one memory round trip after another; history
 # c823c12): H100, batch-1 CUDA-graph decode steps (benchmarks/gpu/gemv_steps.sh), tok/s off / on, kimi_linear 1,579
@@ -69,10 +72,20 @@ def activation(v, ACT: tl.constexpr):
 
 
 @triton.jit
+def _in_tile(ptr, row_at, c, rows, live, width):
+    """A program's input rows at columns c in fp32, loaded as [BLOCK, BLOCK_ROWS, BLOCK_IN] (every weight row the
+    same: the weight tile's own layout, so the product needs no shared-memory round trip to broadcast them, as
+    `gemv_triton` loads x); `row_at` [BLOCK, 1, 1] the rows' offsets, zeros past `width` and for rows not live."""
+    return tl.load(ptr + row_at + (c[None, None, :] + 0 * rows[None, :, None]),
+                   mask=live[:, None, None] & (c < width)[None, None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_ptr, logit_w_ptr, h_ptr, logit_ptr, P,
                stride_xn, stride_we, stride_wi, stride_si, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
                ACT: tl.constexpr, GATED: tl.constexpr, M: tl.constexpr, LOGIT: tl.constexpr,
-               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, PDL: tl.constexpr):
+               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, X_TILED: tl.constexpr,
+               PDL: tl.constexpr):
     pdl_entry(PDL)
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BLOCK_P] pairs
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -95,12 +108,16 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
     acc_l = tl.full([BLOCK_P, BLOCK_IN], 0.0, tl.float32)
     for c0 in range(0, D, BLOCK_IN):
         c = c0 + tl.arange(0, BLOCK_IN)
-        xv = tl.load(x_ptr + n[:, None] * stride_xn + c[None, :], mask=live[:, None] & (c < D)[None, :], other=0.0)
-        xv = xv.to(tl.float32)
+        if LOGIT or not X_TILED:
+            xv = tl.load(x_ptr + n[:, None] * stride_xn + c[None, :], mask=live[:, None] & (c < D)[None, :],
+                         other=0.0).to(tl.float32)
         if LOGIT:
             acc_l += tl.load(logit_w_ptr + c[None, :] + 0 * p[:, None], mask=logit_ok[:, None] & (c < D)[None, :],
                              other=0.0).to(tl.float32) * xv
-        xv = xv[:, None, :]
+        if X_TILED:
+            xv = _in_tile(x_ptr, n[:, None, None] * stride_xn, c, rows, live, D)
+        else:
+            xv = xv[:, None, :]
         c_ok = (c < D)[None, None, :]
         u = tl.load(up_ptr + w_rows + c[None, None, :], mask=routed_ok & c_ok, other=0.0).to(tl.float32)
         if M > 0:
@@ -140,7 +157,7 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
 def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_ptr, out_ptr, N, stride_we,
                  stride_wd, stride_sd, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr, M: tl.constexpr,
                  LOGIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr,
-                 PDL: tl.constexpr):
+                 X_TILED: tl.constexpr, PDL: tl.constexpr):
     pdl_entry(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] tokens
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -164,10 +181,13 @@ def _down_kernel(h_ptr, index_ptr, weight_ptr, down_ptr, shared_down_ptr, logit_
         acc = tl.full([BLOCK_N, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
         for c0 in range(0, INNER, BLOCK_IN):
             c = c0 + tl.arange(0, BLOCK_IN)
-            hv = tl.load(h_ptr + p[:, None] * I + c[None, :], mask=live[:, None] & (c < INNER)[None, :], other=0.0)
+            if X_TILED:
+                hv = _in_tile(h_ptr, p[:, None, None] * I, c, rows, live, INNER)
+            else:
+                hv = tl.load(h_ptr + p[:, None] * I + c[None, :], mask=live[:, None] & (c < INNER)[None, :],
+                             other=0.0).to(tl.float32)[:, None, :]
             mask = row_ok & (c < INNER)[None, None, :]
-            acc += tl.load(w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * \
-                hv.to(tl.float32)[:, None, :]
+            acc += tl.load(w_rows + c[None, None, :], mask=mask, other=0.0).to(tl.float32) * hv
         y = tl.reduce(acc, 2, _SUM)  # [BLOCK_N, R]
         if W != tl.float32:  # the GEMM's output in W, then in O (`_round` only where narrower than fp32)
             y = _round(y, W)
@@ -273,12 +293,13 @@ def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, d
     _up_kernel[(triton.cdiv(pairs, block), triton.cdiv(I, rows))](
         x, index, up if gate is None else gate, up, s.gate, s.up, s.logit_row, h, s.logits, pairs, x.stride(0),
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
-        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps, **pdl_launch(x))
+        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, X_TILED=X_IN_TILE, num_warps=warps,
+        **pdl_launch(x))
     (block, rows, inner), warps = _launch(tiles, down_launch, N, D, I, x.device)
     _down_kernel[(triton.cdiv(N, block), triton.cdiv(D, rows))](
         h, index, weight, down, s.down, s.logits, out, N, down.stride(0), down.stride(1), s.stride_down,
-        K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps,
-        **pdl_launch(h))
+        K=K, I=I, D=D, M=s.parts, LOGIT=logit, BLOCK_N=block, BLOCK_ROWS=rows, BLOCK_IN=inner, X_TILED=X_IN_TILE,
+        num_warps=warps, **pdl_launch(h))
     return out
 
 
