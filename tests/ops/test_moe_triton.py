@@ -204,9 +204,9 @@ def test_the_gate_logit_scales_the_shared_expert():
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
 def test_inputs_in_the_weight_layout_change_no_bit(monkeypatch, dtype):
-    """x and h loaded in the weight tile's layout (`X_IN_TILE`) against loaded once and broadcast over the rows:
-    the same products summed in the same order, so every output bit for bit; a gated shared expert of two parts
-    with its logit, rows and inner steps off the sizes."""
+    """h loaded in the weight tile's layout in the down kernel (`X_IN_TILE`) against loaded once and broadcast
+    over the rows: the same products summed in the same order, so every output bit for bit; a gated shared
+    expert of two parts with its logit, rows and inner steps off the sizes."""
     e, k, n = 4, 2, 3
     module = filled(experts.GatedExperts(e, D, I, "silu", DEVICE, dtype), seed=7)
     shared = filled(GatedMLP(D, 2 * I, "silu", DEVICE, dtype, extra_rows=1), seed=8).as_shared_expert(gate_logit=True)

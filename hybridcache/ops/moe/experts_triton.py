@@ -48,8 +48,11 @@ _SUM = tl.standard._sum_combine
 TILE = 4096  # weight elements a program reads per loop step (32 fp32 products a thread at 4 warps)
 MIN_ROWS, MAX_ROWS = 4, 64  # output rows a program
 INTERPRETER_BLOCK = 1 << 20  # weight elements a program gathers at once in the interpreter
-# Each kernel's input rows (x, h) loaded in the weight tile's layout, [BLOCK, BLOCK_ROWS, BLOCK_IN] with every row
-# the same (L1 hits), as `gemv_triton` loads x, instead of [BLOCK, BLOCK_IN] broadcast over the rows
+# Kernel 2's input rows h loaded in the weight tile's layout, [BLOCK, BLOCK_ROWS, BLOCK_IN] with every row the same
+# (L1 hits), as `gemv_triton` loads x, instead of [BLOCK, BLOCK_IN] broadcast over the rows: compiled for sm_90 at
+# qwen3_next's 1B batch-1 tiling (benchmarks/sm90_compile.py), 10 barriers against 22 and 50 registers against 58,
+# kimi_linear's 10 against 16. Kernel 1 keeps its broadcast x: loaded in the tile it took 128 registers against 96
+# with no barrier fewer.
 X_IN_TILE = True
 # Kernel 2 as one gather did not pay (DOWN_GATHERED: a token's routed experts and shared-expert parts read as one
 # [pairs, rows, step] tile a step, where `_down_kernel` takes the pairs one memory round trip after another; history
@@ -74,8 +77,8 @@ def activation(v, ACT: tl.constexpr):
 @triton.jit
 def _in_tile(ptr, row_at, c, rows, live, width):
     """A program's input rows at columns c in fp32, loaded as [BLOCK, BLOCK_ROWS, BLOCK_IN] (every weight row the
-    same: the weight tile's own layout, so the product needs no shared-memory round trip to broadcast them, as
-    `gemv_triton` loads x); `row_at` [BLOCK, 1, 1] the rows' offsets, zeros past `width` and for rows not live."""
+    same: the weight tile's own layout, so the product needs no shared-memory round trip to broadcast them);
+    `row_at` [BLOCK, 1, 1] the rows' offsets, zeros past `width` and for rows not live."""
     return tl.load(ptr + row_at + (c[None, None, :] + 0 * rows[None, :, None]),
                    mask=live[:, None, None] & (c < width)[None, None, :], other=0.0).to(tl.float32)
 
@@ -84,8 +87,7 @@ def _in_tile(ptr, row_at, c, rows, live, width):
 def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_ptr, logit_w_ptr, h_ptr, logit_ptr, P,
                stride_xn, stride_we, stride_wi, stride_si, K: tl.constexpr, I: tl.constexpr, D: tl.constexpr,
                ACT: tl.constexpr, GATED: tl.constexpr, M: tl.constexpr, LOGIT: tl.constexpr,
-               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, X_TILED: tl.constexpr,
-               PDL: tl.constexpr):
+               BLOCK_P: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_IN: tl.constexpr, PDL: tl.constexpr):
     pdl_entry(PDL)
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BLOCK_P] pairs
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -98,9 +100,16 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
     row_ok = live[:, None, None] & (rows < I)[None, :, None]
     routed_ok = row_ok & routed[:, None, None]
     shared_ok = row_ok & (j >= K)[:, None, None]  # none without M
-    # shared pair K + s takes the shared expert's rows s·I + rows
+    # shared pair K + s takes the shared expert's rows s·I + rows; a pair's weight rows are one expert's or the
+    # shared one's, so each step loads through a pointer chosen per pair: one load a weight, not two masked ones
     s_rows = ((j - K).to(tl.int64) * I)[:, None, None] + rows.to(tl.int64)[None, :, None]
     s_rows = tl.where(shared_ok, s_rows, 0) * stride_si
+    if M > 0:
+        up_rows = tl.where(shared_ok, shared_up_ptr + s_rows, up_ptr + w_rows)
+        gate_rows = tl.where(shared_ok, shared_gate_ptr + s_rows, gate_ptr + w_rows)
+    else:
+        up_rows, gate_rows = up_ptr + w_rows, gate_ptr + w_rows
+    w_ok = routed_ok | shared_ok
     # the gate logit once a token: its first shared pair's programs of the first row tile
     logit_ok = live & (j == K) & (tl.program_id(1) == 0)
     acc_u = tl.full([BLOCK_P, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
@@ -108,27 +117,16 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
     acc_l = tl.full([BLOCK_P, BLOCK_IN], 0.0, tl.float32)
     for c0 in range(0, D, BLOCK_IN):
         c = c0 + tl.arange(0, BLOCK_IN)
-        if LOGIT or not X_TILED:
-            xv = tl.load(x_ptr + n[:, None] * stride_xn + c[None, :], mask=live[:, None] & (c < D)[None, :],
-                         other=0.0).to(tl.float32)
+        xv = tl.load(x_ptr + n[:, None] * stride_xn + c[None, :], mask=live[:, None] & (c < D)[None, :], other=0.0)
+        xv = xv.to(tl.float32)
         if LOGIT:
             acc_l += tl.load(logit_w_ptr + c[None, :] + 0 * p[:, None], mask=logit_ok[:, None] & (c < D)[None, :],
                              other=0.0).to(tl.float32) * xv
-        if X_TILED:
-            xv = _in_tile(x_ptr, n[:, None, None] * stride_xn, c, rows, live, D)
-        else:
-            xv = xv[:, None, :]
+        xv = xv[:, None, :]
         c_ok = (c < D)[None, None, :]
-        u = tl.load(up_ptr + w_rows + c[None, None, :], mask=routed_ok & c_ok, other=0.0).to(tl.float32)
-        if M > 0:
-            u += tl.load(shared_up_ptr + s_rows + c[None, None, :], mask=shared_ok & c_ok, other=0.0).to(tl.float32)
-        acc_u += u * xv
+        acc_u += tl.load(up_rows + c[None, None, :], mask=w_ok & c_ok, other=0.0).to(tl.float32) * xv
         if GATED:
-            g = tl.load(gate_ptr + w_rows + c[None, None, :], mask=routed_ok & c_ok, other=0.0).to(tl.float32)
-            if M > 0:
-                g += tl.load(shared_gate_ptr + s_rows + c[None, None, :], mask=shared_ok & c_ok,
-                             other=0.0).to(tl.float32)
-            acc_g += g * xv
+            acc_g += tl.load(gate_rows + c[None, None, :], mask=w_ok & c_ok, other=0.0).to(tl.float32) * xv
     # rounding by `_round` only where W is narrower than fp32 (a nested call costs the interpreter ~1 ms)
     W: tl.constexpr = up_ptr.dtype.element_ty
     NARROW: tl.constexpr = W != tl.float32
@@ -293,8 +291,7 @@ def fused_experts_triton(x: Tensor, index: Tensor, weight: Tensor, up: Tensor, d
     _up_kernel[(triton.cdiv(pairs, block), triton.cdiv(I, rows))](
         x, index, up if gate is None else gate, up, s.gate, s.up, s.logit_row, h, s.logits, pairs, x.stride(0),
         up.stride(0), up.stride(1), s.stride_up, K=K, I=I, D=D, ACT=_ACT[act], GATED=gate is not None, M=s.parts,
-        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, X_TILED=X_IN_TILE, num_warps=warps,
-        **pdl_launch(x))
+        LOGIT=logit, BLOCK_P=block, BLOCK_ROWS=rows, BLOCK_IN=inner, num_warps=warps, **pdl_launch(x))
     (block, rows, inner), warps = _launch(tiles, down_launch, N, D, I, x.device)
     _down_kernel[(triton.cdiv(N, block), triton.cdiv(D, rows))](
         h, index, weight, down, s.down, s.logits, out, N, down.stride(0), down.stride(1), s.stride_down,
