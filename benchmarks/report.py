@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks.report_data import load
 from benchmarks.report_format import eager, provenance, table
 from benchmarks.report_plots import PEERS, on_gpu, plot_all
-from benchmarks.report_steps import kernel_bandwidth_section, step_section
+from benchmarks.report_steps import kernel_bandwidth_section, launch_floor_section, step_section
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "docs" / "bench-data"
@@ -286,6 +286,8 @@ def markdown(groups: dict[str, list[dict]], data_dir: str, img: str | None, plot
         out += step_section(groups["step_profile"], img if plots_made else None)
     if groups.get("kernel_bandwidth"):
         out += kernel_bandwidth_section(groups["kernel_bandwidth"])
+    if groups.get("launch_floor"):
+        out += launch_floor_section(groups["launch_floor"])
     if groups.get("spec_decode"):
         out += spec_section(groups["spec_decode"], img if plots_made else None)
     if groups.get("ops_kernels"):

@@ -80,3 +80,29 @@ def kernel_bandwidth_section(files: list[dict]) -> list[str]:
                                f"{r['gbs']:,.0f}", f"{r['share']:.0%}", f"{r['over_us']:.1f}"]
                               + ([f"{r['beyond_us']:.1f}"] if beyond else []) for r in rows]) + [""]
     return out
+
+
+def launch_floor_section(files: list[dict]) -> list[str]:
+    out = ["## What a launch costs inside the step's graph", "",
+           "`benchmarks/launch_floor.py`: chains of N dependent launches captured in one CUDA graph, each launch's "
+           "input the one before's output, replayed; microseconds a launch, with programmatic dependent launch (PDL, "
+           "the engine's default) and without. *empty* takes only PDL's wait; *norm* is the RMSNorm of one 2,048-wide "
+           "row; *gemv* a one-row product with its own 2,048 x 2,048 bf16 weight (8.4 MB, no weight twice in L2); "
+           "*gemv-merged* the same weights as one launch. gemv minus gemv-merged is what a chain of weight reads "
+           "costs beyond its bytes: the time each launch takes to fill the memory pipe and drain it.", ""]
+    for data in files:
+        p = data["params"]
+        out += provenance(data) + ["", f"{p['launches']} launches a chain; copy bandwidth {p['copy_gbs']:,.0f} GB/s "
+                                   "(read + write).", ""]
+        by = {(r["chain"], r["pdl"]): r for r in data["rows"]}
+        rows = []
+        for chain in ("empty", "norm", "gemv", "gemv-merged"):
+            cells = [by.get((chain, pdl)) for pdl in (True, False)]
+            rows.append([chain] + [f"{c['us_per_launch']:.2f}" if c else "-" for c in cells]
+                        + [f"{c['gbs']:,.0f}" if c and c["bytes_per_launch"] else "-" for c in cells])
+        for pdl in (True, False):
+            if ("gemv", pdl) in by and ("gemv-merged", pdl) in by:
+                extra = by[("gemv", pdl)]["us_per_launch"] - by[("gemv-merged", pdl)]["us_per_launch"]
+                rows.append([f"gemv's chain adds ({'PDL' if pdl else 'plain'})", f"{extra:.2f}", "", "", ""])
+        out += table(["chain", "us a launch, PDL", "us a launch, plain", "GB/s, PDL", "GB/s, plain"], rows) + [""]
+    return out

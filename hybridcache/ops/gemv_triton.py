@@ -27,9 +27,10 @@ MAX_ROWS = 4
 BLOCK_N = 4
 BLOCK_K = 1024
 NUM_WARPS = 4
-# Widths K up to which the loop over K is unrolled at compile time (K a constant of the launch, one compile per
-# width), so that a program's weight loads can all be in flight before its first products
-UNROLL_K_UP_TO = 0
+# Unrolling the loop over K at compile time (K a constant of the launch) did not pay either: sm_90 issued the second
+# step's weight loads only as registers freed, no more of them in flight; H100, qwen3_next's batch-1 graph step
+# (benchmarks/gpu/gemv_steps.sh, session 51, history 35250ef) 1,120 tok/s against 1,128 rolled, the gemvs' GPU
+# time 0.384 against 0.369 ms.
 # Triton's CPU interpreter runs programs one by one at a fixed cost each: there a program takes up to this many
 # outputs (the tiny test models' whole GEMM, in one to a few programs), the same values within summation order
 INTERPRETER_BLOCK_N = 64
@@ -58,32 +59,12 @@ def _store_row(y_ptr, b_ptr, acc, r, M, s_ym, nn, n_ok, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _step(x_ptr, w_ptr, M, K, s_xm, s_wn, nn, n_ok, k0, acc0, acc1, acc2, acc3,
-          ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The weight block at columns k0.. and each row's products added into its accumulator."""
-    kk = k0 + tl.arange(0, BLOCK_K)
-    k_ok = kk < K
-    w = tl.load(w_ptr + nn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    w = w.to(tl.float32)
-    acc0 += w * _x_row(x_ptr, 0, M, s_xm, nn, kk, k_ok)
-    if ROWS > 1:
-        acc1 += w * _x_row(x_ptr, 1, M, s_xm, nn, kk, k_ok)
-    if ROWS > 2:
-        acc2 += w * _x_row(x_ptr, 2, M, s_xm, nn, kk, k_ok)
-        acc3 += w * _x_row(x_ptr, 3, M, s_xm, nn, kk, k_ok)
-    return acc0, acc1, acc2, acc3
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    K_UNROLLED: tl.constexpr, PDL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):
     """x [M, K], w [N, K], y [M, N] by their row strides (unit last); b [N] where HAS_BIAS; ROWS (1 to 4) >= M.
-    One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout. K_UNROLLED (K itself, else 0):
-    the loop over K unrolled at compile time, every step's weight load free to be issued before the first
-    products."""
+    One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout."""
     pdl_entry(PDL)
     nn = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = nn < N
@@ -91,14 +72,17 @@ def _gemv_kernel(
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    if K_UNROLLED:
-        for k0 in tl.static_range(0, K_UNROLLED, BLOCK_K):
-            acc0, acc1, acc2, acc3 = _step(x_ptr, w_ptr, M, K, s_xm, s_wn, nn, n_ok, k0, acc0, acc1, acc2, acc3,
-                                           ROWS, BLOCK_K)
-    else:
-        for k0 in range(0, K, BLOCK_K):
-            acc0, acc1, acc2, acc3 = _step(x_ptr, w_ptr, M, K, s_xm, s_wn, nn, n_ok, k0, acc0, acc1, acc2, acc3,
-                                           ROWS, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        w = tl.load(w_ptr + nn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w = w.to(tl.float32)
+        acc0 += w * _x_row(x_ptr, 0, M, s_xm, nn, kk, k_ok)
+        if ROWS > 1:
+            acc1 += w * _x_row(x_ptr, 1, M, s_xm, nn, kk, k_ok)
+        if ROWS > 2:
+            acc2 += w * _x_row(x_ptr, 2, M, s_xm, nn, kk, k_ok)
+            acc3 += w * _x_row(x_ptr, 3, M, s_xm, nn, kk, k_ok)
     _store_row(y_ptr, b_ptr, acc0, 0, M, s_ym, nn, n_ok, HAS_BIAS)
     if ROWS > 1:
         _store_row(y_ptr, b_ptr, acc1, 1, M, s_ym, nn, n_ok, HAS_BIAS)
@@ -139,6 +123,6 @@ def gemv_triton(
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x, weight, weight if bias is None else bias, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
         ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None,
-        K_UNROLLED=K if K <= UNROLL_K_UP_TO else 0, num_warps=num_warps or NUM_WARPS, **pdl_launch(x),
+        num_warps=num_warps or NUM_WARPS, **pdl_launch(x),
     )
     return y

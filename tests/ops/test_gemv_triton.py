@@ -54,16 +54,6 @@ def test_tilings_agree(block_n, block_k, num_warps):
     torch.testing.assert_close(y.cpu(), reference(x, w, b).cpu(), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("M,K", [(1, 300), (4, 513)])
-def test_the_loop_unrolled_changes_no_bit(monkeypatch, M, K):
-    """K a compile-time constant and the loop over it unrolled (`UNROLL_K_UP_TO`): the same steps in the same
-    order, bit for bit, the last step masked."""
-    x, w, b = inputs(M, 40, K, torch.bfloat16, True, seed=K)
-    rolled = gemv_triton(x, w, b, block_k=128)
-    monkeypatch.setattr(gemv_module, "UNROLL_K_UP_TO", K)
-    assert torch.equal(gemv_triton(x, w, b, block_k=128), rolled)
-
-
 def test_reads_strided_rows_and_weight_views():
     """x as the first columns of a wider tensor (a row stride past its width), read in place; a weight in
     column-major order (no unit last stride) is copied: both give the contiguous inputs' values, bit for bit."""
