@@ -3,8 +3,10 @@ engine launches them, compiled for the H200 (sm_90) on this machine: each op's w
 the 1B-class shapes (verify and decode: batch 64, raw gates, bf16 inputs and histories, fp32 states; routers:
 hidden 2048, 8 experts, the logits computed in the kernel, one token, as CUDA runs a program a token) with its
 launch captured, which is then compiled as the JIT would (`benchmarks/sm90_compile.py`) and read with
-Triton's bundled ptxas. No GPU, no timing: whether a change made a kernel's full registers spill to local
-memory, which the interpreter cannot say.
+Triton's bundled ptxas and nvdisasm. No GPU, no timing: whether a change made a kernel's full registers spill to
+local memory, which the interpreter cannot say, and its global loads (16-byte ones among them), shared-memory
+stores and barriers (a layout change through shared memory costs a store, a barrier and a load). Also the MoE
+experts' one-pair kernels at batch 1 (kimi_linear's shared expert of one part, qwen3_next's of four with its gate).
 
     PYTHONPATH=. python benchmarks/kernel_registers.py
 """
@@ -17,7 +19,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # interpreted functions do not compile
 
 import torch  # noqa: E402
 
-from benchmarks.sm90_compile import captured_launches, compile_launch, ptxas_report  # noqa: E402
+from benchmarks.sm90_compile import captured_launches, compile_launch, ptxas_report, sass_counts  # noqa: E402
 from hybridcache.ops.conv1d.triton_conv import causal_conv1d_update_triton  # noqa: E402
 from hybridcache.ops.delta_rule_triton import delta_rule_decode_triton  # noqa: E402
 from hybridcache.ops.gdn.decode import RawGate  # noqa: E402
@@ -26,6 +28,8 @@ from hybridcache.ops.kda.gate import KDARawGate  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_decode import mamba2_decode_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton  # noqa: E402
+from hybridcache.ops.moe import SharedExpert  # noqa: E402
+from hybridcache.ops.moe.experts_triton import fused_experts_triton  # noqa: E402
 from hybridcache.ops.moe.routers_triton import group_topk_triton, softmax_topk_triton  # noqa: E402
 
 BATCH, HIST, DRAFTS = 64, 16, 3
@@ -97,6 +101,16 @@ def router(family: str, tokens: int) -> None:
         softmax_topk_triton(x, 2, True, weight=_bf(8, 2048))
 
 
+def experts(parts: int) -> None:
+    """One token's routed top-2 of 8 experts of 512 over 2048 and a shared expert of `parts` parts (qwen3_next's
+    four with its gate logit, kimi_linear's one), at the tiling CUDA takes at batch 1 (the CPU tensors would get
+    the interpreter's)."""
+    D, I = 2048, 512
+    shared = SharedExpert(_bf(parts * I, D), _bf(D, parts * I), _bf(parts * I, D), _bf(D) if parts > 1 else None)
+    fused_experts_triton(_bf(1, D), torch.tensor([[1, 5]]), torch.rand(1, 2), _bf(8, I, D), _bf(8, D, I), _bf(8, I, D),
+                         "silu", BF16, shared=shared, up_launch=(4, 1024, 4), down_launch=(4, 512, 4))
+
+
 def cases() -> list[tuple[str, Callable[[], None]]]:
     """(label, a call of the op) at T = 4 (a k = 3 verify) over tilings, and T = 1 (a one-token step); a
     tiling not named is the wrapper's default."""
@@ -113,6 +127,7 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
     out += [("conv update T=1 default", lambda: conv_update(1)), ("conv update T=4 default", lambda: conv_update(4))]
     for family in ("kimi_linear", "qwen3_next"):  # one token: as CUDA launches every batch (a program a token)
         out.append((f"router {family}", lambda f=family: router(f, 1)))
+    out += [("experts kimi_linear", lambda: experts(1)), ("experts qwen3_next", lambda: experts(4))]
     return out
 
 
@@ -124,13 +139,20 @@ def tiling(launch) -> str:
 
 
 def main() -> None:
-    print(f"{'kernel':48} {'registers':>9} {'spill stores':>13} {'spill loads':>12}  (bytes a thread, sm_90)")
+    print("sm_90; spills in bytes a thread; LDG global loads (16-byte ones), STS shared-memory stores, BAR barriers")
+    print(f"{'kernel':56} {'registers':>9} {'spill stores':>13} {'spill loads':>12} {'LDG (16-byte)':>14} "
+          f"{'STS':>4} {'BAR':>4}")
     for label, call in cases():
         with captured_launches() as launches:
             call()
-        for launch in launches[:1]:  # the verify kernel (KDA's second launch writes the pending drafts)
-            regs, stores, loads = ptxas_report(compile_launch(launch))
-            print(f"{label + ' ' + tiling(launch):48} {regs:>9} {stores:>13} {loads:>12}")
+        # the verify kernel (KDA's second launch writes the pending drafts); both of the experts'
+        for launch in launches[:2 if label.startswith("experts") else 1]:
+            kernel = compile_launch(launch)
+            regs, stores, loads = ptxas_report(kernel)
+            sass = sass_counts(kernel)
+            name = f"{label} {launch.kernel.__name__.strip('_')} " if label.startswith("experts") else f"{label} "
+            print(f"{name + tiling(launch):56} {regs:>9} {stores:>13} {loads:>12} {sass['LDG']:>7} ({sass['LDG128']:>4})"
+                  f" {sass['STS']:>4} {sass['BAR']:>4}")
 
 
 if __name__ == "__main__":

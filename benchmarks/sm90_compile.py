@@ -72,3 +72,17 @@ def ptxas_report(kernel, arch: int = 90) -> tuple[int, int, int]:
     regs = int(re.search(r"Used (\d+) registers", text).group(1))
     stores, loads = (int(m) for m in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text).groups())
     return regs, stores, loads
+
+
+def sass_counts(kernel) -> dict[str, int]:
+    """Instruction counts of a compiled kernel's SASS (Triton's bundled nvdisasm): global loads (LDG) and their
+    16-byte vector share (LDG128), shared-memory stores and loads (STS, LDS) and barriers (BAR), the marks of a
+    layout change through shared memory (a broadcast or a cross-warp reduction), and all instructions."""
+    nvdisasm = os.path.join(os.path.dirname(nvidia.get_ptxas(90).path), "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        text = subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9._]*)", text)
+    counts = {name: sum(op.split(".")[0] == name for op in ops) for name in ("LDG", "STS", "LDS", "BAR")}
+    return {**counts, "LDG128": sum(op.startswith("LDG.E.128") for op in ops), "instructions": len(ops)}
