@@ -139,9 +139,10 @@ def tiling(launch) -> str:
 
 
 def main() -> None:
-    print("sm_90; spills in bytes a thread; LDG global loads (16-byte ones), STS shared-memory stores, BAR barriers")
+    print("sm_90; spills in bytes a thread; LDG global loads (16-byte ones), ahead: before the first product; STS "
+          "shared-memory stores, BAR barriers")
     print(f"{'kernel':56} {'registers':>9} {'spill stores':>13} {'spill loads':>12} {'LDG (16-byte)':>14} "
-          f"{'STS':>4} {'BAR':>4}")
+          f"{'ahead':>5} {'STS':>4} {'BAR':>4}")
     for label, call in cases():
         with captured_launches() as launches:
             call()
@@ -151,8 +152,8 @@ def main() -> None:
             regs, stores, loads = ptxas_report(kernel)
             sass = sass_counts(kernel)
             name = f"{label} {launch.kernel.__name__.strip('_')} " if label.startswith("experts") else f"{label} "
-            print(f"{name + tiling(launch):56} {regs:>9} {stores:>13} {loads:>12} {sass['LDG']:>7} ({sass['LDG128']:>4})"
-                  f" {sass['STS']:>4} {sass['BAR']:>4}")
+            print(f"{name + tiling(launch):56} {regs:>9} {stores:>13} {loads:>12} {sass['LDG']:>7} "
+                  f"({sass['LDG128']:>4}) {sass['LDG_AHEAD']:>5} {sass['STS']:>4} {sass['BAR']:>4}")
 
 
 if __name__ == "__main__":

@@ -75,9 +75,11 @@ def ptxas_report(kernel, arch: int = 90) -> tuple[int, int, int]:
 
 
 def sass_counts(kernel) -> dict[str, int]:
-    """Instruction counts of a compiled kernel's SASS (Triton's bundled nvdisasm): global loads (LDG) and their
-    16-byte vector share (LDG128), shared-memory stores and loads (STS, LDS) and barriers (BAR), the marks of a
-    layout change through shared memory (a broadcast or a cross-warp reduction), and all instructions."""
+    """Instruction counts of a compiled kernel's SASS (Triton's bundled nvdisasm): global loads (LDG), their
+    16-byte vector share (LDG128) and those issued before the first fp32 product (LDG_AHEAD: loads
+    in flight together, rather than each after the products of the one before); shared-memory stores and loads
+    (STS, LDS) and barriers (BAR), the marks of a layout change through shared memory (a broadcast or a
+    cross-warp reduction); and all instructions."""
     nvdisasm = os.path.join(os.path.dirname(nvidia.get_ptxas(90).path), "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
@@ -85,4 +87,6 @@ def sass_counts(kernel) -> dict[str, int]:
         text = subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
     ops = re.findall(r"/\*[0-9a-f]{4}\*/\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9._]*)", text)
     counts = {name: sum(op.split(".")[0] == name for op in ops) for name in ("LDG", "STS", "LDS", "BAR")}
-    return {**counts, "LDG128": sum(op.startswith("LDG.E.128") for op in ops), "instructions": len(ops)}
+    first = next((i for i, op in enumerate(ops) if op.startswith(("FFMA", "FMUL"))), len(ops))  # HFMA2.MMA zeroes
+    return {**counts, "LDG128": sum(op.startswith("LDG.E.128") for op in ops),
+            "LDG_AHEAD": sum(op.startswith("LDG") for op in ops[:first]), "instructions": len(ops)}

@@ -4,8 +4,8 @@ HYBRIDCACHE_PDL=0.
 A launch with PDL may be scheduled while the kernel before it in the stream still runs; small decode kernels
 (a batch-1 step launches about 150, most of them a few microseconds long) then overlap their launch and ramp-up
 with their predecessor's tail. Each kernel takes `PDL: tl.constexpr` and begins with `pdl_entry(PDL)`: wait for
-every grid before it to finish and its writes to be visible (before any load), then let the next launch be
-scheduled. Waiting first keeps stream order exact whatever precedes (a cuBLAS GEMM or torch kernel triggers at
+every grid before it to finish and its writes to be visible (before any load but of a parameter no kernel writes,
+through a function in BEFORE_WAIT), then let the next launch be scheduled. Waiting first keeps stream order exact whatever precedes (a cuBLAS GEMM or torch kernel triggers at
 its end), so the results are those of plain launches, bit for bit. Captured CUDA graphs keep the programmatic
 edges. `pdl_launch(t)` gives the launch options: PDL and launch_pdl on, or PDL off; tests switch `ENABLED`.
 On an H100, CUDA-graph decode steps of the 1B-class checkpoints (benchmarks/step_profile.py, same machine,
@@ -36,6 +36,10 @@ def pdl_entry(PDL: tl.constexpr):
         gdc_wait()
         gdc_launch_dependents()
 
+
+# jit functions a kernel may call before its `pdl_entry`: each reads only parameters no kernel writes, which can
+# stream in while the kernels before it finish (the routers' weight: routers_triton._weights_first)
+BEFORE_WAIT = frozenset({"_weights_first"})
 
 ENABLED = os.environ.get(ENV, "1") != "0"  # read once: a launch checks a flag (an environment lookup costs ~0.7 us)
 ON, OFF = {"PDL": True, "launch_pdl": True}, {"PDL": False}

@@ -59,10 +59,25 @@ def _kernels_and_launches() -> tuple[dict, list]:
     return jitted, launches
 
 
+def _reads_before_wait(statements: list, jitted: dict) -> list[str]:
+    """What the statements call that may read or write memory: tl.load / tl.store / atomics, and any jit
+    function of ours other than those `pdl_triton.BEFORE_WAIT` admits."""
+    import ast
+
+    found = []
+    for node in (n for s in statements for n in ast.walk(s) if isinstance(n, ast.Call)):
+        name = getattr(node.func, "attr", None) or getattr(node.func, "id", "")
+        if name in ("load", "store") or name.startswith("atomic") or (name in jitted
+                                                                          and name not in pdl_triton.BEFORE_WAIT):
+            found.append(name)
+    return found
+
+
 def test_every_launched_kernel_waits_at_its_entry_and_every_launch_asks():
     """Under PDL a kernel may start before its predecessor ends: each launched kernel must take PDL and wait
-    first (`pdl_entry(PDL)` before anything else), and each launch must pass `pdl_launch(...)`, or the switch
-    would race (a kernel launched early that reads before waiting) or silently leave kernels out."""
+    first (`pdl_entry(PDL)` before any load or store but of parameters no kernel writes, through a function
+    `pdl_triton.BEFORE_WAIT` names), and each launch must pass `pdl_launch(...)`, or the switch would race (a
+    kernel launched early that reads before waiting) or silently leave kernels out."""
     import ast
 
     jitted, launches = _kernels_and_launches()
@@ -72,6 +87,23 @@ def test_every_launched_kernel_waits_at_its_entry_and_every_launch_asks():
         assert any(a.arg == "PDL" for a in kernel.args.args), f"{name} takes no PDL"
         docstring = isinstance(kernel.body[0], ast.Expr) and isinstance(kernel.body[0].value, ast.Constant)
         body = kernel.body[1:] if docstring else kernel.body
-        assert ast.unparse(body[0]) == "pdl_entry(PDL)", f"{name} does not begin with pdl_entry(PDL)"
+        entry = [i for i, s in enumerate(body) if ast.unparse(s) == "pdl_entry(PDL)"]
+        assert entry, f"{name} never calls pdl_entry(PDL) at its top level"
+        reads = _reads_before_wait(body[:entry[0]], jitted)
+        assert not reads, f"{name} calls {reads} before pdl_entry(PDL)"
         asks = [k for k in call.keywords if k.arg is None and "pdl_launch" in ast.unparse(k.value)]
         assert asks, f"{where}: the launch of {name} does not pass **pdl_launch(...)"
+
+
+def test_the_entry_check_catches_a_read_before_the_wait():
+    """A mutation guard for the check above: a load, a store, or a jit function of ours outside BEFORE_WAIT ahead
+    of pdl_entry is reported; a BEFORE_WAIT function and index arithmetic are not."""
+    import ast
+
+    jitted, _ = _kernels_and_launches()
+    assert "_w_step" in jitted and "_weights_first" in jitted, "the routers' helpers moved: update this test"
+    cases = {"x = tl.load(p + i)": ["load"], "tl.store(p, x)": ["store"], "tl.atomic_add(p, 1)": ["atomic_add"],
+             "w = _w_step(p, D, e, r, d)": ["_w_step"], "w = _weights_first(p, D, e, r, 8, 16, True)": [],
+             "e = tl.arange(0, 8) * 2": []}
+    for source, want in cases.items():
+        assert _reads_before_wait(ast.parse(source).body, jitted) == want, source

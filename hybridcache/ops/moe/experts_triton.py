@@ -48,6 +48,13 @@ _SUM = tl.standard._sum_combine
 TILE = 4096  # weight elements a program reads per loop step (32 fp32 products a thread at 4 warps)
 MIN_ROWS, MAX_ROWS = 4, 64  # output rows a program
 INTERPRETER_BLOCK = 1 << 20  # weight elements a program gathers at once in the interpreter
+# Kernel 1 loads each weight step twice, masked: the routed expert's rows and the shared expert's (a pair's rows are
+# one or the other). One load through a pointer chosen per pair (tl.where on the two) compiled to 96 registers
+# against 157 at qwen3_next's batch-1 tiling, but sm_90 then issued the step's loads one after another into the same
+# registers, each waiting for the products of the one before (benchmarks/kernel_registers.py: 3 of its loads ahead
+# of the first product, against 19). With it, qwen3_next's batch-1 graph step ran 1,120-1,139 tok/s on an H100
+# (session 51, history 35250ef; up and down kernels 0.258 + 0.197 ms of GPU time a step) where the session before
+# had 1,215-1,224 (0.204 + 0.129 ms) on another H100; not timed against each other on one machine.
 # Kernel 2's input rows h loaded in the weight tile's layout, [BLOCK, BLOCK_ROWS, BLOCK_IN] with every row the same
 # (L1 hits), as `gemv_triton` loads x, instead of [BLOCK, BLOCK_IN] broadcast over the rows: compiled for sm_90 at
 # qwen3_next's 1B batch-1 tiling (benchmarks/sm90_compile.py), 10 barriers against 22 and 50 registers against 58,
@@ -100,16 +107,9 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
     row_ok = live[:, None, None] & (rows < I)[None, :, None]
     routed_ok = row_ok & routed[:, None, None]
     shared_ok = row_ok & (j >= K)[:, None, None]  # none without M
-    # shared pair K + s takes the shared expert's rows s·I + rows; a pair's weight rows are one expert's or the
-    # shared one's, so each step loads through a pointer chosen per pair: one load a weight, not two masked ones
+    # shared pair K + s takes the shared expert's rows s·I + rows
     s_rows = ((j - K).to(tl.int64) * I)[:, None, None] + rows.to(tl.int64)[None, :, None]
     s_rows = tl.where(shared_ok, s_rows, 0) * stride_si
-    if M > 0:
-        up_rows = tl.where(shared_ok, shared_up_ptr + s_rows, up_ptr + w_rows)
-        gate_rows = tl.where(shared_ok, shared_gate_ptr + s_rows, gate_ptr + w_rows)
-    else:
-        up_rows, gate_rows = up_ptr + w_rows, gate_ptr + w_rows
-    w_ok = routed_ok | shared_ok
     # the gate logit once a token: its first shared pair's programs of the first row tile
     logit_ok = live & (j == K) & (tl.program_id(1) == 0)
     acc_u = tl.full([BLOCK_P, BLOCK_ROWS, BLOCK_IN], 0.0, tl.float32)
@@ -124,9 +124,16 @@ def _up_kernel(x_ptr, index_ptr, gate_ptr, up_ptr, shared_gate_ptr, shared_up_pt
                              other=0.0).to(tl.float32) * xv
         xv = xv[:, None, :]
         c_ok = (c < D)[None, None, :]
-        acc_u += tl.load(up_rows + c[None, None, :], mask=w_ok & c_ok, other=0.0).to(tl.float32) * xv
+        u = tl.load(up_ptr + w_rows + c[None, None, :], mask=routed_ok & c_ok, other=0.0).to(tl.float32)
+        if M > 0:
+            u += tl.load(shared_up_ptr + s_rows + c[None, None, :], mask=shared_ok & c_ok, other=0.0).to(tl.float32)
+        acc_u += u * xv
         if GATED:
-            acc_g += tl.load(gate_rows + c[None, None, :], mask=w_ok & c_ok, other=0.0).to(tl.float32) * xv
+            g = tl.load(gate_ptr + w_rows + c[None, None, :], mask=routed_ok & c_ok, other=0.0).to(tl.float32)
+            if M > 0:
+                g += tl.load(shared_gate_ptr + s_rows + c[None, None, :], mask=shared_ok & c_ok,
+                             other=0.0).to(tl.float32)
+            acc_g += g * xv
     # rounding by `_round` only where W is narrower than fp32 (a nested call costs the interpreter ~1 ms)
     W: tl.constexpr = up_ptr.dtype.element_ty
     NARROW: tl.constexpr = W != tl.float32
