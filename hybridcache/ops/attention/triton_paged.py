@@ -34,9 +34,10 @@ MAX_TILE_ROWS = 64  # BLOCK_T * G query rows per program, bounded to keep the fp
 DECODE_STAGES, DECODE_STAGES_MAX_DIM = 2, 128
 # Keys a split at least (`plan_grid`): at batch 1 over a short context that is one split, so qwen3_next 1B's decode
 # attention runs 2 programs (its 2 kv heads) for the whole GPU: 12.0 us a launch under Nsight Compute (H100,
-# benchmarks/gpu/bs1_kernels.sh, 2026-12-07), 8.1 us beyond the profile's floor and its bytes. Fewer keys a split
-# add programs and a merge launch: not timed here yet (gemv_steps.sh MODULE=attention.triton_paged
-# SETTING=MIN_KEYS_PER_SPLIT). MLA's kernel takes 16 (triton_mla.py).
+# benchmarks/gpu/bs1_kernels.sh, 2026-12-07), 8.1 us beyond the profile's floor and its bytes. At 32 (five splits and
+# a merge launch over its ~160 keys) qwen3_next's batch-1 graph step ran 1,139 tok/s (replay 0.84 ms) against
+# 1,120-1,128 (0.85 ms) for three runs at 256 in the same call (H100, gemv_steps.sh, session 51): within what runs
+# differ by, and nemotron_h (8 kv heads) not timed, so 256 stays. MLA's kernel takes 16 (triton_mla.py).
 MIN_KEYS_PER_SPLIT = 256
 
 

@@ -58,8 +58,8 @@ INTERPRETER_BLOCK = 1 << 20  # weight elements a program gathers at once in the 
 # Kernel 2's input rows h loaded in the weight tile's layout, [BLOCK, BLOCK_ROWS, BLOCK_IN] with every row the same
 # (L1 hits), as `gemv_triton` loads x, instead of [BLOCK, BLOCK_IN] broadcast over the rows: compiled for sm_90 at
 # qwen3_next's 1B batch-1 tiling (benchmarks/sm90_compile.py), 10 barriers against 22 and 50 registers against 58,
-# kimi_linear's 10 against 16. Kernel 1 keeps its broadcast x: loaded in the tile it took 128 registers against 96
-# with no barrier fewer.
+# kimi_linear's 10 against 16. Kernel 1 keeps its broadcast x: loaded in the tile it took 168 registers against 157
+# with no barrier fewer. Timed only with the routers' WEIGHTS_BEFORE_WAIT beside it (routers_triton.py).
 X_IN_TILE = True
 # Kernel 2 as one gather did not pay (DOWN_GATHERED: a token's routed experts and shared-expert parts read as one
 # [pairs, rows, step] tile a step, where `_down_kernel` takes the pairs one memory round trip after another; history
