@@ -89,7 +89,7 @@ append_sig = {"hist_ptr": "*i64", "len_ptr": "*i64", "tok_ptr": "*i64", "count_p
               "W": "i32", "stride_r": "i64", "stride_t": "i64"}
 results["ngram-append"] = compile_(ngram_triton._append_kernel, append_sig, {"T": 4, "BLOCK_T": 4})
 from benchmarks import kernel_registers as engine_calls
-from benchmarks.sm90_compile import captured_launches, compile_launch, ptxas_report
+from benchmarks.sm90_compile import captured_launches, compile_launch, ptxas_report, sass_counts
 
 def compiles_launches(call):
     """Every launch of an op's wrapper, captured and compiled as the JIT would (the real specialisation)."""
@@ -142,8 +142,11 @@ def pair_moe(parts):
         experts_triton.fused_experts_triton(w(1, D), torch.tensor([[1, 5]]), torch.rand(1, k), w(E, I, D), w(E, D, I),
                                             w(E, I, D), "silu", torch.bfloat16, shared=shared,
                                             up_launch=(4, 1024, 4), down_launch=(4, 512, 4))
-    return len(launches) == 2 and all(ptxas_report(compile_launch(l))[1] == 0 for l in launches)
+    kernels = [compile_launch(l) for l in launches]
+    ahead[f"moe_pairs-shared{parts}-up"] = sass_counts(kernels[0])["LDG_AHEAD"]
+    return len(launches) == 2 and all(ptxas_report(k)[1] == 0 for k in kernels)
 
+ahead = {}
 for parts in (1, 4):
     results[f"moe_pairs-shared{parts}"] = pair_moe(parts)
 results["relu2"] = compile_(activation_triton._relu2_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32"},
@@ -162,7 +165,7 @@ for rows, bias in ((1, False), (4, True)):
     results[f"gemv-rows{rows}"] = compile_(gemv_triton._gemv_kernel, gemv_sig, {
         "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias},
         num_warps=gemv_triton.NUM_WARPS)
-print(json.dumps({"compiled": results, "spills": spills}))
+print(json.dumps({"compiled": results, "spills": spills, "ahead": ahead}))
 '''
 CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
          "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "mla_attention-verify-default",
@@ -204,3 +207,12 @@ def test_the_default_tilings_stay_within_their_spill_budget(child: dict) -> None
     assert len(spills) == 13, sorted(spills)  # verify at T = 4 and 1, decode (GDN, KDA, Mamba2); conv; routers
     over = {label: n for label, n in spills.items() if n > SPILL_BUDGET.get(label, 0)}
     assert not over, f"spill-store bytes a thread over budget: {over} (budget {SPILL_BUDGET}, else 0)"
+
+
+def test_the_experts_up_kernel_keeps_its_weight_loads_in_flight(child: dict) -> None:
+    """The MoE up kernel at batch 1 issues a weight step's loads together, before its first product (19 with a
+    gated shared expert of four parts, 18 of one): a pointer chosen per pair compiled to 3 and slowed the
+    batch-1 step (experts_triton.py, history 35250ef)."""
+    assert set(child["ahead"]) == {"moe_pairs-shared1-up", "moe_pairs-shared4-up"}, sorted(child["ahead"])
+    low = {label: n for label, n in child["ahead"].items() if n < 16}
+    assert not low, f"global loads ahead of the first product: {low} (at least 16 a weight step)"
