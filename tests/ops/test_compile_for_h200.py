@@ -211,7 +211,7 @@ def test_the_default_tilings_stay_within_their_spill_budget(child: dict) -> None
 
 def test_the_experts_up_kernel_keeps_its_weight_loads_in_flight(child: dict) -> None:
     """The MoE up kernel at batch 1 issues a weight step's loads together, before its first product (19 with a
-    gated shared expert of four parts, 18 of one): a pointer chosen per pair compiled to 3 and slowed the
+    gated shared expert of one or four parts and its logit): a pointer chosen per pair compiled to 3 and slowed the
     batch-1 step (experts_triton.py, history 35250ef)."""
     assert set(child["ahead"]) == {"moe_pairs-shared1-up", "moe_pairs-shared4-up"}, sorted(child["ahead"])
     low = {label: n for label, n in child["ahead"].items() if n < 16}
