@@ -206,16 +206,16 @@ def test_the_gate_logit_scales_the_shared_expert():
 def test_inputs_in_the_weight_layout_change_no_bit(monkeypatch, dtype):
     """h loaded in the weight tile's layout in the down kernel (`X_IN_TILE`) against loaded once and broadcast
     over the rows: the same products summed in the same order, so every output bit for bit; a gated shared
-    expert of two parts with its logit, rows and inner steps off the sizes."""
+    expert of two parts with its logit, at the wrapper's tiling (on CUDA one token a program, rows off the sizes)."""
     e, k, n = 4, 2, 3
     module = filled(experts.GatedExperts(e, D, I, "silu", DEVICE, dtype), seed=7)
     shared = filled(GatedMLP(D, 2 * I, "silu", DEVICE, dtype, extra_rows=1), seed=8).as_shared_expert(gate_logit=True)
     x = randn(n, D, seed=9, dtype=dtype)
     index, weight = routing(n, e, k, seed=10, dtype=dtype)
     args = (x, index, weight, module.up, module.down, module.gate, "silu", dtype)
-    tiled = experts_triton.fused_experts_triton(*args, tiles=(1, 32, 32), shared=shared)
+    tiled = experts_triton.fused_experts_triton(*args, shared=shared)
     monkeypatch.setattr(experts_triton, "X_IN_TILE", False)
-    assert torch.equal(tiled, experts_triton.fused_experts_triton(*args, tiles=(1, 32, 32), shared=shared))
+    assert torch.equal(tiled, experts_triton.fused_experts_triton(*args, shared=shared))
 
 
 @pytest.mark.parametrize("up_launch, down_launch", [((4, 16, 2), (64, 32, 8)), ((32, 64, 1), (8, 16, 4))])
