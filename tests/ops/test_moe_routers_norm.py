@@ -102,9 +102,12 @@ def test_weights_before_the_wait_change_no_bit(router, monkeypatch):
                                                               True, 2.5, w)
                 + routers_triton.group_topk_triton(x, bias, k, 4, 2, True, 2.5, weight=w))
 
-    assert routers_triton._w_first(w, D, routers_triton.ONE_TOKEN_TILE // E), "W not in one step: no case here"
+    choices, choose = [], routers_triton._w_first
+    monkeypatch.setattr(routers_triton, "_w_first", lambda *a: choices.append(choose(*a)) or choices[-1])
     first = run()
+    assert choices == [True, True], f"W not loaded before the wait in both launches: {choices}"
     monkeypatch.setattr(routers_triton, "WEIGHTS_BEFORE_WAIT", False)
-    assert not routers_triton._w_first(w, D, routers_triton.ONE_TOKEN_TILE // E)
-    for a, b in zip(first, run(), strict=True):
+    second = run()
+    assert choices[2:] == [False, False], choices
+    for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
