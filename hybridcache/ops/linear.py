@@ -44,15 +44,34 @@ from torch import Tensor
 from .triton_support import runs_triton
 
 GEMV_ROWS = 1
+# After a one-row gemv that is followed by a few small launches before the next weight is read (a mixer's input
+# projection, then its conv, recurrent decode and gated norm, then its output projection), the gemv's caller may name
+# that next weight: it is asked of L2 in one more launch (`l2_prefetch_triton`, sm_90 and up), so DRAM streams it
+# while the small launches run. At most PREFETCH_MAX_BYTES of it (its first rows, which the first programs read).
+PREFETCH_AHEAD = True
+PREFETCH_MAX_BYTES = 16 << 20
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N]."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prefetch: Tensor | None = None) -> Tensor:
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N]. `prefetch`: a contiguous weight a later launch reads,
+    asked of L2 after a one-row gemv where PREFETCH_AHEAD (a hint: no value depends on it)."""
     if x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS and runs_triton(x):
         from .gemv_triton import gemv_triton
 
-        return gemv_triton(x, weight, bias)
+        y = gemv_triton(x, weight, bias)
+        if prefetch is not None and PREFETCH_AHEAD:
+            prefetch_ahead(prefetch)
+        return y
     return F.linear(x, weight, bias)
+
+
+def prefetch_ahead(weight: Tensor) -> None:
+    """Ask L2 for weight's first PREFETCH_MAX_BYTES (all of it if smaller) where the device has bulk prefetches."""
+    from .l2_prefetch_triton import l2_prefetch, supported
+
+    if supported(weight):
+        flat = weight.view(-1)
+        l2_prefetch(flat[: PREFETCH_MAX_BYTES // flat.element_size()])
 
 
 def relu2(x: Tensor) -> Tensor:
