@@ -15,8 +15,8 @@ import triton.language as tl
 
 from .pdl_triton import _capability, pdl_entry, pdl_launch
 
-CHUNK = 1 << 16  # bytes a thread's one bulk prefetch asks for (a multiple of 16)
-NUM_WARPS = 4
+CHUNK = 1 << 11  # bytes a thread's one bulk prefetch asks for (a multiple of 16)
+NUM_WARPS = 1
 
 
 @triton.jit
