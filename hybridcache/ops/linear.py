@@ -34,6 +34,17 @@ against 0.59, nemotron_h 0.77 against 0.77. Nor did prefetching each program's w
 1,185 / 1,129, nemotron_h 1,241 / 1,119 / 1,119. Nor did the gemv's loop in Triton's software pipeline (STAGES: the
 weight loads as cp.async into shared memory, 2 steps ahead at 3 stages; session 47, history c823c12): H100, tok/s
 1 / 3 stages, kimi_linear 1,579 / 1,433, qwen3_next 1,230 / 1,092, nemotron_h 1,243 / 1,031.
+
+Nor did asking L2 for a mixer's or MLP's output weight right after its one-row input projection, so that DRAM would
+stream it while the conv, recurrent decode and norm launches run (session 52, history 6cc87dc and c45b780: one more
+launch of `cp.async.bulk.prefetch.L2` bulk prefetches, issued before its PDL wait, at most 16 MiB of the weight).
+H100, benchmarks/l2_prefetch.py (there too): groups of S one-row norms then a gemv of a fresh 8.4 MB weight, us a
+group without / with the prefetch launched first, S = 0 / 2 / 4: 5.2 / 6.4 / 8.5 against 11.4 / 13.9 / 15.9 at 2 KiB
+a bulk prefetch over 128 one-warp programs, and 34.4 / 36.9 / 39.0 at 64 KiB a thread from one 4-warp program. In the
+batch-1 graph step (gemv_steps.sh) kimi_linear ran 1,495 tok/s against 1,587 without (the 13 prefetch launches 0.078
+ms of GPU time a step, PDL waits included, while its gemvs' time stayed 0.317 ms: the weights were not read from L2
+any faster); at 64 KiB, kimi_linear 971 against 1,580 and qwen3_next 823 against 1,224. A prefetch on a forked stream
+of the graph, off the PDL chain, was not tried.
 """
 from __future__ import annotations
 
@@ -44,34 +55,15 @@ from torch import Tensor
 from .triton_support import runs_triton
 
 GEMV_ROWS = 1
-# After a one-row gemv that is followed by a few small launches before the next weight is read (a mixer's input
-# projection, then its conv, recurrent decode and gated norm, then its output projection), the gemv's caller may name
-# that next weight: it is asked of L2 in one more launch (`l2_prefetch_triton`, sm_90 and up), so DRAM streams it
-# while the small launches run. At most PREFETCH_MAX_BYTES of it (its first rows, which the first programs read).
-PREFETCH_AHEAD = True
-PREFETCH_MAX_BYTES = 16 << 20
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prefetch: Tensor | None = None) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N]. `prefetch`: a contiguous weight a later launch reads,
-    asked of L2 after a one-row gemv where PREFETCH_AHEAD (a hint: no value depends on it)."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N]."""
     if x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS and runs_triton(x):
         from .gemv_triton import gemv_triton
 
-        y = gemv_triton(x, weight, bias)
-        if prefetch is not None and PREFETCH_AHEAD:
-            prefetch_ahead(prefetch)
-        return y
+        return gemv_triton(x, weight, bias)
     return F.linear(x, weight, bias)
-
-
-def prefetch_ahead(weight: Tensor) -> None:
-    """Ask L2 for weight's first PREFETCH_MAX_BYTES (all of it if smaller) where the device has bulk prefetches."""
-    from .l2_prefetch_triton import l2_prefetch, supported
-
-    if supported(weight):
-        flat = weight.view(-1)
-        l2_prefetch(flat[: PREFETCH_MAX_BYTES // flat.element_size()])
 
 
 def relu2(x: Tensor) -> Tensor:

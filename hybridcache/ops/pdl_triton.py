@@ -39,9 +39,8 @@ def pdl_entry(PDL: tl.constexpr):
 
 
 # jit functions a kernel may call before its `pdl_entry`: each reads only parameters no kernel writes, which can
-# stream in while the kernels before it finish (the routers' weight: routers_triton._weights_first; a weight asked
-# of L2: l2_prefetch_triton._prefetch_l2)
-BEFORE_WAIT = frozenset({"_weights_first", "_prefetch_l2"})
+# stream in while the kernels before it finish (the routers' weight: routers_triton._weights_first)
+BEFORE_WAIT = frozenset({"_weights_first"})
 
 ENABLED = os.environ.get(ENV, "1") != "0"  # read once: a launch checks a flag (an environment lookup costs ~0.7 us)
 ON, OFF = {"PDL": True, "launch_pdl": True}, {"PDL": False}

@@ -32,9 +32,9 @@ class ColumnParallelLinear(nn.Module):
         self.weight = shard(_param(out, d_in, device=device, dtype=dtype), 0, full_out, *ranges)
         self.bias = shard(_param(out, device=device, dtype=dtype), 0, full_out, *ranges) if bias else None
 
-    def forward(self, x: torch.Tensor, prefetch: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [N, d_in] -> [N, local out]; `prefetch`: as `ops.linear.linear` takes it."""
-        return linear(x, self.weight, self.bias, prefetch)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [N, d_in] -> [N, local out]."""
+        return linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):

@@ -64,26 +64,6 @@ def test_programmatic_dependent_launch_gives_the_same_tokens(checkpoint, spec, m
         assert [o.token_ids for o in llm.generate(PROMPTS, params())] == [o.token_ids for o in plain]
 
 
-@pytest.mark.parametrize("spec", SPECULATIVE)
-def test_weights_asked_of_l2_ahead_change_no_token(checkpoint, spec, monkeypatch):
-    """The L2 prefetch of each mixer's and MLP's output weight after its one-row input projection
-    (`linear.PREFETCH_AHEAD`, the default) changes no token against none, eager or captured in graphs, and is
-    issued: one request at a time makes every step a one-row step."""
-    from hybridcache.ops import l2_prefetch_triton, linear
-    _, path = checkpoint
-    kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=1, speculative=SPECULATIVE[spec], page_size=4,
-              max_model_len=128)
-    monkeypatch.setattr(linear, "PREFETCH_AHEAD", False)
-    plain = LLM(path, **kw).generate(PROMPTS[:3], params()[:3])
-    monkeypatch.setattr(linear, "PREFETCH_AHEAD", True)
-    asked, issue = [], l2_prefetch_triton.l2_prefetch
-    monkeypatch.setattr(l2_prefetch_triton, "l2_prefetch", lambda w: (asked.append(w.numel()), issue(w)))
-    for eager in (True, False):
-        llm = LLM(path, enforce_eager=eager, **kw)
-        assert [o.token_ids for o in llm.generate(PROMPTS[:3], params()[:3])] == [o.token_ids for o in plain]
-    assert asked, "no weight was asked of L2"
-
-
 def test_speculative_gives_the_plain_greedy_tokens_in_fp32(checkpoint):
     """n-gram speculation (verify steps of 4 tokens a row: the MoE families' experts on the sorted kernels,
     6 rows x 4 x k pairs) gives plain decode's greedy tokens (one-pair-a-program kernels, 6 x k pairs), in fp32

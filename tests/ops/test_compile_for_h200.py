@@ -165,13 +165,6 @@ for rows, bias in ((1, False), (4, True)):
     results[f"gemv-rows{rows}"] = compile_(gemv_triton._gemv_kernel, gemv_sig, {
         "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias},
         num_warps=gemv_triton.NUM_WARPS)
-from hybridcache.ops import l2_prefetch_triton
-prefetch_sig = {"base": "*i8", "nbytes": "i64"}
-prefetch_consts = {"CHUNK": l2_prefetch_triton.CHUNK, "LANES": 32 * l2_prefetch_triton.NUM_WARPS, "PDL": True}
-prefetch_ptx = compile_asm(l2_prefetch_triton._l2_prefetch_kernel, prefetch_sig, prefetch_consts,
-                           l2_prefetch_triton.NUM_WARPS)["ptx"]
-bulk = prefetch_ptx.find("cp.async.bulk.prefetch.L2.global")
-results["l2_prefetch"] = 0 <= bulk < prefetch_ptx.find("griddepcontrol.wait")  # asked before PDL's wait
 print(json.dumps({"compiled": results, "spills": spills, "ahead": ahead}))
 '''
 CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
@@ -181,7 +174,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1",
          "moe_pairs-shared1", "moe_pairs-shared4",
-         "gemv-rows1", "gemv-rows4", "l2_prefetch"]
+         "gemv-rows1", "gemv-rows4"]
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py

@@ -43,7 +43,7 @@ class PagedGQAAttention(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x: [N, D] (all rows, context and generation) -> [N, D]; writes the new tokens' K/V into the pages."""
         n, dh = x.shape[0], self.head_dim
-        q, k, v = linear(x, self.qkv_weight, self.qkv_bias, self.o_proj.weight).split(
+        q, k, v = linear(x, self.qkv_weight, self.qkv_bias).split(
             [self.num_heads * dh, self.num_kv_heads * dh, self.num_kv_heads * dh], dim=-1)
         kv = batch.pages[KV_ROLE][self.index]
         o = paged_attention(q.view(n, self.num_heads, dh), k.view(n, self.num_kv_heads, dh),

@@ -48,8 +48,7 @@ class GatedPagedAttention(nn.Module):
         layer's pages."""
         n, dh = x.shape[0], self.head_dim
         hq, hkv = self.num_heads, self.num_kv_heads
-        qkv = linear(x, self.qkv_weight, self.qkv_bias, self.o_proj.weight)
-        qg, k, v = qkv.split([hq * 2 * dh, hkv * dh, hkv * dh], dim=-1)
+        qg, k, v = linear(x, self.qkv_weight, self.qkv_bias).split([hq * 2 * dh, hkv * dh, hkv * dh], dim=-1)
         q, gate = qg.view(n, hq, 2 * dh).split(dh, dim=-1)
         k, v = k.view(n, hkv, dh), v.view(n, hkv, dh)
         if runs_triton(x):  # both norms and both rotations in one launch

@@ -66,6 +66,6 @@ class GatedMLP(nn.Module):
     def forward_extra(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, D] -> (the MLP's output [N, D], the extra rows' projection of x [N, extra_rows], a view)."""
         I = self.inner
-        h = linear(x, self.gate_up_weight, prefetch=self.down_proj.weight)
+        h = linear(x, self.gate_up_weight)
         inner = silu_mul(h, I) if self.act_name == "silu" else self.act(h[:, :I]) * h[:, I : 2 * I]
         return self.down_proj(inner), h[:, 2 * I : 2 * I + self.extra_rows]

@@ -109,8 +109,7 @@ class GatedDeltaNetMixer(nn.Module):
             raise RuntimeError(f"GDN layer {self.index}: weights not in the kernel layout; load the model with "
                                "hybridcache.models.loader.load_model (or call finish_load once after filling them)")
         HV = self.HV
-        y = linear(x, self.in_weight, prefetch=self.out_proj.weight)
-        qkv, z, b, a = y.split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
+        qkv, z, b, a = linear(x, self.in_weight).split([self.conv_dim, HV * self.V, HV, HV], dim=-1)
         return qkv, z.view(x.shape[0], HV, self.V), b, a
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

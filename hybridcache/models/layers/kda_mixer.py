@@ -89,7 +89,7 @@ class KDAMixer(nn.Module):
         outputs (views, unit last stride)."""
         n, H, K, W = x.shape[0], self.num_heads, self.head_dim, self.width
         qkv, low_rank, b = linear(x, self.in_weight).split([3 * W, 2 * K, H], dim=-1)  # low_rank: f_a, g_a
-        g_raw, gate = linear(low_rank, self.up_weight, prefetch=self.o_proj.weight).split([W, W], dim=-1)
+        g_raw, gate = linear(low_rank, self.up_weight).split([W, W], dim=-1)
         return qkv, g_raw.view(n, H, K), b, gate.view(n, H, K)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

@@ -89,8 +89,7 @@ class Mamba2Mixer(nn.Module):
         roles = batch.states[STATE_NAME]
         i = self.index
         conv, ssm = roles["conv"][i], roles["ssm"][i]
-        xz = self.in_proj(hidden, prefetch=self.out_proj.weight)
-        z, xbc, dt = xz.split([self.inner, self.conv_dim, self.num_heads], dim=-1)
+        z, xbc, dt = self.in_proj(hidden).split([self.inner, self.conv_dim, self.num_heads], dim=-1)
         weight, bias = self.conv1d.weight[:, 0], self.conv1d.bias
         A = self.A if self.A is not None else -torch.exp(self.A_log.float())
         scan = dict(D=self.D, dt_bias=self.dt_bias, dt_limit=self.dt_limit)

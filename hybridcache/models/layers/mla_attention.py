@@ -65,8 +65,7 @@ class MLAAttention(nn.Module):
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, D] -> queries [N, H*(Dn+Dr)], kv_a_proj_with_mqa's output [N, R+Dr] (a column slice)."""
-        y = linear(x, self.in_weight, self.in_bias, self.o_proj.weight)
-        q, kv = y.split([row[2][1] for row in self.rows], dim=-1)
+        q, kv = linear(x, self.in_weight, self.in_bias).split([row[2][1] for row in self.rows], dim=-1)
         return (self.q_b_proj(self.q_a_layernorm(q)) if self.q_lora else q), kv
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

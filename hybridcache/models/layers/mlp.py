@@ -47,4 +47,4 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, D] -> [N, D] (partial under tensor parallelism)."""
-        return self.down_proj(self.act(self.up_proj(x, prefetch=self.down_proj.weight)))
+        return self.down_proj(self.act(self.up_proj(x)))
