@@ -6,9 +6,11 @@ captured in one graph, replayed, timed per launch, with programmatic dependent l
     gemv         gemv_triton of a [1, D] row by a [D, D] bf16 weight, a fresh weight each launch (the chain's
                  weights pass L2 many times over), each launch's row the one before's output
     gemv-merged  the same weights as one [N·D, D] weight: one launch reads the chain's bytes, no chain
+    gemv-l2      the gemv chain on one weight, every launch reading it again (8.4 MB: from L2 after the first)
 
 `gemv` minus `gemv-merged` a launch is what the chain adds to a weight read: what a step of N such launches would
-save as one kernel. A batch-1 decode step of a 1B-class checkpoint is 120 to 150 launches, about a third of them
+save as one kernel; `gemv` minus `gemv-l2`, what a launch would save if its weight were in L2 before it starts (the
+most any prefetch ahead of it could give). A batch-1 decode step of a 1B-class checkpoint is 120 to 150 launches, about a third of them
 gemvs of this size (benchmarks/gpu/bs1_kernels.sh gives them per kernel name).
 
     PYTHONPATH=. python benchmarks/launch_floor.py --launches 64 --json launch_floor.json
@@ -83,6 +85,7 @@ def main() -> None:
         "empty": (lambda i, y: empty(y), 0),
         "norm": (lambda i, y: rms_norm_triton(y, norm_w, 1e-6), 4 * d),
         "gemv": (lambda i, y: gemv_triton(y, parts[i]), gemv_bytes),
+        "gemv-l2": (lambda i, y: gemv_triton(y, parts[0]), gemv_bytes),
     }
     print(f"copy bandwidth (read + write) {copy_gbs:,.0f} GB/s; {n} launches a chain, D {d}; a gemv reads "
           f"{gemv_bytes / 1e6:.1f} MB, {gemv_bytes / copy_gbs / 1e3:.2f} us of it")

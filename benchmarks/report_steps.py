@@ -88,16 +88,20 @@ def launch_floor_section(files: list[dict]) -> list[str]:
            "input the one before's output, replayed; microseconds a launch, with programmatic dependent launch (PDL, "
            "the engine's default) and without. *empty* takes only PDL's wait; *norm* is the RMSNorm of one 2,048-wide "
            "row; *gemv* a one-row product with its own 2,048 x 2,048 bf16 weight (8.4 MB, no weight twice in L2); "
-           "*gemv-merged* the same weights as one launch. gemv minus gemv-merged is what a chain of weight reads "
-           "costs beyond its bytes: the time each launch takes to fill the memory pipe and drain it.", ""]
+           "*gemv-merged* the same weights as one launch; *gemv-l2* the chain on one weight, read again each launch "
+           "(from L2 after the first; where the run has it). gemv minus gemv-merged is what a chain of weight reads "
+           "costs beyond its bytes: the time each launch takes to fill the memory pipe and drain it; gemv minus gemv-l2 "
+           "the most a weight in L2 before its launch could save.", ""]
     for data in files:
         p = data["params"]
         out += provenance(data) + ["", f"{p['launches']} launches a chain; copy bandwidth {p['copy_gbs']:,.0f} GB/s "
                                    "(read + write).", ""]
         by = {(r["chain"], r["pdl"]): r for r in data["rows"]}
         rows = []
-        for chain in ("empty", "norm", "gemv", "gemv-merged"):
+        for chain in ("empty", "norm", "gemv", "gemv-merged", "gemv-l2"):
             cells = [by.get((chain, pdl)) for pdl in (True, False)]
+            if not any(cells):
+                continue
             rows.append([chain] + [f"{c['us_per_launch']:.2f}" if c else "-" for c in cells]
                         + [f"{c['gbs']:,.0f}" if c and c["bytes_per_launch"] else "-" for c in cells])
         for pdl in (True, False):
