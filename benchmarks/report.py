@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks.report_data import load
 from benchmarks.report_format import eager, provenance, table
 from benchmarks.report_plots import PEERS, on_gpu, plot_all
-from benchmarks.report_steps import kernel_bandwidth_section, launch_floor_section, step_section
+from benchmarks.report_steps import gpu_pair_section, kernel_bandwidth_section, launch_floor_section, step_section
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "docs" / "bench-data"
@@ -284,6 +284,7 @@ def markdown(groups: dict[str, list[dict]], data_dir: str, img: str | None, plot
         out += ops_section(ops, img if plots_made else None)
     if groups.get("step_profile"):
         out += step_section(groups["step_profile"], img if plots_made else None)
+        out += gpu_pair_section(groups["step_profile"])
     if groups.get("kernel_bandwidth"):
         out += kernel_bandwidth_section(groups["kernel_bandwidth"])
     if groups.get("launch_floor"):

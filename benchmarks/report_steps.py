@@ -56,6 +56,35 @@ def step_section(files: list[dict], img: str | None) -> list[str]:
     return out
 
 
+def gpu_pair_section(files: list[dict]) -> list[str]:
+    """Each family's newest batch-1 `graph` row on an H100 and on an H200 side by side: a step bound by reading its
+    weights would replay in the ratio of the two copy bandwidths."""
+    rows = []
+    for family in dict.fromkeys(d["params"]["family"] for d in files):
+        pair = {}
+        for data in files:
+            device = data.get("machine", {}).get("device", "")
+            gpu = next((name for name in COPY_TB_S if name in device), None)
+            row = next((r for r in data["rows"] if r["batch"] == 1 and r["mode"] == "graph" and r.get("replay_ms")),
+                       None)
+            if data["params"]["family"] == family and gpu and row:
+                pair[gpu] = (row, row.get("file", data.get("file", "?")))
+        if len(pair) == 2:
+            (h100, f100), (h200, f200) = pair["H100"], pair["H200"]
+            rows.append([family, f"{h100['replay_ms']:.3f}", f"{h200['replay_ms']:.3f}",
+                         f"{h100['replay_ms'] / h200['replay_ms']:.2f}x", f"`{f100}`", f"`{f200}`"])
+    if not rows:
+        return []
+    bandwidth = COPY_TB_S["H200"] / COPY_TB_S["H100"]
+    return ["## The batch-1 step on an H100 and an H200", "",
+            f"Each family's batch-1 CUDA-graph step replayed alone (*replay ms* above), newest run on each GPU. The "
+            f"H200 copies {bandwidth:.2f}x as fast as the H100 ({COPY_TB_S['H200']} against {COPY_TB_S['H100']} "
+            "TB/s): a step bound by reading its weights would replay that much faster there; a step bound by its "
+            "chain of dependent launches (the section below) replays in about the same time on both. The two runs "
+            "may be of different commits: their files name their dates.", ""] + table(
+        ["family", "H100 replay ms", "H200 replay ms", "H100 / H200", "H100 file", "H200 file"], rows) + [""]
+
+
 def kernel_bandwidth_section(files: list[dict]) -> list[str]:
     out = ["## Decode step, kernel by kernel", "",
            "Nsight Compute on one batch-1 CUDA-graph decode step (`benchmarks/gpu/bs1_kernels.sh`): each kernel of the "

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.report_steps import kernel_bandwidth_section, weight_bandwidth_limit
+from benchmarks.report_steps import gpu_pair_section, kernel_bandwidth_section, weight_bandwidth_limit
 from benchmarks.report_data import load
 
 
@@ -32,6 +32,22 @@ def test_weight_bandwidth_limit_follows_the_gpu():
     h100 = weight_bandwidth_limit(step_file("NVIDIA H100 80GB HBM3", "", 0.0))
     assert h200 == pytest.approx(2859) and h100 == pytest.approx(2859 * 3.0 / 4.2)
     assert weight_bandwidth_limit(step_file("cpu", "", 0.0)) is None
+
+
+def test_the_gpu_pair_compares_each_gpus_newest_replay(tmp_path):
+    """A family with a batch-1 graph replay on both GPUs gets a row (the newest run of each, H100 over H200); one
+    with a replay on one GPU only gets none, and with no pair the section is left out."""
+    h100 = "NVIDIA H100 80GB HBM3"
+    runs = {"h100-old": (h100, "2026-12-01", 0.9), "h100": (h100, "2026-12-02", 0.6), "h200": ("NVIDIA H200", "2026-12-01", 0.5)}
+    for name, (device, created, replay) in runs.items():
+        data = step_file(device, created, 1.0)
+        data["rows"][0]["replay_ms"] = replay
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    out = gpu_pair_section(load(tmp_path)["step_profile"])
+    row = next(line for line in out if line.startswith("| nemotron_h"))
+    assert "| 0.600 | 0.500 | 1.20x | `h100.json` | `h200.json` |" in row
+    (tmp_path / "h200.json").unlink()
+    assert gpu_pair_section(load(tmp_path)["step_profile"]) == []
 
 
 def kernel_file(params: dict, created: str) -> dict:
