@@ -38,7 +38,8 @@ def test_the_gpu_pair_compares_each_gpus_newest_replay(tmp_path):
     """A family with a batch-1 graph replay on both GPUs gets a row (the newest run of each, H100 over H200); one
     with a replay on one GPU only gets none, and with no pair the section is left out."""
     h100 = "NVIDIA H100 80GB HBM3"
-    runs = {"h100-old": (h100, "2026-12-01", 0.9), "h100": (h100, "2026-12-02", 0.6), "h200": ("NVIDIA H200", "2026-12-01", 0.5)}
+    runs = {"h100-old": (h100, "2026-12-01", 0.9), "h100": (h100, "2026-12-02", 0.6),
+            "h200": ("NVIDIA H200", "2026-12-01", 0.5)}
     for name, (device, created, replay) in runs.items():
         data = step_file(device, created, 1.0)
         data["rows"][0]["replay_ms"] = replay
