@@ -41,10 +41,10 @@ launch of `cp.async.bulk.prefetch.L2` bulk prefetches, issued before its PDL wai
 H100, benchmarks/l2_prefetch.py (in the same history): groups of S one-row norms then a gemv of a fresh 8.4 MB
 weight, us a group without / with the prefetch launched first, S = 0 / 2 / 4: 5.2 / 6.4 / 8.5 against 11.4 / 13.9 /
 15.9 at 2 KiB a bulk prefetch over 128 one-warp programs, and 34.4 / 36.9 / 39.0 at 64 KiB a thread from one 4-warp
-program. In the batch-1 graph step (gemv_steps.sh) kimi_linear ran 1,495 tok/s against 1,587 without (the 13 prefetch launches 0.078
-ms of GPU time a step, PDL waits included, while its gemvs' time stayed 0.317 ms: the weights were not read from L2
-any faster); at 64 KiB, kimi_linear 971 against 1,580 and qwen3_next 823 against 1,224. A prefetch on a forked stream
-of the graph, off the PDL chain, was not tried.
+program. In the batch-1 graph step (gemv_steps.sh) kimi_linear ran 1,495 tok/s against 1,587 without (the 13
+prefetch launches 0.078 ms of GPU time a step, PDL waits included, while its gemvs' time stayed 0.317 ms: the weights
+were not read from L2 any faster); at 64 KiB, kimi_linear 971 against 1,580 and qwen3_next 823 against 1,224. A
+prefetch on a forked stream of the graph, off the PDL chain, was not tried.
 """
 from __future__ import annotations
 
