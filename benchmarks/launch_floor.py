@@ -10,8 +10,8 @@ captured in one graph, replayed, timed per launch, with programmatic dependent l
 
 `gemv` minus `gemv-merged` a launch is what the chain adds to a weight read: what a step of N such launches would
 save as one kernel; `gemv` minus `gemv-l2`, what a launch would save if its weight were in L2 before it starts (the
-most any prefetch ahead of it could give). A batch-1 decode step of a 1B-class checkpoint is 120 to 150 launches, about a third of them
-gemvs of this size (benchmarks/gpu/bs1_kernels.sh gives them per kernel name).
+most any prefetch ahead of it could give). A batch-1 decode step of a 1B-class checkpoint is 120 to 150 launches,
+about a third of them gemvs of this size (benchmarks/gpu/bs1_kernels.sh gives them per kernel name).
 
     PYTHONPATH=. python benchmarks/launch_floor.py --launches 64 --json launch_floor.json
 """

@@ -119,8 +119,8 @@ def launch_floor_section(files: list[dict]) -> list[str]:
            "row; *gemv* a one-row product with its own 2,048 x 2,048 bf16 weight (8.4 MB, no weight twice in L2); "
            "*gemv-merged* the same weights as one launch; *gemv-l2* the chain on one weight, read again each launch "
            "(from L2 after the first; where the run has it). gemv minus gemv-merged is what a chain of weight reads "
-           "costs beyond its bytes: the time each launch takes to fill the memory pipe and drain it; gemv minus gemv-l2 "
-           "the most a weight in L2 before its launch could save.", ""]
+           "costs beyond its bytes: the time each launch takes to fill the memory pipe and drain it; gemv minus "
+           "gemv-l2 the most a weight in L2 before its launch could save.", ""]
     for data in files:
         p = data["params"]
         out += provenance(data) + ["", f"{p['launches']} launches a chain; copy bandwidth {p['copy_gbs']:,.0f} GB/s "
