@@ -9,11 +9,16 @@ WEIGHT_BANDWIDTH_TOK_S = {"nemotron_h": 2859, "qwen3_next": 3099, "kimi_linear":
 COPY_TB_S = {"H200": 4.2, "H100": 3.0}  # the copy bandwidth measured on each (benchmarks/ops_*.py print it)
 
 
+def gpu_kind(data: dict) -> str | None:
+    """The run's GPU as COPY_TB_S names it ("H200", "H100"), None for another device."""
+    device = data.get("machine", {}).get("device", "")
+    return next((name for name in COPY_TB_S if name in device), None)
+
+
 def weight_bandwidth_limit(data: dict) -> float | None:
     """tok/s of a 1b checkpoint's bytes read once a step at the copy bandwidth of the run's GPU; None where
     neither applies."""
-    device = data.get("machine", {}).get("device", "")
-    tb_s = next((v for name, v in COPY_TB_S.items() if name in device), None)
+    tb_s = COPY_TB_S.get(gpu_kind(data))
     limit = WEIGHT_BANDWIDTH_TOK_S.get(data["params"]["family"]) if data["params"]["size"] == "1b" else None
     return limit * tb_s / 4.2 if limit and tb_s else None
 
@@ -63,8 +68,7 @@ def gpu_pair_section(files: list[dict]) -> list[str]:
     for family in dict.fromkeys(d["params"]["family"] for d in files):
         pair = {}
         for data in files:
-            device = data.get("machine", {}).get("device", "")
-            gpu = next((name for name in COPY_TB_S if name in device), None)
+            gpu = gpu_kind(data)
             row = next((r for r in data["rows"] if r["batch"] == 1 and r["mode"] == "graph" and r.get("replay_ms")),
                        None)
             if data["params"]["family"] == family and gpu and row:
