@@ -21,7 +21,6 @@ import torch  # noqa: E402
 
 from benchmarks.sm90_compile import captured_launches, compile_launch, ptxas_report, sass_counts  # noqa: E402
 from hybridcache.ops.conv1d.triton_conv import causal_conv1d_update_triton  # noqa: E402
-from hybridcache.ops.delta_rule_mixer_triton import delta_rule_mixer_decode_triton  # noqa: E402
 from hybridcache.ops.delta_rule_triton import delta_rule_decode_triton  # noqa: E402
 from hybridcache.ops.gdn.decode import RawGate  # noqa: E402
 from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
@@ -87,17 +86,6 @@ def decode(op: str) -> None:
                              gate=gate)
 
 
-def mixer(op: str, warps: int | None = None) -> None:
-    """The one-launch conv + decode + gated norm of a qwen3_next (GDN) or kimi_linear (KDA) 1b layer."""
-    B, H, K, S = BATCH, 16, 128, BATCH
-    HV = 32 if op == "gdn" else 16
-    C = 2 * H * K + HV * K
-    gate = (RawGate(_bf(B, HV), _bf(B, HV), torch.zeros(HV), torch.zeros(HV)) if op == "gdn" else
-            KDARawGate(_bf(B, H, K), _bf(B, H), torch.zeros(H), torch.zeros(H * K)))
-    delta_rule_mixer_decode_triton(_bf(B, C), _bf(C, 4), _bf(S, C, 3), torch.arange(B), None,
-                                   torch.zeros(S, HV, K, K), gate, _bf(B, HV, K), _bf(K), 1e-6, H, num_warps=warps)
-
-
 def conv_update(T: int) -> None:
     """kimi_linear 1b's conv window update (q, k, v: 6,144 channels, kernel 4, k = 3 drafts of room), silu."""
     causal_conv1d_update_triton(_bf(BATCH, T, 6144), _bf(6144, 4), None, _bf(BATCH, 6144, 6), torch.arange(BATCH),
@@ -136,8 +124,6 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
     out.append(("mamba2 T=4 token by token", lambda: mamba2(4, closed_form=False)))
     for op in ("gdn", "kda", "mamba2"):
         out.append((f"{op} decode default", lambda op=op: decode(op)))
-    for op in ("gdn", "kda"):
-        out += [(f"{op} mixer decode", lambda op=op, w=w: mixer(op, w)) for w in (None, 4, 16)]
     out += [("conv update T=1 default", lambda: conv_update(1)), ("conv update T=4 default", lambda: conv_update(4))]
     for family in ("kimi_linear", "qwen3_next"):  # one token: as CUDA launches every batch (a program a token)
         out.append((f"router {family}", lambda f=family: router(f, 1)))

@@ -68,15 +68,6 @@ def _sigmoid(v):
 
 
 @triton.jit
-def gated_head_norm(n, w, z, MODE: tl.constexpr, X: tl.constexpr, MID: tl.constexpr):
-    """The SILU or SIGMOID mode's output before its final rounding: n = the row over its rms (fp32), w the
-    weight, z the gate (fp32), X the normalised input's dtype, MID promote(w, X) (module docstring)."""
-    if MODE == SILU:
-        return _round(w * _round(n, X), MID) * _silu(z)
-    return w * n * _sigmoid(z)
-
-
-@triton.jit
 def _rms_norm_kernel(
     x_ptr, z_ptr, w_ptr, out_ptr, sum_ptr,
     rows, G, stride_xm, stride_xg, stride_zm, stride_zg, eps,
@@ -113,8 +104,10 @@ def _rms_norm_kernel(
         out = n * w
     elif MODE == GROUP:
         out = w * _round(n, X)
-    else:
-        out = gated_head_norm(n, w, z, MODE, X, MID)
+    elif MODE == SILU:
+        out = _round(w * _round(n, X), MID) * _silu(z)
+    else:  # SIGMOID
+        out = w * n * _sigmoid(z)
     O: tl.constexpr = out_ptr.dtype.element_ty
     tl.store(out_ptr + r.to(tl.int64)[:, None] * D + c[None, :], _round(out, O).to(O), mask=mask)
 

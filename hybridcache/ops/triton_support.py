@@ -14,9 +14,6 @@ from functools import cache
 import torch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-# whether the GDN and KDA layers' plain decode runs the conv, the recurrence and the gated norm as one launch
-# (`delta_rule_mixer_triton`) where the kernels run; False: three launches (for A/B timings)
-ONE_LAUNCH_MIXERS = True
 _kernels_on_cpu = False
 
 

@@ -26,25 +26,21 @@ SAVERS = {"nemotron_h": nemotron.save_tiny, "qwen3_next": qwen.save_tiny, "kimi_
           "qwen3_next-wide-shared": lambda path: qwen.save_tiny(path, shared_expert_intermediate_size=32)}
 PROMPTS = [[3 + (7 * i + j) % 11 for j in range(5 + 3 * i)] for i in range(3)]
 # kernels every family's steps must have launched (their Python names), beside the family's own
-COMMON = {"_prefill_kernel", "_rms_norm_kernel"}  # conv1d prefill, the norms
-# the conv1d update: in every verify step, and in nemotron_h's plain steps (GDN's and KDA's plain decode runs the
-# conv update, the recurrence and the gated norm as one `_mixer_decode_kernel`)
-CONV_UPDATE = {"_update_kernel"}
+COMMON = {"_update_kernel", "_prefill_kernel", "_rms_norm_kernel"}  # conv1d update and prefill, the norms
 # (the delta rules' prefill reads and writes its slots' states in one launch each: `_read_kernel`, `_write_kernel`)
-FAMILY = {"nemotron_h": {"_decode_kernel", "_attend_kernel", "_relu2_kernel"} | CONV_UPDATE,
-          "qwen3_next": {"_mixer_decode_kernel", "_attend_kernel", "_read_kernel", "_write_kernel",
+FAMILY = {"nemotron_h": {"_decode_kernel", "_attend_kernel", "_relu2_kernel"},
+          "qwen3_next": {"_delta_rule_decode_kernel", "_attend_kernel", "_read_kernel", "_write_kernel",
                          "_silu_mul_kernel", "_sigmoid_gated_add_kernel",  # the shared expert's glue
                          "_sigmoid_mul_kernel"},  # the attention output's gate
-          "kimi_linear": {"_mixer_decode_kernel", "_read_kernel", "_write_kernel",
+          "kimi_linear": {"_delta_rule_decode_kernel", "_read_kernel", "_write_kernel",
                           "_silu_mul_kernel"}}  # layer 0's dense gated MLP
 SHARED_GLUE = {"_silu_mul_kernel", "_sigmoid_gated_add_kernel"}  # qwen3_next's shared expert run on its own
 # ops/moe: the router's selection and the experts (nemotron_h's 'E' layer: non-gated relu2 Experts behind a TopKRouter)
 MOE = {"nemotron_h": {"_group_topk_kernel", "_up_kernel", "_down_kernel"},
        "qwen3_next": {"_softmax_topk_kernel", "_up_kernel", "_down_kernel"},
        "kimi_linear": {"_group_topk_kernel", "_up_kernel", "_down_kernel"}}
-VERIFY = {"nemotron_h": {"_verify_kernel", "_accept_kernel"} | CONV_UPDATE,
-          "qwen3_next": {"_gdn_verify_kernel", "_accept_kernel"} | CONV_UPDATE,
-          "kimi_linear": {"_kda_verify_kernel"} | CONV_UPDATE}
+VERIFY = {"nemotron_h": {"_verify_kernel", "_accept_kernel"}, "qwen3_next": {"_gdn_verify_kernel", "_accept_kernel"},
+          "kimi_linear": {"_kda_verify_kernel"}}
 # attention glue (ops/attention): the K/V or latent page write, plain and verify steps alike
 ATTENTION = {"nemotron_h": {"_write_pair_kernel", "_attend_kernel"},
              "qwen3_next": {"_norm_rope_kernel", "_write_pair_kernel", "_attend_kernel"},

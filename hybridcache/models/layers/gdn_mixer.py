@@ -7,13 +7,12 @@ from torch import nn
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.gdn import RawGate, gdn_decode, gdn_gate, gdn_prefill, gdn_verify
 from ...ops.linear import linear
-from ...ops import triton_support
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
 from ...parallel.linear import RowParallelLinear
 from ..batch import ForwardBatch
 from .attention import fused_params, fused_rows
-from .norm import GatedRMSNorm, join_normed
+from .norm import GatedRMSNorm
 from .params import param
 
 STATE_NAME = "gdn"
@@ -131,43 +130,28 @@ class GatedDeltaNetMixer(nn.Module):
         fused = runs_triton(hidden)  # the generation rows' kernels then compute their own gate (RawGate)
         rows = nc if fused else hidden.shape[0]  # the rows whose g, beta are computed here
         g, beta = gdn_gate(a[:rows], b[:rows], self.A_log, self.dt_bias) if rows else (None, None)
-        outs = []  # the rows' o before the norm, context rows first
-        normed = None  # the generation rows' normalised o where one launch did the conv, decode and norm
+        outs = []
         if bc:
             slots, has_initial, cu = batch.context_rows
             q, k, v = self._split_qkv(causal_conv1d_prefill(qkv[:nc], weight, None, conv, slots, has_initial, cu, "silu"))
             outs.append(gdn_prefill(q, k, v, g[:nc], beta[:nc], cu, ssm, slots, has_initial,
                                     use_qk_l2norm_in_kernel=True))
         if bg:
-            if fused and batch.generation_tokens == 1 and not batch.speculative and triton_support.ONE_LAUNCH_MIXERS:
-                from ...ops.delta_rule_mixer_triton import delta_rule_mixer_decode_triton
-
-                normed = delta_rule_mixer_decode_triton(
-                    qkv[nc:], weight, conv, batch.slots[bc:], batch.has_initial[bc:], ssm,
-                    RawGate(a[nc:], b[nc:], self.A_log, self.dt_bias), z[nc:], self.norm.weight, self.norm.eps, self.H)
+            steps, slots, shape = batch.generation_tokens, batch.slots[bc:], (bg, batch.generation_tokens, self.HV)
+            qkv_g = causal_conv1d_update(qkv[nc:].view(bg, steps, self.conv_dim), weight, None, conv, slots, "silu")
+            q, k, v = self._split_qkv(qkv_g)
+            if fused:
+                g_g = beta_g = None
+                gate = RawGate(a[nc:].view(shape), b[nc:].view(shape), self.A_log, self.dt_bias)
             else:
-                gate = None if fused else (g[nc:], beta[nc:])
-                outs.append(self._generation(qkv[nc:], a[nc:], b[nc:], gate, batch).flatten(0, 1))
-        return self.out_proj(join_normed(self.norm, outs, z, normed).reshape(hidden.shape[0], -1))
-
-    def _generation(self, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    gate: tuple[torch.Tensor, torch.Tensor] | None, batch: ForwardBatch) -> torch.Tensor:
-        """The generation rows' conv, then their plain decode or replay verify: qkv [Bg·T, C], a, b [Bg·T, HV]
-        -> o [Bg, T, HV, V]. `gate`: their g and beta, or None where the kernels compute them from a, b."""
-        roles, i, bc = batch.states[STATE_NAME], self.index, batch.num_context_rows
-        shape = (batch.num_generation_rows, batch.generation_tokens, self.HV)
-        conv, ssm, slots = roles["conv"][i], roles["ssm"][i], batch.slots[bc:]
-        qkv = causal_conv1d_update(qkv.view(*shape[:2], self.conv_dim), self.conv1d.weight[:, 0], None, conv, slots,
-                                   "silu")
-        q, k, v = self._split_qkv(qkv)
-        if gate is None:
-            g = beta = None
-            raw = RawGate(a.view(shape), b.view(shape), self.A_log, self.dt_bias)
-        else:
-            g, beta, raw = gate[0].reshape(shape), gate[1].reshape(shape), None
-        if batch.speculative:
-            replay = [roles[name][i] for name in REPLAY_ROLES]
-            return gdn_verify(q, k, v, g, beta, ssm, *replay, roles["pnat"][0], roles["buf_idx"][0], slots,
-                              use_qk_l2norm_in_kernel=True, gate=raw)
-        return gdn_decode(q, k, v, g, beta, ssm, slots, batch.has_initial[bc:], use_qk_l2norm_in_kernel=True,
-                          gate=raw)
+                g_g, beta_g, gate = g[nc:].reshape(shape), beta[nc:].reshape(shape), None
+            if batch.speculative:
+                replay = [roles[name][i] for name in REPLAY_ROLES]
+                o = gdn_verify(q, k, v, g_g, beta_g, ssm, *replay, roles["pnat"][0], roles["buf_idx"][0], slots,
+                               use_qk_l2norm_in_kernel=True, gate=gate)
+            else:
+                o = gdn_decode(q, k, v, g_g, beta_g, ssm, slots, batch.has_initial[bc:], use_qk_l2norm_in_kernel=True,
+                               gate=gate)
+            outs.append(o.reshape(bg * steps, self.HV, self.V))
+        o = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return self.out_proj(self.norm(o, z).reshape(hidden.shape[0], -1))

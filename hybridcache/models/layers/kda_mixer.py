@@ -7,13 +7,12 @@ from torch import nn
 from ...ops.conv1d import causal_conv1d_prefill, causal_conv1d_update
 from ...ops.kda import KDARawGate, kda_decode, kda_gate, kda_prefill, kda_verify
 from ...ops.linear import linear
-from ...ops import triton_support
 from ...ops.triton_support import runs_triton
 from ...parallel import SINGLE, TPGroup, head_share, shard
 from ...parallel.linear import RowParallelLinear
 from ..batch import ForwardBatch
 from .attention import fused_params, fused_rows
-from .norm import SigmoidGatedRMSNorm, join_normed
+from .norm import SigmoidGatedRMSNorm
 from .params import param
 
 STATE_NAME = "kda"
@@ -103,8 +102,7 @@ class KDAMixer(nn.Module):
         fused = runs_triton(x)  # the generation rows' kernels then compute their own gate (KDARawGate)
         rows = nc if fused else n  # the rows whose g [rows, H, K] fp32 and beta [rows, H] are computed here
         g, beta = (kda_gate(g_raw[:rows], self.A_log, self.dt_bias), torch.sigmoid(b[:rows])) if rows else (None, None)
-        outs = []  # the rows' o before the norm, context rows first
-        normed = None  # the generation rows' normalised o where one launch did the conv, decode and norm
+        outs = []
         if bc:
             slots, has_initial, cu = batch.context_rows
             mixed = causal_conv1d_prefill(qkv[:nc], self.conv_weight, None, conv, slots, has_initial, cu, "silu")
@@ -112,35 +110,21 @@ class KDAMixer(nn.Module):
             outs.append(kda_prefill(q, k, v, g[:nc], beta[:nc], cu, ssm, slots, has_initial,
                                     use_qk_l2norm_in_kernel=True))
         if bg:
-            if fused and batch.generation_tokens == 1 and not batch.speculative and triton_support.ONE_LAUNCH_MIXERS:
-                from ...ops.delta_rule_mixer_triton import delta_rule_mixer_decode_triton
-
-                normed = delta_rule_mixer_decode_triton(
-                    qkv[nc:], self.conv_weight, conv, batch.slots[bc:], None, ssm,
-                    KDARawGate(g_raw[nc:], b[nc:], self.A_log, self.dt_bias), gate[nc:], self.o_norm.weight,
-                    self.o_norm.eps, H)
+            steps, slots = batch.generation_tokens, batch.slots[bc:]
+            mixed = causal_conv1d_update(qkv[nc:].view(bg, steps, -1), self.conv_weight, None, conv, slots, "silu")
+            q, k, v = (t.view(bg, steps, H, K) for t in mixed.split(self.width, dim=-1))
+            if fused:
+                g_g = beta_g = None
+                raw_gate = KDARawGate(g_raw[nc:].view(bg, steps, H, K), b[nc:].view(bg, steps, H), self.A_log,
+                                  self.dt_bias)
             else:
-                values = None if fused else (g[nc:], beta[nc:])
-                outs.append(self._generation(qkv[nc:], g_raw[nc:], b[nc:], values, batch).flatten(0, 1))
-        return self.o_proj(join_normed(self.o_norm, outs, gate, normed).reshape(n, self.width))
-
-    def _generation(self, qkv: torch.Tensor, g_raw: torch.Tensor, b: torch.Tensor,
-                    values: tuple[torch.Tensor, torch.Tensor] | None, batch: ForwardBatch) -> torch.Tensor:
-        """The generation rows' conv, then their plain decode or pending-draft verify: qkv [Bg·T, 3·H·K],
-        g_raw [Bg·T, H, K], b [Bg·T, H] -> o [Bg, T, H, K]. `values`: their g and beta, or None where the
-        kernels compute them from g_raw, b."""
-        roles, i, bc, H, K = batch.states[STATE_NAME], self.index, batch.num_context_rows, self.num_heads, self.head_dim
-        bg, steps, slots = batch.num_generation_rows, batch.generation_tokens, batch.slots[bc:]
-        conv, ssm = roles["conv"][i], roles["ssm"][i]
-        mixed = causal_conv1d_update(qkv.view(bg, steps, -1), self.conv_weight, None, conv, slots, "silu")
-        q, k, v = (t.view(bg, steps, H, K) for t in mixed.split(self.width, dim=-1))
-        if values is None:
-            g = beta = None
-            raw = KDARawGate(g_raw.view(bg, steps, H, K), b.view(bg, steps, H), self.A_log, self.dt_bias)
-        else:
-            g, beta, raw = values[0].view(bg, steps, H, K), values[1].view(bg, steps, H), None
-        if batch.speculative:
-            pending = [roles[name][i] for name in PENDING_ROLES]
-            return kda_verify(q, k, v, g, beta, ssm, *pending, roles["pend_n"][0], slots,
-                              use_qk_l2norm_in_kernel=True, gate=raw)
-        return kda_decode(q, k, v, g, beta, ssm, slots, use_qk_l2norm_in_kernel=True, gate=raw)
+                g_g, beta_g, raw_gate = g[nc:].view(bg, steps, H, K), beta[nc:].view(bg, steps, H), None
+            if batch.speculative:
+                pending = [roles[name][i] for name in PENDING_ROLES]
+                o = kda_verify(q, k, v, g_g, beta_g, ssm, *pending, roles["pend_n"][0], slots,
+                               use_qk_l2norm_in_kernel=True, gate=raw_gate)
+            else:
+                o = kda_decode(q, k, v, g_g, beta_g, ssm, slots, use_qk_l2norm_in_kernel=True, gate=raw_gate)
+            outs.append(o.reshape(bg * steps, H, K))
+        o = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return self.o_proj(self.o_norm(o, gate).reshape(n, self.width))

@@ -112,15 +112,3 @@ class SigmoidGatedRMSNorm(WeightedNorm):
             from ...ops.rms_norm_triton import sigmoid_gated_rms_norm_triton
             return sigmoid_gated_rms_norm_triton(o, gate, self.weight, self.eps)
         return (self.weight.float() * rms_normalise(o.float(), self.eps) * torch.sigmoid(gate.float())).to(o.dtype)
-
-
-def join_normed(norm: nn.Module, outs: list[torch.Tensor], gate: torch.Tensor,
-                normed: torch.Tensor | None) -> torch.Tensor:
-    """A recurrent mixer's rows after its gated norm: `norm(cat(outs), gate[:rows])` (outs [rows_i, HV, V], the
-    first rows of the batch, normalised in one call), then `normed` [Bg, HV, V], the last rows, which a
-    one-launch decode already normalised (None: there are none). gate [N, HV, V] -> [N, HV, V]."""
-    parts = [] if normed is None else [normed]
-    if outs:
-        o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        parts.insert(0, norm(o, gate[: o.shape[0]]))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)

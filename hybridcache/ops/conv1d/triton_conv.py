@@ -36,30 +36,19 @@ MAX_BLOCK_C = 128
 
 
 @triton.jit
-def activate(out, SILU: tl.constexpr):
+def _activate(out, SILU: tl.constexpr):
     if SILU:
         out = out * tl.sigmoid(out)
     return out
 
 
 @triton.jit
-def update_seq(x_row, window, pos, ok, live, c, c_ok, stride_xt, stride_xc, stride_sj, W: tl.constexpr):
+def _update_seq(x_row, window, pos, ok, live, c, c_ok, stride_xt, stride_xc, stride_sj, W: tl.constexpr):
     """seq[c, pos] in fp32 for c [BLOCK_C] and pos [1, M] (masked by ok [1, M]): a window column or a token."""
     in_win = pos < W
     old = tl.load(window + pos * stride_sj, mask=live & ok & in_win & c_ok[:, None], other=0.0)
     new = tl.load(x_row + (pos - W) * stride_xt + c[:, None] * stride_xc, mask=ok & ~in_win & c_ok[:, None], other=0.0)
     return tl.where(in_win, old.to(tl.float32), new.to(tl.float32))
-
-
-@triton.jit
-def conv_taps(acc, x_row, w_ptr, window, t, t_ok, live, c, c_ok, stride_xt, stride_xc, stride_wc, stride_wk, stride_sj,
-              WIDTH: tl.constexpr):
-    """acc [BLOCK_C, BLOCK_T] fp32 plus output t's taps, Σ_i seq[c, t + i]·w[c, i], added in tap order."""
-    for i in tl.static_range(WIDTH):
-        w_i = tl.load(w_ptr + c * stride_wc + i * stride_wk, mask=c_ok, other=0.0).to(tl.float32)
-        acc += update_seq(x_row, window, t + i, t_ok, live, c, c_ok, stride_xt, stride_xc, stride_sj, WIDTH - 1) \
-            * w_i[:, None]
-    return acc
 
 
 @triton.jit
@@ -87,15 +76,17 @@ def _update_kernel(
 
     t = tl.arange(0, BLOCK_T)[None, :]
     t_ok = t < STEPS
-    acc = conv_taps(tl.zeros([BLOCK_C, BLOCK_T], tl.float32), x_row, w_ptr, window, t, t_ok, live, c, c_ok,
-                    stride_xt, stride_xc, stride_wc, stride_wk, stride_sj, WIDTH)
+    acc = tl.zeros([BLOCK_C, BLOCK_T], tl.float32)
+    for i in tl.static_range(WIDTH):
+        w_i = tl.load(w_ptr + c * stride_wc + i * stride_wk, mask=c_ok, other=0.0).to(tl.float32)
+        acc += _update_seq(x_row, window, t + i, t_ok, live, c, c_ok, stride_xt, stride_xc, stride_sj, W) * w_i[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[:, None]
     if KEEP > 0:  # the window's new columns read before y's store (y is a fresh tensor): the loads go out together
         j = tl.arange(0, BLOCK_J)[None, :]
         j_ok = j < KEEP
-        kept = update_seq(x_row, window, j + 1, j_ok, live, c, c_ok, stride_xt, stride_xc, stride_sj, W)
-    acc = activate(acc, SILU)
+        kept = _update_seq(x_row, window, j + 1, j_ok, live, c, c_ok, stride_xt, stride_xc, stride_sj, W)
+    acc = _activate(acc, SILU)
     tl.store(y_ptr + row64 * stride_yb + t * stride_yt + c[:, None], acc.to(y_ptr.dtype.element_ty),
              mask=t_ok & c_ok[:, None])
 
@@ -148,7 +139,7 @@ def _prefill_kernel(
         acc += tl.where(in_x[:, None], new.to(tl.float32), old.to(tl.float32)) * w_i[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    acc = activate(acc, SILU)
+    acc = _activate(acc, SILU)
     tl.store(y_ptr + n.to(tl.int64)[:, None] * stride_yn + c[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=n_ok[:, None] & c_ok[None, :])
 
