@@ -18,6 +18,17 @@ beta and computes `gdn_gate` per token (`gdn_raw_gate`, shared with the verify k
 it, so the recurrence sees the same values as with g, beta precomputed (up to Triton's exp and log, an ulp
 or two). KDA's (`gate=KDARawGate(g_raw, b, A_log, dt_bias)`) likewise reads g_raw, b in place of g, beta and
 computes `kda_gate` and sigmoid(b) per token (`kda_raw_gate`, shared with the verify kernels).
+
+Not fused with the conv update before it and the gated norm after it (session 53, history 0be99ea): one program per
+(row, key head) ran the conv of its q, k and value heads' channels (every window channel owned by one program, so
+none reads a window another has shifted), then each value head's whole [K, V] tile and its norm, which needs the
+head's whole V row, so value columns could not be split over programs. At batch 1 that is 16 programs of 8 warps
+(255 registers, no spills), and it lost to the three launches everywhere. H100, one layer in a CUDA graph of 20
+back-to-back calls under PDL, us a call, one launch against three, batch 1 / 4 / 16 / 64 / 256: GDN (qwen3_next's
+16 key / 32 value heads of 128) 14.1 / 14.9 / 34.6 / 153.4 / 581.2 against 6.2 / 9.0 / 23.8 / 107.7 / 409.1; KDA
+(kimi_linear's 16 heads of 128) 10.7 / 11.0 / 22.4 / 97.2 / 381.2 against 5.8 / 7.5 / 13.9 / 58.7 / 216.4. A launch
+in such a chain costs 0.5 (empty) to 1.2 us (a one-row norm; benchmarks/launch_floor.py), so a fusion pays only
+where it keeps the split kernels' parallelism.
 """
 from __future__ import annotations
 
