@@ -8,6 +8,10 @@ captured in one graph, replayed, timed per launch, with programmatic dependent l
     gemv-merged  the same weights as one [N·D, D] weight: one launch reads the chain's bytes, no chain
     gemv-l2      the gemv chain on one weight, every launch reading it again (8.4 MB: from L2 after the first)
 
+    gemv-side-A  the gemv chain, and on a second stream of the graph forked after each gemv i, bulk L2 prefetches
+                 (`cp.async.bulk.prefetch.L2`, one small launch, no PDL) of the weight gemv i + A will read: off the
+                 chain, running while gemvs i + 1, ... stream theirs
+
 `gemv` minus `gemv-merged` a launch is what the chain adds to a weight read: what a step of N such launches would
 save as one kernel; `gemv` minus `gemv-l2`, what a launch would save if its weight were in L2 before it starts (the
 most any prefetch ahead of it could give). A batch-1 decode step of a 1B-class checkpoint is 120 to 150 launches,
@@ -41,13 +45,42 @@ def empty(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+CHUNK = 1 << 11  # bytes a thread's one bulk prefetch asks for (a multiple of 16)
+SIDE = None  # the prefetches' stream (made on first use)
+FORKED = False  # whether the chain being captured forked SIDE
+
+
+@triton.jit
+def _l2_prefetch_kernel(base, nbytes, CHUNK: tl.constexpr, LANES: tl.constexpr):
+    """Program pid asks L2 for bytes [pid·LANES·CHUNK, (pid + 1)·LANES·CHUNK) of base's nbytes, a chunk a lane."""
+    start = (tl.program_id(0) * LANES + tl.arange(0, LANES)).to(tl.int64) * CHUNK
+    size = tl.minimum(nbytes - start, CHUNK)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [base + start, size.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def side_prefetch(weight: torch.Tensor) -> None:
+    """Fork a second stream off the current one and ask L2 for `weight`'s bytes there (one launch)."""
+    global SIDE, FORKED
+    SIDE, FORKED = SIDE or torch.cuda.Stream(), True
+    SIDE.wait_stream(torch.cuda.current_stream())
+    nbytes, lanes = weight.numel() * weight.element_size() // 16 * 16, 32
+    with torch.cuda.stream(SIDE):
+        _l2_prefetch_kernel[(triton.cdiv(nbytes, lanes * CHUNK),)](weight.view(-1).view(torch.int8), nbytes,
+                                                                   CHUNK=CHUNK, LANES=lanes, num_warps=1)
+
+
 def replay_us(chain, x: torch.Tensor, launches: int, replays: int, repeats: int) -> float:
     """Microseconds a launch of `chain(i, x) -> x` captured `launches` times into one graph: the median of
     `repeats` timings of `replays` back-to-back replays."""
     def body():
-        y = x
+        global FORKED
+        FORKED, y = False, x
         for i in range(launches):
             y = chain(i, y)
+        if FORKED:  # a forked stream rejoins before the capture ends
+            torch.cuda.current_stream().wait_stream(SIDE)
         return y
 
     side = torch.cuda.Stream()
@@ -87,6 +120,15 @@ def main() -> None:
         "gemv": (lambda i, y: gemv_triton(y, parts[i]), gemv_bytes),
         "gemv-l2": (lambda i, y: gemv_triton(y, parts[0]), gemv_bytes),
     }
+
+    def gemv_side(i: int, y: torch.Tensor, ahead: int) -> torch.Tensor:
+        y = gemv_triton(y, parts[i])
+        if i + ahead < n:
+            side_prefetch(parts[i + ahead])
+        return y
+
+    for ahead in (1, 2, 4):
+        chains[f"gemv-side-{ahead}"] = (lambda i, y, a=ahead: gemv_side(i, y, a), gemv_bytes)
     print(f"copy bandwidth (read + write) {copy_gbs:,.0f} GB/s; {n} launches a chain, D {d}; a gemv reads "
           f"{gemv_bytes / 1e6:.1f} MB, {gemv_bytes / copy_gbs / 1e3:.2f} us of it")
     print(f"{'chain':>12} {'PDL':>5} {'us a launch':>12} {'GB/s':>7}")

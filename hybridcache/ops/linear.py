@@ -44,7 +44,10 @@ weight, us a group without / with the prefetch launched first, S = 0 / 2 / 4: 5.
 program. In the batch-1 graph step (gemv_steps.sh) kimi_linear ran 1,495 tok/s against 1,587 without (the 13
 prefetch launches 0.078 ms of GPU time a step, PDL waits included, while its gemvs' time stayed 0.317 ms: the weights
 were not read from L2 any faster); at 64 KiB, kimi_linear 971 against 1,580 and qwen3_next 823 against 1,224. A
-prefetch on a forked stream of the graph, off the PDL chain, was not tried.
+prefetch on a forked stream of the graph, off the PDL chain, did not pay either (session 53,
+benchmarks/launch_floor.py's gemv-side-A chains: after each gemv of a chain of 64, a second stream forks and asks L2
+for the weight A launches ahead): H100, us a launch with PDL, gemv 5.08, its weight already in L2 3.94, with the
+side prefetch 6.69 / 6.59 / 6.58 at A = 1 / 2 / 4 (without PDL 4.86, 3.11, and 5.33 / 4.99 / 6.55).
 """
 from __future__ import annotations
 
