@@ -12,9 +12,9 @@ captured in one graph, replayed, timed per launch, with programmatic dependent l
                  (`cp.async.bulk.prefetch.L2`, one small launch, no PDL) of the weight gemv i + A will read: off the
                  chain, running while gemvs i + 1, ... stream theirs
 
-    gemv-persistent  the gemv chain as one launch: one program an SM, each holding its 16 rows of a weight in
+    gemv-persistent-A  the gemv chain as one launch: one program an SM, each holding its 16 rows of a weight in
                  registers; between gemvs a grid-wide barrier (an atomic counter the programs spin on), and each
-                 program loads its rows of the next weight before it waits there
+                 program loads its rows of the weight A gemvs ahead between its arrival there and its wait
 
 `gemv` minus `gemv-merged` a launch is what the chain adds to a weight read: what a step of N such launches would
 save as one kernel; `gemv` minus `gemv-l2`, what a launch would save if its weight were in L2 before it starts (the
@@ -76,45 +76,64 @@ def side_prefetch(weight: torch.Tensor) -> None:
 
 
 @triton.jit
-def _grid_barrier(bar_ptr, target):
-    """Every program of the grid has arrived `target` times in all (programs arrive once each a barrier)."""
+def _arrive(bar_ptr):
+    """A program reaches the grid barrier: its stores before are visible to whoever sees the count after."""
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait(bar_ptr, target):
+    """Until the grid has arrived `target` times in all (programs arrive once each a barrier)."""
     while tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu") < target:
         pass
 
 
 @triton.jit
-def _persistent_gemv_kernel(x_ptr, w_ptr, y_ptr, bar_ptr, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _persistent_gemv_kernel(x_ptr, w_ptr, y_ptr, bar_ptr, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                            AHEAD: tl.constexpr):
     """y[i] = W[i]·y[i - 1] (y[-1] = x) for i < N, W [N, D, D], y [N, D]; program pid takes rows [pid·BLOCK_N,
-    (pid + 1)·BLOCK_N) of every output. Every program must be resident at once (one an SM). bar_ptr [2] int32,
-    zeros at entry and at exit: the barrier's count, and the programs that have left."""
+    (pid + 1)·BLOCK_N) of every output, its rows of the weights AHEAD (1 or 2) gemvs ahead in registers. Every
+    program must be resident at once (one an SM). bar_ptr [2] int32, zeros at entry and at exit: the barrier's
+    count, and the programs that have left."""
     pid, G = tl.program_id(0), tl.num_programs(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     ok = (rows < D)[:, None] & (cols < D)[None, :]
     slab = rows.to(tl.int64)[:, None] * D + cols[None, :]
     w = tl.load(w_ptr + slab, mask=ok, other=0.0)
+    w_next = w
+    if AHEAD == 2:
+        w_next = tl.load(w_ptr + tl.minimum(1, N - 1).to(tl.int64) * D * D + slab, mask=ok, other=0.0)
     src = x_ptr
     for i in range(N):
         x = tl.load(src + cols, mask=cols < D, other=0.0, cache_modifier=".cg").to(tl.float32)
         y = tl.sum(w.to(tl.float32) * x[None, :], 1)
-        nxt = tl.minimum(i + 1, N - 1).to(tl.int64) * D * D
-        w = tl.load(w_ptr + nxt + slab, mask=ok, other=0.0)  # the next weight's rows, in flight over the barrier
         tl.store(y_ptr + i * D + rows, y.to(y_ptr.dtype.element_ty), mask=rows < D)
-        _grid_barrier(bar_ptr, (i + 1) * G)
+        # arrive, then load a later weight's rows, then wait: a release waits for every memory operation before
+        # it, so weight loads issued before the arrival would delay it by their whole read
+        _arrive(bar_ptr)
+        later = tl.load(w_ptr + tl.minimum(i + AHEAD, N - 1).to(tl.int64) * D * D + slab, mask=ok, other=0.0)
+        _wait(bar_ptr, (i + 1) * G)
+        if AHEAD == 2:
+            w, w_next = w_next, later
+        else:
+            w = later
         src = y_ptr + i * D
     if tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu") == G - 1:  # the last to leave resets both
         tl.atomic_xchg(bar_ptr, 0, sem="release", scope="gpu")
         tl.atomic_xchg(bar_ptr + 1, 0, sem="release", scope="gpu")
 
 
-def persistent_gemvs(x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, bar: torch.Tensor) -> torch.Tensor:
-    """weights [N, D, D], x [1, D] -> out [N, D] (each output the next input), one launch of one program an SM."""
+def persistent_gemvs(x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, bar: torch.Tensor,
+                     ahead: int = 1) -> torch.Tensor:
+    """weights [N, D, D], x [1, D] -> out [N, D] (each output the next input), one launch of one program an SM,
+    each holding its rows of the weights `ahead` (1, 2) gemvs ahead."""
     n, d = weights.shape[0], weights.shape[1]
     programs = torch.cuda.get_device_properties(x.device).multi_processor_count
     block_n = triton.next_power_of_2(triton.cdiv(d, programs))
     _persistent_gemv_kernel[(triton.cdiv(d, block_n),)](x, weights, out, bar, n, d, BLOCK_N=block_n,
-                                                        BLOCK_D=triton.next_power_of_2(d), num_warps=16)
+                                                        BLOCK_D=triton.next_power_of_2(d), AHEAD=ahead,
+                                                        num_warps=16 if ahead == 1 else 8)  # no spills
     return out[-1:]
 
 
@@ -181,10 +200,11 @@ def main() -> None:
     y = x
     for i in range(n):
         y = gemv_triton(y, parts[i])
-    persistent_gemvs(x, parts, chain_out, bar)
-    diff = (chain_out[-1].float() - y[0].float()).abs().max().item()
-    print(f"the persistent chain's last output against the launched chain's: max |difference| {diff:.3g} "
-          f"(max |y| {y.float().abs().max().item():.3g})")
+    for ahead in (1, 2):
+        persistent_gemvs(x, parts, chain_out, bar, ahead)
+        diff = (chain_out[-1].float() - y[0].float()).abs().max().item()
+        print(f"the persistent chain ({ahead} ahead): its last output against the launched chain's, max |difference| "
+              f"{diff:.3g} (max |y| {y.float().abs().max().item():.3g})")
     print(f"copy bandwidth (read + write) {copy_gbs:,.0f} GB/s; {n} launches a chain, D {d}; a gemv reads "
           f"{gemv_bytes / 1e6:.1f} MB, {gemv_bytes / copy_gbs / 1e3:.2f} us of it")
     print(f"{'chain':>12} {'PDL':>5} {'us a launch':>12} {'GB/s':>7}")
@@ -196,8 +216,10 @@ def main() -> None:
         merged = replay_us(lambda i, y: gemv_triton(y, weights), x, 1, args.replays, args.repeats) / n
         results["gemv-merged"] = merged
         if pdl:  # one launch: PDL changes nothing
-            results["gemv-persistent"] = replay_us(lambda i, y: persistent_gemvs(y, parts, chain_out, bar), x, 1,
-                                                   args.replays, args.repeats) / n
+            for ahead in (1, 2):
+                results[f"gemv-persistent-{ahead}"] = replay_us(
+                    lambda i, y, a=ahead: persistent_gemvs(y, parts, chain_out, bar, a), x, 1, args.replays,
+                    args.repeats) / n
         for name, us in results.items():
             nbytes = chains[name][1] if name in chains else gemv_bytes
             gbs = nbytes / us / 1e3 if nbytes else 0.0
