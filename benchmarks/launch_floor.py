@@ -22,6 +22,11 @@ most any prefetch ahead of it could give). A batch-1 decode step of a 1B-class c
 about a third of them gemvs of this size (benchmarks/gpu/bs1_kernels.sh gives them per kernel name).
 
     PYTHONPATH=. python benchmarks/launch_floor.py --launches 64 --json launch_floor.json
+
+H100 (session 53), us a gemv: launched 5.08 (PDL), merged 2.66, in L2 3.93; side-stream prefetch 6.6 (it slows the
+chain); persistent 4.30 with the weight one or two gemvs ahead alike. So a dependent step costs about 1.5 us beyond
+its bytes even inside one launch, where nothing waits for a launch and every weight is already in flight: the
+output's store, the barrier's fence and flag, and the next input's load are three trips through L2.
 """
 from __future__ import annotations
 

@@ -125,15 +125,17 @@ def launch_floor_section(files: list[dict]) -> list[str]:
            "(from L2 after the first; where the run has it). gemv minus gemv-merged is what a chain of weight reads "
            "costs beyond its bytes: the time each launch takes to fill the memory pipe and drain it; gemv minus "
            "gemv-l2 the most a weight in L2 before its launch could save; *gemv-side-A* the gemv chain with, on a second "
-           "stream of the graph forked after each gemv, an L2 prefetch of the weight A launches ahead (where the run "
-           "has it).", ""]
+           "stream of the graph forked after each gemv, an L2 prefetch of the weight A launches ahead; "
+           "*gemv-persistent-A* the chain as one launch, one program an SM holding its rows of the weights A gemvs "
+           "ahead, a grid-wide barrier between gemvs (where the run has them).", ""]
     for data in files:
         p = data["params"]
         out += provenance(data) + ["", f"{p['launches']} launches a chain; copy bandwidth {p['copy_gbs']:,.0f} GB/s "
                                    "(read + write).", ""]
         by = {(r["chain"], r["pdl"]): r for r in data["rows"]}
         rows = []
-        for chain in ("empty", "norm", "gemv", "gemv-merged", "gemv-l2", "gemv-side-1", "gemv-side-2", "gemv-side-4"):
+        for chain in ("empty", "norm", "gemv", "gemv-merged", "gemv-l2", "gemv-side-1", "gemv-side-2", "gemv-side-4",
+                      "gemv-persistent-1", "gemv-persistent-2"):
             cells = [by.get((chain, pdl)) for pdl in (True, False)]
             if not any(cells):
                 continue
