@@ -216,3 +216,142 @@ def _gdn_verify_chunked_kernel(
              mask=r_ok & writes_shared)
     tl.store(hb_ptr + s * s_bs + nb * s_bb + hv * s_bh + pos * s_bt, b_all.to(hb_ptr.dtype.element_ty),
              mask=r_ok & writes_shared)
+
+
+PACKED = True  # the keys and queries as one [2T, K] operand (`_gdn_verify_packed_kernel`); False: two
+
+
+@triton.jit
+def _packed_rows(k_in, q_in, rows, is_k, p_ok, tok, kc, kc_ok, s_kt, s_qt, factor):
+    """The new tokens' keys (rows < T) then queries (rows T..2T - 1, token row - T) at columns kc, [TP, BKC]
+    fp32, times `factor` [TP] (1 / the row norm where L2NORM, times the scale on query rows)."""
+    base = tl.where(is_k, k_in + tok * s_kt, q_in + tok * s_qt)
+    x = tl.load(base[:, None] + kc[None, :], mask=p_ok[:, None] & kc_ok[None, :], other=0.0).to(tl.float32)
+    return x * factor[:, None]
+
+
+@triton.jit
+def _gdn_tokens_packed(hp, pk, v_all, g_all, b_all, G0, rows, tok, is_q, T: tl.constexpr, PRECISION: tl.constexpr):
+    """`_gdn_tokens_chunked` from the packed products: hp = P·h [TP, BV] and pk = P·Kᵀ [TP, TP], P the keys
+    then the queries (rows < T: k_t; rows T + t: q_t); v_all, g_all, b_all by token (rows < T). -> o [TP, BV]
+    on the query rows (row T + t: token t), u [TP, BV] and the running G [TP] by token."""
+    upto = rows[None, :] <= rows[:, None]  # (t, s): s <= t
+    gam = tl.sum(tl.where(upto, g_all[None, :], 0.0), 1)  # Γ_t = g_0 + … + g_t
+    gam_p = tl.sum(tl.where(rows[None, :] <= tok[:, None], g_all[None, :], 0.0), 1)  # Γ of each packed row's token
+    decay = tl.where(upto, tl.exp(gam[:, None] - gam[None, :]), 0.0)
+    rhs = b_all[:, None] * (v_all.to(tl.float32) - tl.exp(gam)[:, None] * hp)
+    coef = tl.where(rows[None, :] < rows[:, None], b_all[:, None] * decay * pk, 0.0)
+    u_all = tl.zeros(rhs.shape, dtype=tl.float32)
+    for t in tl.static_range(T):
+        u_t = token_row(rhs, rows, t) - tl.sum(token_row(coef, rows, t)[:, None] * u_all, 0)
+        u_all = tl.where((rows == t)[:, None], u_t[None, :], u_all)
+    q_decay = tl.where(is_q[:, None] & (rows[None, :] <= tok[:, None]), tl.exp(gam_p[:, None] - gam[None, :]), 0.0)
+    o_all = tl.exp(gam_p)[:, None] * hp + tl.dot(q_decay * pk, u_all, input_precision=PRECISION)
+    return o_all, u_all, G0 + gam
+
+
+@triton.jit
+def _gdn_verify_packed_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
+    ssm_ptr, u_ptr, hk_ptr, hG_ptr, hb_ptr, pnat_ptr, buf_ptr, slot_ptr,
+    scale,
+    s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bib, s_bit, s_bih,
+    s_ss, s_sh, s_sk, s_sv,
+    s_us, s_ub, s_ut, s_uh, s_uv,
+    s_ks, s_kb, s_kt, s_kh, s_kk,
+    s_Gs, s_Gb, s_Gh, s_Gt,
+    s_bs, s_bb, s_bh, s_bt,
+    s_pnat, s_buf,
+    T: tl.constexpr, TP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    HIST: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr, BF16_STATE: tl.constexpr,
+    UPCAST: tl.constexpr, PDL: tl.constexpr,
+):
+    """`_gdn_verify_chunked_kernel` with the new tokens' keys and queries as one operand P [TP, K] (TP >= 2T):
+    one product with each state block gives K·h and Q·h, one with the keys K·Kᵀ and Q·Kᵀ."""
+    pdl_entry(PDL)
+    row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    hk = hv // (HV // H)  # key head of value head hv
+    s, valid, p, b, fold = replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T, HIST)
+    vv = vb * BV + tl.arange(0, BV)
+    v_ok = vv < V
+    kk = tl.arange(0, BK)
+    k_ok = kk < K
+
+    # the new tokens' keys then queries, whole: their norms, and their products with the keys
+    rows = tl.arange(0, TP)
+    r_ok = rows < T
+    is_k, is_q = rows < T, (rows >= T) & (rows < 2 * T)
+    p_ok = rows < 2 * T
+    tok = tl.where(is_k, rows, rows - T)
+    q_in = q_ptr + row * s_qb + hk * s_qh
+    k_in = k_ptr + row * s_kib + hk * s_kih
+    p_all = _packed_rows(k_in, q_in, rows, is_k, p_ok, tok, kk, k_ok, s_kit, s_qt, tl.full([TP], 1.0, tl.float32))
+    factor = tl.where(is_q, scale, 1.0)
+    if L2NORM:
+        factor = factor * tl.rsqrt(tl.sum(p_all * p_all, 1) + 1e-6)  # `key_l2norm`'s, then the scale
+    p_all = p_all * factor[:, None]
+    k_all = tl.where(is_k[:, None], p_all, 0.0)
+    pk = tl.dot(p_all, tl.trans(k_all), input_precision=TOKEN_PRECISION)  # (r, s): p_r·k_s
+    v_all = tl.load(v_ptr + row * s_vb + hv * s_vh + rows[:, None] * s_vt + vv[None, :],
+                    mask=r_ok[:, None] & v_ok[None, :], other=0.0)
+    g_all = tl.load(g_ptr + row * s_gb + hv * s_gh + rows * s_gt, mask=r_ok, other=0.0).to(tl.float32)
+    b_all = tl.load(beta_ptr + row * s_bib + hv * s_bih + rows * s_bit, mask=r_ok, other=0.0).to(tl.float32)
+    if RAW_GATE:
+        B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
+        neg_A = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
+        g_all, b_all = gdn_raw_gate(g_all, b_all, neg_A, tl.load(dtb_ptr + hv).to(tl.float32), B_DTYPE)
+        g_all = tl.where(r_ok, g_all, 0.0)
+
+    # the history [0, p) of buffer b: its weights, and its u rows scaled by them
+    G_row = hG_ptr + s * s_Gs + b * s_Gb + hv * s_Gh
+    u_row = u_ptr + s * s_us + b * s_ub + hv * s_uh
+    k_row = hk_ptr + s * s_ks + b * s_kb + hk * s_kh
+    jj = tl.arange(0, HP)
+    j_ok = jj < p
+    G_hist = tl.load(G_row + jj * s_Gt, mask=j_ok, other=0.0).to(tl.float32)
+    u_hist = tl.load(u_row + jj[:, None] * s_ut + vv[None, :] * s_uv, mask=j_ok[:, None] & v_ok[None, :], other=0.0)
+    G_last = token_value(G_hist, jj, p - 1)  # -0.0 at p = 0
+    uw = u_hist.to(tl.float32) * tl.where(j_ok, tl.exp(G_last - G_hist), 0.0)[:, None]
+    e_last = tl.exp(G_last)
+
+    # hp = P·h, BKC key rows of the effective state at a time, nothing written; a folding row then stores the blocks
+    hp = tl.zeros([TP, BV], dtype=tl.float32)
+    for c in range(0, BK // BKC):
+        kc = c * BKC + tl.arange(0, BKC)
+        kc_ok = kc < K
+        h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
+                                         s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
+        p_c = _packed_rows(k_in, q_in, rows, is_k, p_ok, tok, kc, kc_ok, s_kit, s_qt, factor)
+        if BF16_STATE:  # 16-bit operands (fp32 sums): half the shared-memory bytes, and ldmatrix-able
+            hp = dot(p_c.to(tl.bfloat16), h.to(tl.bfloat16), hp, "tf32", UPCAST)
+        else:
+            hp = tl.dot(p_c, h, acc=hp, input_precision=TOKEN_PRECISION)
+    if fold:
+        for c in range(0, BK // BKC):
+            kc = c * BKC + tl.arange(0, BKC)
+            kc_ok = kc < K
+            h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
+                                             s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
+            tl.store(ptrs, h, mask=tile & valid)
+
+    G = tl.where(fold, 0.0, G_last)
+    o_all, u_all, G_all = _gdn_tokens_packed(hp, pk, v_all, g_all, b_all, G, rows, tok, is_q, T, TOKEN_PRECISION)
+
+    # writes: outputs, and history [p, p + T) of buffer b, or [0, T) of buffer 1 - b after a fold
+    nb = tl.where(fold, 1 - b, b)
+    pos = tl.where(fold, 0, p) + rows
+    writes_shared = valid & (vb == 0)
+    writes_key = writes_shared & (hv % (HV // H) == 0)
+    rv = r_ok[:, None] & v_ok[None, :]
+    o_rows = o_ptr + ((row * T + tok[:, None]) * HV + hv) * V + vv[None, :]
+    tl.store(o_rows, tl.where(valid, o_all, 0.0).to(o_ptr.dtype.element_ty), mask=is_q[:, None] & v_ok[None, :])
+    hist_b = s * s_us + nb * s_ub + hv * s_uh
+    tl.store(u_ptr + hist_b + pos[:, None] * s_ut + vv[None, :] * s_uv, u_all.to(u_ptr.dtype.element_ty),
+             mask=rv & valid)
+    tl.store(hk_ptr + s * s_ks + nb * s_kb + hk * s_kh + pos[:, None] * s_kt + kk[None, :] * s_kk,
+             k_all.to(hk_ptr.dtype.element_ty), mask=r_ok[:, None] & k_ok[None, :] & writes_key)
+    tl.store(hG_ptr + s * s_Gs + nb * s_Gb + hv * s_Gh + pos * s_Gt, G_all.to(hG_ptr.dtype.element_ty),
+             mask=r_ok & writes_shared)
+    tl.store(hb_ptr + s * s_bs + nb * s_bb + hv * s_bh + pos * s_bt, b_all.to(hb_ptr.dtype.element_ty),
+             mask=r_ok & writes_shared)
