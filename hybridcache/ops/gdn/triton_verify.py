@@ -190,10 +190,8 @@ def gdn_verify_triton(
         assert BV >= 16, f"the closed form needs 16 value columns or more, have {BV}"
         programs = B * HV * triton.cdiv(V, BV)
         cap = register_cap(programs, q.device) if max_registers is None else max_registers
-        packed = chunked_form.PACKED
-        kernel = chunked_form._gdn_verify_packed_kernel if packed else chunked_form._gdn_verify_chunked_kernel
-        kernel[(B, HV, triton.cdiv(V, BV))](
-            *args, **shapes, TP=max(16, triton.next_power_of_2(2 * T if packed else T)),
+        chunked_form._gdn_verify_chunked_kernel[(B, HV, triton.cdiv(V, BV))](
+            *args, **shapes, TP=max(16, triton.next_power_of_2(2 * T)),  # the keys, then the queries
             HP=max(16, triton.next_power_of_2(hist)),
             BK=BK, BV=BV, BKC=min(key_block or chunked_form.KEY_BLOCK, BK),
             TOKEN_PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32",

@@ -3,9 +3,19 @@ and writes of `triton_verify.py` (`ops/delta_rule_verify_triton.py` has the spli
 
 A program (row, value head, value block) reads the new tokens' rows whole, then its state KEY_BLOCK key rows at
 a time: each block of the effective state (checkpoint·e^{G_last} + K_histᵀ·(w ⊙ U_hist), one product over the
-history [0, p) of buffer b) adds its share to K·h and Q·h, and nothing is written until every block is read; a
-folding row then stores the blocks in a second pass. The new tokens come out of `_gdn_tokens_chunked` without
-ever updating the tile. Timed on an H100 (benchmarks/tune_delta_rule.py, us at batch 1 / 16 / 64 / 256, T = 4,
+history [0, p) of buffer b) adds its share to P·h, and nothing is written until every block is read; a folding row
+then stores the blocks in a second pass. P [TP, K] (TP >= 2T) holds the new tokens' keys in rows [0, T) and their
+queries in rows [T, 2T), so one product a block gives both K·h and Q·h, and one product P·Kᵀ both K·Kᵀ and Q·Kᵀ.
+The new tokens come out of `_gdn_tokens_chunked` without ever updating the tile.
+
+The keys and queries as two operands, two products a block (session 53, history 232e49d) spilled at sm_90 (255
+registers and 268 bytes a thread uncapped, 796 at MAX_REGISTERS, against 251 and none, 348 packed). H100,
+ops_gdn.py's replay verify + accept, ms at batch 16 / 64 / 256, two runs each in one call: two operands 0.033 /
+0.102 / 0.367 and 0.032 / 0.103 / 0.365, packed 0.034 / 0.093 / 0.334 and 0.034 / 0.093 / 0.335 (72.2% of the
+copy bandwidth at batch 64, against 65.5%); tune_delta_rule.py with the raw gate, us at batch 64 / 256, 87.4 /
+303.8 packed against 95.0 / 334.3.
+
+Timed on an H100 (benchmarks/tune_delta_rule.py, us at batch 1 / 16 / 64 / 256, T = 4,
 HIST 16, history half full): an earlier form that read the state whole and stored it inline, at 32 value
 columns x 2 warps, 7.7 / 36.2 / 126.7 / 470.1, against 9.7 / 34.6 / 154.9 / 556.0 token by token at its best
 tiling; in one later run, 32 key rows at a time at 64 columns x 2 warps (x 4 where the grid has fewer programs
@@ -59,40 +69,6 @@ NUM_STAGES = 1  # the key-block loop not software-pipelined: 103 against 120 us 
 
 
 @triton.jit
-def _gdn_tokens_chunked(hk, hq, kk, qk, v_all, g_all, b_all, G0, rows, T: tl.constexpr, PRECISION: tl.constexpr):
-    """The T new tokens in closed form from the products of the state h [BK, BV] with their keys and queries,
-    hk = K·h and hq = Q·h [TP, BV], and kk = K·Kᵀ, qk = Q·Kᵀ [TP, TP]; rows [TP] (TP >= 16, a dot's least
-    size) of v_all [TP, BV], g_all and b_all [TP], zeros past T. With Γ_t = g_0 + … + g_t:
-      u_t = β_t·(v_t − e^{Γ_t}·hᵀk_t − Σ_{s<t} e^{Γ_t−Γ_s}(k_s·k_t)·u_s)   (solved forward over t)
-      o_t = e^{Γ_t}·hᵀq_t + Σ_{s≤t} e^{Γ_t−Γ_s}(k_s·q_t)·u_s
-    the recurrence h_t = e^{g_t}·h_{t−1} + k_t·u_tᵀ, o_t = h_tᵀq_t unrolled. -> o, u [TP, BV] and the running
-    G [TP] (from G0)."""
-    gam = tl.cumsum(g_all, 0)
-    earlier = rows[None, :] <= rows[:, None]  # (t, s): s <= t
-    decay = tl.where(earlier, tl.exp(gam[:, None] - gam[None, :]), 0.0)  # e^{Γ_t−Γ_s} where s <= t, else 0
-    e_gam = tl.exp(gam)
-    rhs = b_all[:, None] * (v_all.to(tl.float32) - e_gam[:, None] * hk)
-    coef = tl.where(rows[None, :] < rows[:, None], b_all[:, None] * decay * kk, 0.0)
-    u_all = tl.zeros(rhs.shape, dtype=tl.float32)
-    for t in tl.static_range(T):
-        u_t = token_row(rhs, rows, t) - tl.sum(token_row(coef, rows, t)[:, None] * u_all, 0)
-        u_all = tl.where((rows == t)[:, None], u_t[None, :], u_all)
-    o_all = e_gam[:, None] * hq + tl.dot(decay * qk, u_all, input_precision=PRECISION)
-    return o_all, u_all, G0 + gam
-
-
-@triton.jit
-def _normed_rows(ptr, rows, r_ok, kc, kc_ok, s_t, factor, L2NORM: tl.constexpr):
-    """Rows [TP, BKC] of a query or key block at columns kc, fp32, times `factor` [TP] (1 / the row norm,
-    where L2NORM): the values `key_l2norm` gives each whole row (x·rsqrt(Σx² + 1e-6) elementwise)."""
-    x = tl.load(ptr + rows[:, None] * s_t + kc[None, :], mask=r_ok[:, None] & kc_ok[None, :], other=0.0)
-    x = x.to(tl.float32)
-    if L2NORM:
-        x = x * factor[:, None]
-    return x
-
-
-@triton.jit
 def _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
                      s_ss, s_sh, s_sk, s_sv, s_kt, s_kk):
     """Key block kc of the effective state: checkpoint·e^{G_last} + K_hist[:, kc]ᵀ·(w ⊙ U_hist), [BKC, BV] fp32
@@ -103,6 +79,38 @@ def _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e
     k_hist = tl.load(k_row + jj[:, None] * s_kt + kc[None, :] * s_kk, mask=j_ok[:, None] & kc_ok[None, :], other=0.0)
     h = h * e_last + tl.dot(tl.trans(k_hist.to(tl.float32)), uw, input_precision="tf32x3")
     return h, ptrs, tile
+
+
+
+
+
+@triton.jit
+def _packed_rows(k_in, q_in, rows, is_k, p_ok, tok, kc, kc_ok, s_kt, s_qt, factor):
+    """The new tokens' keys (rows < T) then queries (rows T..2T - 1, token row - T) at columns kc, [TP, BKC]
+    fp32, times `factor` [TP] (1 / the row norm where L2NORM, times the scale on query rows)."""
+    base = tl.where(is_k, k_in + tok * s_kt, q_in + tok * s_qt)
+    x = tl.load(base[:, None] + kc[None, :], mask=p_ok[:, None] & kc_ok[None, :], other=0.0).to(tl.float32)
+    return x * factor[:, None]
+
+
+@triton.jit
+def _gdn_tokens_chunked(hp, pk, v_all, g_all, b_all, G0, rows, tok, is_q, T: tl.constexpr, PRECISION: tl.constexpr):
+    """`_gdn_tokens_chunked` from the packed products: hp = P·h [TP, BV] and pk = P·Kᵀ [TP, TP], P the keys
+    then the queries (rows < T: k_t; rows T + t: q_t); v_all, g_all, b_all by token (rows < T). -> o [TP, BV]
+    on the query rows (row T + t: token t), u [TP, BV] and the running G [TP] by token."""
+    upto = rows[None, :] <= rows[:, None]  # (t, s): s <= t
+    gam = tl.sum(tl.where(upto, g_all[None, :], 0.0), 1)  # Γ_t = g_0 + … + g_t
+    gam_p = tl.sum(tl.where(rows[None, :] <= tok[:, None], g_all[None, :], 0.0), 1)  # Γ of each packed row's token
+    decay = tl.where(upto, tl.exp(gam[:, None] - gam[None, :]), 0.0)
+    rhs = b_all[:, None] * (v_all.to(tl.float32) - tl.exp(gam)[:, None] * hp)
+    coef = tl.where(rows[None, :] < rows[:, None], b_all[:, None] * decay * pk, 0.0)
+    u_all = tl.zeros(rhs.shape, dtype=tl.float32)
+    for t in tl.static_range(T):
+        u_t = token_row(rhs, rows, t) - tl.sum(token_row(coef, rows, t)[:, None] * u_all, 0)
+        u_all = tl.where((rows == t)[:, None], u_t[None, :], u_all)
+    q_decay = tl.where(is_q[:, None] & (rows[None, :] <= tok[:, None]), tl.exp(gam_p[:, None] - gam[None, :]), 0.0)
+    o_all = tl.exp(gam_p)[:, None] * hp + tl.dot(q_decay * pk, u_all, input_precision=PRECISION)
+    return o_all, u_all, G0 + gam
 
 
 @triton.jit
@@ -124,151 +132,7 @@ def _gdn_verify_chunked_kernel(
 ):
     """Inputs q, k, v, g, beta [B, T, heads, ...] by their strides (s_q*, s_ki*, s_v*, s_g*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the gate's raw a, b, alog_ptr and dtb_ptr A_log, dt_bias [HV]. The state
-    is read BKC key rows at a time (BKC = BK: one block)."""
-    pdl_entry(PDL)
-    row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-    hk = hv // (HV // H)  # key head of value head hv
-    s, valid, p, b, fold = replay_row(slot_ptr, pnat_ptr, buf_ptr, row, s_pnat, s_buf, T, HIST)
-    vv = vb * BV + tl.arange(0, BV)
-    v_ok = vv < V
-    kk = tl.arange(0, BK)
-    k_ok = kk < K
-
-    # the new tokens' rows, whole: their norms, and the [T, T] products of keys and queries
-    rows = tl.arange(0, TP)
-    r_ok = rows < T
-    q_in = q_ptr + row * s_qb + hk * s_qh
-    k_in = k_ptr + row * s_kib + hk * s_kih
-    q_all = _normed_rows(q_in, rows, r_ok, kk, k_ok, s_qt, 1.0, False)
-    k_all = _normed_rows(k_in, rows, r_ok, kk, k_ok, s_kit, 1.0, False)
-    q_rs = tl.rsqrt(tl.sum(q_all * q_all, 1) + 1e-6)  # `key_l2norm`'s factors (used with L2NORM)
-    k_rs = tl.rsqrt(tl.sum(k_all * k_all, 1) + 1e-6)
-    if L2NORM:
-        q_all = q_all * q_rs[:, None]
-        k_all = k_all * k_rs[:, None]
-    q_all = q_all * scale
-    kkt = tl.dot(k_all, tl.trans(k_all), input_precision=TOKEN_PRECISION)  # (t, s): k_t·k_s
-    qkt = tl.dot(q_all, tl.trans(k_all), input_precision=TOKEN_PRECISION)  # (t, s): q_t·k_s
-    v_all = tl.load(v_ptr + row * s_vb + hv * s_vh + rows[:, None] * s_vt + vv[None, :],
-                    mask=r_ok[:, None] & v_ok[None, :], other=0.0)
-    g_all = tl.load(g_ptr + row * s_gb + hv * s_gh + rows * s_gt, mask=r_ok, other=0.0).to(tl.float32)
-    b_all = tl.load(beta_ptr + row * s_bib + hv * s_bih + rows * s_bit, mask=r_ok, other=0.0).to(tl.float32)
-    if RAW_GATE:
-        B_DTYPE: tl.constexpr = beta_ptr.dtype.element_ty  # b's dtype, the raw gate rounds beta to it
-        neg_A = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
-        g_all, b_all = gdn_raw_gate(g_all, b_all, neg_A, tl.load(dtb_ptr + hv).to(tl.float32), B_DTYPE)
-
-    # the history [0, p) of buffer b: its weights, and its u rows scaled by them
-    G_row = hG_ptr + s * s_Gs + b * s_Gb + hv * s_Gh
-    u_row = u_ptr + s * s_us + b * s_ub + hv * s_uh
-    k_row = hk_ptr + s * s_ks + b * s_kb + hk * s_kh
-    jj = tl.arange(0, HP)
-    j_ok = jj < p
-    G_hist = tl.load(G_row + jj * s_Gt, mask=j_ok, other=0.0).to(tl.float32)
-    u_hist = tl.load(u_row + jj[:, None] * s_ut + vv[None, :] * s_uv, mask=j_ok[:, None] & v_ok[None, :], other=0.0)
-    G_last = token_value(G_hist, jj, p - 1)  # -0.0 at p = 0
-    uw = u_hist.to(tl.float32) * tl.where(j_ok, tl.exp(G_last - G_hist), 0.0)[:, None]
-    e_last = tl.exp(G_last)
-
-    # hk = K·h and hq = Q·h, BKC key rows of the effective state at a time (the rows' q and k columns reloaded,
-    # as register tensors cannot be sliced), nothing written; a folding row then stores the blocks
-    hkv = tl.zeros([TP, BV], dtype=tl.float32)
-    hqv = tl.zeros([TP, BV], dtype=tl.float32)
-    for c in range(0, BK // BKC):
-        kc = c * BKC + tl.arange(0, BKC)
-        kc_ok = kc < K
-        h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
-                                         s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
-        q_c = _normed_rows(q_in, rows, r_ok, kc, kc_ok, s_qt, q_rs, L2NORM) * scale
-        k_c = _normed_rows(k_in, rows, r_ok, kc, kc_ok, s_kit, k_rs, L2NORM)
-        if BF16_STATE:  # 16-bit operands (fp32 sums): half the shared-memory bytes, and ldmatrix-able
-            hb = h.to(tl.bfloat16)
-            hkv = dot(k_c.to(tl.bfloat16), hb, hkv, "tf32", UPCAST)
-            hqv = dot(q_c.to(tl.bfloat16), hb, hqv, "tf32", UPCAST)
-        else:
-            hkv = tl.dot(k_c, h, acc=hkv, input_precision=TOKEN_PRECISION)
-            hqv = tl.dot(q_c, h, acc=hqv, input_precision=TOKEN_PRECISION)
-    if fold:
-        for c in range(0, BK // BKC):
-            kc = c * BKC + tl.arange(0, BKC)
-            kc_ok = kc < K
-            h, ptrs, tile = _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e_last, valid,
-                                             s_ss, s_sh, s_sk, s_sv, s_kt, s_kk)
-            tl.store(ptrs, h, mask=tile & valid)
-
-    G = tl.where(fold, 0.0, G_last)
-    o_all, u_all, G_all = _gdn_tokens_chunked(hkv, hqv, kkt, qkt, v_all, g_all, b_all, G, rows, T, TOKEN_PRECISION)
-
-    # writes: outputs, and history [p, p + T) of buffer b, or [0, T) of buffer 1 - b after a fold
-    nb = tl.where(fold, 1 - b, b)
-    pos = tl.where(fold, 0, p) + rows
-    writes_shared = valid & (vb == 0)
-    writes_key = writes_shared & (hv % (HV // H) == 0)
-    rv = r_ok[:, None] & v_ok[None, :]
-    o_rows = o_ptr + ((row * T + rows[:, None]) * HV + hv) * V + vv[None, :]
-    tl.store(o_rows, tl.where(valid, o_all, 0.0).to(o_ptr.dtype.element_ty), mask=rv)
-    hist_b = s * s_us + nb * s_ub + hv * s_uh
-    tl.store(u_ptr + hist_b + pos[:, None] * s_ut + vv[None, :] * s_uv, u_all.to(u_ptr.dtype.element_ty),
-             mask=rv & valid)
-    tl.store(hk_ptr + s * s_ks + nb * s_kb + hk * s_kh + pos[:, None] * s_kt + kk[None, :] * s_kk,
-             k_all.to(hk_ptr.dtype.element_ty), mask=r_ok[:, None] & k_ok[None, :] & writes_key)
-    tl.store(hG_ptr + s * s_Gs + nb * s_Gb + hv * s_Gh + pos * s_Gt, G_all.to(hG_ptr.dtype.element_ty),
-             mask=r_ok & writes_shared)
-    tl.store(hb_ptr + s * s_bs + nb * s_bb + hv * s_bh + pos * s_bt, b_all.to(hb_ptr.dtype.element_ty),
-             mask=r_ok & writes_shared)
-
-
-PACKED = True  # the keys and queries as one [2T, K] operand (`_gdn_verify_packed_kernel`); False: two
-
-
-@triton.jit
-def _packed_rows(k_in, q_in, rows, is_k, p_ok, tok, kc, kc_ok, s_kt, s_qt, factor):
-    """The new tokens' keys (rows < T) then queries (rows T..2T - 1, token row - T) at columns kc, [TP, BKC]
-    fp32, times `factor` [TP] (1 / the row norm where L2NORM, times the scale on query rows)."""
-    base = tl.where(is_k, k_in + tok * s_kt, q_in + tok * s_qt)
-    x = tl.load(base[:, None] + kc[None, :], mask=p_ok[:, None] & kc_ok[None, :], other=0.0).to(tl.float32)
-    return x * factor[:, None]
-
-
-@triton.jit
-def _gdn_tokens_packed(hp, pk, v_all, g_all, b_all, G0, rows, tok, is_q, T: tl.constexpr, PRECISION: tl.constexpr):
-    """`_gdn_tokens_chunked` from the packed products: hp = P·h [TP, BV] and pk = P·Kᵀ [TP, TP], P the keys
-    then the queries (rows < T: k_t; rows T + t: q_t); v_all, g_all, b_all by token (rows < T). -> o [TP, BV]
-    on the query rows (row T + t: token t), u [TP, BV] and the running G [TP] by token."""
-    upto = rows[None, :] <= rows[:, None]  # (t, s): s <= t
-    gam = tl.sum(tl.where(upto, g_all[None, :], 0.0), 1)  # Γ_t = g_0 + … + g_t
-    gam_p = tl.sum(tl.where(rows[None, :] <= tok[:, None], g_all[None, :], 0.0), 1)  # Γ of each packed row's token
-    decay = tl.where(upto, tl.exp(gam[:, None] - gam[None, :]), 0.0)
-    rhs = b_all[:, None] * (v_all.to(tl.float32) - tl.exp(gam)[:, None] * hp)
-    coef = tl.where(rows[None, :] < rows[:, None], b_all[:, None] * decay * pk, 0.0)
-    u_all = tl.zeros(rhs.shape, dtype=tl.float32)
-    for t in tl.static_range(T):
-        u_t = token_row(rhs, rows, t) - tl.sum(token_row(coef, rows, t)[:, None] * u_all, 0)
-        u_all = tl.where((rows == t)[:, None], u_t[None, :], u_all)
-    q_decay = tl.where(is_q[:, None] & (rows[None, :] <= tok[:, None]), tl.exp(gam_p[:, None] - gam[None, :]), 0.0)
-    o_all = tl.exp(gam_p)[:, None] * hp + tl.dot(q_decay * pk, u_all, input_precision=PRECISION)
-    return o_all, u_all, G0 + gam
-
-
-@triton.jit
-def _gdn_verify_packed_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
-    ssm_ptr, u_ptr, hk_ptr, hG_ptr, hb_ptr, pnat_ptr, buf_ptr, slot_ptr,
-    scale,
-    s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bib, s_bit, s_bih,
-    s_ss, s_sh, s_sk, s_sv,
-    s_us, s_ub, s_ut, s_uh, s_uv,
-    s_ks, s_kb, s_kt, s_kh, s_kk,
-    s_Gs, s_Gb, s_Gh, s_Gt,
-    s_bs, s_bb, s_bh, s_bt,
-    s_pnat, s_buf,
-    T: tl.constexpr, TP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    HIST: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-    L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, TOKEN_PRECISION: tl.constexpr, BF16_STATE: tl.constexpr,
-    UPCAST: tl.constexpr, PDL: tl.constexpr,
-):
-    """`_gdn_verify_chunked_kernel` with the new tokens' keys and queries as one operand P [TP, K] (TP >= 2T):
-    one product with each state block gives K·h and Q·h, one with the keys K·Kᵀ and Q·Kᵀ."""
+    is read BKC key rows at a time (BKC = BK: one block); TP >= 2T rows hold the keys, then the queries."""
     pdl_entry(PDL)
     row, hv, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     hk = hv // (HV // H)  # key head of value head hv
@@ -336,7 +200,7 @@ def _gdn_verify_packed_kernel(
             tl.store(ptrs, h, mask=tile & valid)
 
     G = tl.where(fold, 0.0, G_last)
-    o_all, u_all, G_all = _gdn_tokens_packed(hp, pk, v_all, g_all, b_all, G, rows, tok, is_q, T, TOKEN_PRECISION)
+    o_all, u_all, G_all = _gdn_tokens_chunked(hp, pk, v_all, g_all, b_all, G, rows, tok, is_q, T, TOKEN_PRECISION)
 
     # writes: outputs, and history [p, p + T) of buffer b, or [0, T) of buffer 1 - b after a fold
     nb = tl.where(fold, 1 - b, b)
