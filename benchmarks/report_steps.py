@@ -124,8 +124,8 @@ def launch_floor_section(files: list[dict]) -> list[str]:
            "*gemv-merged* the same weights as one launch; *gemv-l2* the chain on one weight, read again each launch "
            "(from L2 after the first; where the run has it). gemv minus gemv-merged is what a chain of weight reads "
            "costs beyond its bytes: the time each launch takes to fill the memory pipe and drain it; gemv minus "
-           "gemv-l2 the most a weight in L2 before its launch could save; *gemv-side-A* the gemv chain with, on a second "
-           "stream of the graph forked after each gemv, an L2 prefetch of the weight A launches ahead; "
+           "gemv-l2 the most a weight in L2 before its launch could save; *gemv-side-A* the gemv chain with, on a "
+           "second stream of the graph forked after each gemv, an L2 prefetch of the weight A launches ahead; "
            "*gemv-persistent-A* the chain as one launch, one program an SM holding its rows of the weights A gemvs "
            "ahead, a grid-wide barrier between gemvs (where the run has them).", ""]
     for data in files:

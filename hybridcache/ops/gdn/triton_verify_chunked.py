@@ -5,7 +5,8 @@ A program (row, value head, value block) reads the new tokens' rows whole, then 
 a time: each block of the effective state (checkpoint·e^{G_last} + K_histᵀ·(w ⊙ U_hist), one product over the
 history [0, p) of buffer b) adds its share to P·h, and nothing is written until every block is read; a folding row
 then stores the blocks in a second pass. P [TP, K] (TP >= 2T) holds the new tokens' keys in rows [0, T) and their
-queries in rows [T, 2T), so one product a block gives both K·h and Q·h, and one product P·Kᵀ both K·Kᵀ and Q·Kᵀ.
+queries in rows [T, 2T), so one product a block gives both K·h and Q·h, and one product P·Kᵀ both K·Kᵀ and
+Q·Kᵀ.
 The new tokens come out of `_gdn_tokens_chunked` without ever updating the tile.
 
 The keys and queries as two operands, two products a block (session 53, history 232e49d) spilled at sm_90 (255
@@ -81,9 +82,6 @@ def _effective_block(ssm_ptr, k_row, s, hv, kc, kc_ok, vv, v_ok, jj, j_ok, uw, e
     return h, ptrs, tile
 
 
-
-
-
 @triton.jit
 def _packed_rows(k_in, q_in, rows, is_k, p_ok, tok, kc, kc_ok, s_kt, s_qt, factor):
     """The new tokens' keys (rows < T) then queries (rows T..2T - 1, token row - T) at columns kc, [TP, BKC]
@@ -95,9 +93,14 @@ def _packed_rows(k_in, q_in, rows, is_k, p_ok, tok, kc, kc_ok, s_kt, s_qt, facto
 
 @triton.jit
 def _gdn_tokens_chunked(hp, pk, v_all, g_all, b_all, G0, rows, tok, is_q, T: tl.constexpr, PRECISION: tl.constexpr):
-    """`_gdn_tokens_chunked` from the packed products: hp = P·h [TP, BV] and pk = P·Kᵀ [TP, TP], P the keys
-    then the queries (rows < T: k_t; rows T + t: q_t); v_all, g_all, b_all by token (rows < T). -> o [TP, BV]
-    on the query rows (row T + t: token t), u [TP, BV] and the running G [TP] by token."""
+    """The T new tokens in closed form from the packed products of P (rows t < T: k_t; rows T + t: q_t) with the
+    state h [BK, BV] and with the keys, hp = P·h [TP, BV] and pk = P·Kᵀ [TP, TP]; rows [TP] (TP >= 2T, and 16, a
+    dot's least size) of v_all [TP, BV], g_all and b_all [TP] by token, zeros past T; tok [TP] each packed row's
+    token, is_q [TP] the query rows. With Γ_t = g_0 + … + g_t:
+      u_t = β_t·(v_t − e^{Γ_t}·hᵀk_t − Σ_{s<t} e^{Γ_t−Γ_s}(k_s·k_t)·u_s)   (solved forward over t)
+      o_t = e^{Γ_t}·hᵀq_t + Σ_{s≤t} e^{Γ_t−Γ_s}(k_s·q_t)·u_s
+    the recurrence h_t = e^{g_t}·h_{t−1} + k_t·u_tᵀ, o_t = h_tᵀq_t unrolled. -> o [TP, BV] on the query rows
+    (row T + t: token t), u [TP, BV] and the running G [TP] (from G0) by token."""
     upto = rows[None, :] <= rows[:, None]  # (t, s): s <= t
     gam = tl.sum(tl.where(upto, g_all[None, :], 0.0), 1)  # Γ_t = g_0 + … + g_t
     gam_p = tl.sum(tl.where(rows[None, :] <= tok[:, None], g_all[None, :], 0.0), 1)  # Γ of each packed row's token
