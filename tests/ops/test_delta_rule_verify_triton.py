@@ -139,11 +139,12 @@ GDN_CASES = [  # T, HIST, K, V, dtype, l2norm in kernel
 # Cases with 16 value columns or more and T > 1 run the closed form by default; `chunked=False` runs them token
 # by token as well (the form the others take), and key_block=16 reads the closed form's state 16 key rows at a time
 # (the default, KEY_BLOCK = 32, reads K <= 32 whole) over two 32-column value blocks where V = 40; and the default
-# tiling on a 64-wide key (two blocks of KEY_BLOCK rows, 64 value columns), a long history
+# tiling on a 64-wide key (two blocks of KEY_BLOCK rows, 64 value columns), a long history; and nine new tokens,
+# whose keys and queries (18 rows) take a 32-row packed operand in the closed form
 CHUNKED_CASES = ([c + (None, None) for c in GDN_CASES]
                  + [c + (False, None) for c in GDN_CASES if c[0] > 1 and c[3] >= 16]
                  + [c + (None, 16) for c in GDN_CASES if c[0] > 1 and c[3] >= 16 and c[2] > 16]
-                 + [(4, 20, 64, 64, torch.bfloat16, True, None, None)])
+                 + [(4, 20, 64, 64, torch.bfloat16, True, None, None), (9, 12, 16, 16, torch.float32, True, None, None)])
 
 
 @pytest.mark.parametrize("T,hist,K,V,dtype,norm,chunked,key_block", CHUNKED_CASES)
