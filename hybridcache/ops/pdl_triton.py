@@ -10,7 +10,8 @@ whatever precedes (a cuBLAS GEMM or torch kernel triggers at its end), so the re
 bit for bit. Captured CUDA graphs keep the programmatic edges. `pdl_launch(t)` gives the launch options: PDL and
 launch_pdl on, or PDL off; tests switch `ENABLED`. On an H100, CUDA-graph decode steps of the 1B-class
 checkpoints (benchmarks/step_profile.py, same machine, back to back): batch 1 kimi_linear 1,445 against 1,318
-tok/s, qwen3_next 1,142 against 1,055, nemotron_h 1,050 against 994; batch 16 kimi_linear 14,465 against 13,820 (an earlier run), qwen3_next 10,597 against 10,119.
+tok/s, qwen3_next 1,142 against 1,055, nemotron_h 1,050 against 994; batch 16 kimi_linear 14,465 against 13,820
+(an earlier run), qwen3_next 10,597 against 10,119.
 
 Releasing the next launch before the wait instead (the next grid resident one kernel further ahead; each grid still
 waits for its predecessor, so the order is the same; session 48, history 74535d0) did not pay: H100, batch-1 graph
