@@ -146,12 +146,12 @@ def main() -> None:
     for label, call in cases():
         with captured_launches() as launches:
             call()
-        # the verify kernel (KDA's second launch writes the pending drafts); both of the experts'
-        for launch in launches[:2 if label.startswith("experts") else 1]:
+        shown = launches[:1] if label.startswith("kda") else launches  # not KDA's second (the pending drafts')
+        for launch in shown:
             kernel = compile_launch(launch)
             regs, stores, loads = ptxas_report(kernel)
             sass = sass_counts(kernel)
-            name = f"{label} {launch.kernel.__name__.strip('_')} " if label.startswith("experts") else f"{label} "
+            name = f"{label} {launch.kernel.__name__.strip('_')} " if len(shown) > 1 else f"{label} "
             print(f"{name + tiling(launch):56} {regs:>9} {stores:>13} {loads:>12} {sass['LDG']:>7} "
                   f"({sass['LDG128']:>4}) {sass['LDG_AHEAD']:>5} {sass['STS']:>4} {sass['BAR']:>4}")
 
