@@ -26,20 +26,12 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_dims
+from hybridcache.ops.mamba2.triton_verify import softplus
 from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 from hybridcache.ops.triton_support import num_sms
 
 TILE = 2048  # fp32 state entries per program before the grid-filling rule shrinks BLOCK_P
 MIN_BLOCK_P = 4
-
-
-@triton.jit
-def softplus(v):
-    """log(1 + exp(v)) as torch's softplus (v past 20 returned as is), with an accurate log1p."""
-    u = tl.exp(-tl.abs(v))
-    w = 1.0 + u
-    log1p = tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0)))
-    return tl.where(v > 20.0, v, tl.maximum(v, 0.0) + log1p)
 
 
 @triton.jit

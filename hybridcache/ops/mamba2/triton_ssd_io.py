@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit
-from hybridcache.ops.mamba2.triton_decode import softplus
+from hybridcache.ops.mamba2.triton_verify import softplus
 from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 
 BLOCK_T = 32

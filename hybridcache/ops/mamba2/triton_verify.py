@@ -35,8 +35,6 @@ import triton.language as tl
 from torch import Tensor
 
 from hybridcache.ops.mamba2.common import NO_LIMIT, DtLimit, check_dims, check_steps
-from hybridcache.ops.mamba2.triton_checkpoint_outputs import checkpoint_outputs_triton
-from hybridcache.ops.mamba2.triton_decode import softplus
 from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 from hybridcache.ops.token_rows_triton import token_row, token_value
 from hybridcache.ops.triton_support import num_sms
@@ -47,40 +45,31 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 # the closed form's history-loop pipeline (H100, batch 64: 1 stage 367 us, 2 106, Triton's 3 111); the
 # token-by-token form keeps Triton's (not timed otherwise)
 NUM_STAGES = 2
-# The closed form's C·hᵀ in a launch of its own (`triton_checkpoint_outputs`), the verify kernel then holding no
-# state tile but where a row folds
-SPLIT = True
-# the closed form's products on the tensor cores (tf32; TP >= 16 rows, the A operand held by every warp) rather
-# than as fp32 broadcasts and sums over a small tile (REDUCED_TILE state entries a program)
-DOTS = False
-REDUCED_TILE = 2048
-MAX_REGISTERS = 0  # a thread (Triton's maxnreg; 0: no cap)
+# the closed form as a program a (row, group, run of heads), where no block_p is asked for (`triton_verify_heads`)
+HEADS = True
+MAX_HIST = 32  # and the history fits its one product
 
 
 @triton.jit
-def _tokens_closed_form(ch, cf, xs_new, bs_new, dtp, a, tt, PRECISION: tl.constexpr):
-    """The new tokens' y at once from ch = C·hᵀ [TP, BLOCK_P] (C_t·h[p] for the state h they start from),
-    without updating h: with c_t = Σ_{s<=t} dt_s·A,
+def softplus(v):
+    """log(1 + exp(v)) as torch's softplus (v past 20 returned as is), with an accurate log1p."""
+    u = tl.exp(-tl.abs(v))
+    w = 1.0 + u
+    log1p = tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0)))
+    return tl.where(v > 20.0, v, tl.maximum(v, 0.0) + log1p)
+
+
+@triton.jit
+def tokens_closed_form(ch, cb, xs_new, dtp, a, tt, PRECISION: tl.constexpr):
+    """The new tokens' y at once from ch = C·hᵀ [TP, BLOCK_P] (C_t·h[p] for the state h they start from) and
+    cb = C·B_newᵀ [TP, TP] (C_t·B_s), without updating h: with c_t = Σ_{s<=t} dt_s·A,
         y_t = e^{c_t}·h·C_t + Σ_{s<=t} e^{c_t − c_s}·(C_t·B_s)·dt_s·x_s     (D·x_t not included)
-    the recurrence unrolled; rows tt [TP] (TP >= 16, a dot's least size) of xs_new [TP, BLOCK_P], bs_new [TP, N],
-    cf [TP, N] fp32 (zero past T) and the processed dtp [TP]. Products on the tensor cores in PRECISION.
-    -> y [TP, BLOCK_P] fp32 and c [TP] (from 0)."""
+    the recurrence unrolled; rows tt [TP] (TP >= 16, a dot's least size) of xs_new [TP, BLOCK_P] and the
+    processed dtp [TP] (rows past T add nothing: their B rows, so cb's columns, are zero). The product on the
+    tensor cores in PRECISION. -> y [TP, BLOCK_P] fp32 and c [TP] (from 0)."""
     c = tl.cumsum(dtp * a, 0)
-    cb = tl.dot(cf, tl.trans(bs_new.to(tl.float32)), input_precision=PRECISION)  # (t, s): C_t·B_s
     decay = tl.where(tt[None, :] <= tt[:, None], tl.exp(c[:, None] - c[None, :]), 0.0)
     y = tl.exp(c)[:, None] * ch + tl.dot(decay * cb * dtp[None, :], xs_new.to(tl.float32), input_precision=PRECISION)
-    return y, c
-
-
-@triton.jit
-def _tokens_reduced(ch, cf, xs_new, bs_new, dtp, a, tt):
-    """`_tokens_closed_form` with its products as fp32 broadcasts and sums (TP = T rounded up to a power of two,
-    no dot's least size): the same y [TP, BLOCK_P] and c [TP]."""
-    c = tl.cumsum(dtp * a, 0)
-    cb = tl.sum(cf[:, None, :] * bs_new.to(tl.float32)[None, :, :], 2)  # (t, s): C_t·B_s
-    decay = tl.where(tt[None, :] <= tt[:, None], tl.exp(c[:, None] - c[None, :]), 0.0)
-    mix = decay * cb * dtp[None, :]
-    y = tl.exp(c)[:, None] * ch + tl.sum(mix[:, :, None] * xs_new.to(tl.float32)[None, :, :], 1)
     return y, c
 
 
@@ -115,7 +104,7 @@ def _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, r
 @triton.jit
 def _verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr,
-    ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, y_ptr, ch_ptr,
+    ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, y_ptr,
     dt_lo, dt_hi, hist,
     sx_b, sx_t, sx_h, sx_p,
     sd_b, sd_t, sd_h,
@@ -131,7 +120,7 @@ def _verify_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, TP: tl.constexpr, CLOSED_FORM: tl.constexpr,
-    CH_GIVEN: tl.constexpr, DOTS: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_entry(PDL)
     row, head, pblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -160,8 +149,7 @@ def _verify_kernel(
                      mask=t_ok[:, None] & n_ok[None, :], other=0.0)
     raws = tl.load(dt_ptr + row * sd_b + tt * sd_t + head * sd_h, mask=t_ok, other=0.0)
     ssm_tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
-    if not (CLOSED_FORM and CH_GIVEN):
-        h = tl.load(ssm_tile, mask=tile_ok & valid, other=0.0)
+    h = tl.load(ssm_tile, mask=tile_ok & valid, other=0.0)
 
     # Fold the history [0, count) of buffer `buf`: h_eff = exp(c_last) h + X W B.
     rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
@@ -181,32 +169,8 @@ def _verify_kernel(
     # against 83.7 / 305.2 (H100, block_p 64, batch 64 / 256).
     e_last = tl.exp(c_last)
     cf = cs_new.to(tl.float32)
-    if CLOSED_FORM and not DOTS:  # every product an fp32 broadcast and sum; the tile held for a fold
-        ch = tl.zeros([TP, BLOCK_P], tl.float32)
-        for t in tl.static_range(STEPS):  # (t, p): C_t·h[p]
-            ch = tl.where(tt[:, None] == t, tl.sum(h * token_row(cf, tt, t)[None, :], 1)[None, :], ch)
-        ch *= e_last
-        for j0 in range(0, count, BLOCK_H):
-            xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
-                                    c_last, pp, p_ok, nn, n_ok, BLOCK_H)
-            for t in tl.static_range(STEPS):  # (t, j): C_t·B_j, then its share of row t
-                cb_t = tl.sum(bs * token_row(cf, tt, t)[None, :], 1)
-                ch = tl.where(tt[:, None] == t, ch + tl.sum(xw * cb_t[None, :], 1)[None, :], ch)
-        if fold:  # h_eff = e^{c_last}·h + Σ_j w_j·x_j·B_jᵀ, a history token at a time (no dot operands held)
-            h *= e_last
-            for j in range(0, count):
-                c_j = tl.load(rc_row + j * rc_t).to(tl.float32)
-                w = tl.exp(c_last - c_j) * tl.load(rd_row + j * rd_t).to(tl.float32)
-                xj = tl.load(rx_row + j * rx_t + pp * rx_p, mask=p_ok, other=0.0).to(tl.float32)
-                bj = tl.load(rb_row + j * rb_t + nn * rb_n, mask=n_ok, other=0.0).to(tl.float32)
-                h += (w * xj)[:, None] * bj[None, :]
-            tl.store(ssm_tile, h, mask=tile_ok)
-    elif CLOSED_FORM:
-        if CH_GIVEN:  # C_t·h[p] from `triton_checkpoint_outputs`, ch_ptr [B, H, T, P]
-            ch_rows = ch_ptr + ((row.to(tl.int64) * tl.num_programs(1) + head) * STEPS + tt[:, None]) * HEAD_DIM
-            ch = e_last * tl.load(ch_rows + pp[None, :], mask=t_ok[:, None] & p_ok[None, :], other=0.0)
-        else:
-            ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
+    if CLOSED_FORM:
+        ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
         for j0 in range(0, count, BLOCK_H):
             xw, bs = _history_chunk(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, j0, count,
                                     c_last, pp, p_ok, nn, n_ok, BLOCK_H)
@@ -232,15 +196,13 @@ def _verify_kernel(
     wb_row = rb_ptr + sc * rb_s + target * rb_b + group * rb_g
     wd_row = rdt_ptr + sc * rd_s + target * rd_b + head * rd_h
     wc_row = rcum_ptr + sc * rc_s + target * rc_b + head * rc_h
-    if CLOSED_FORM:  # every token at once (`_tokens_closed_form`), written as rows
+    if CLOSED_FORM:  # every token at once (`tokens_closed_form`), written as rows
         raw = raws.to(tl.float32)
         if HAS_BIAS:
             raw += tl.load(bias_ptr + head).to(tl.float32)
         dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)  # rows past T add nothing: their B is 0
-        if DOTS:
-            y, c = _tokens_closed_form(ch, cf, xs_new, bs_new, dtp, a, tt, PRECISION)
-        else:
-            y, c = _tokens_reduced(ch, cf, xs_new, bs_new, dtp, a, tt)
+        cb = tl.dot(cf, tl.trans(bs_new.to(tl.float32)), input_precision=PRECISION)  # (t, s): C_t·B_s
+        y, c = tokens_closed_form(ch, cb, xs_new, dtp, a, tt, PRECISION)
         if HAS_D:
             y += tl.load(D_ptr + head).to(tl.float32) * xs_new.to(tl.float32)
         tp = t_ok[:, None] & p_ok[None, :]
@@ -279,7 +241,7 @@ def _verify_kernel(
 def default_block_p(rows: int, head_dim: int, block_n: int, closed_form: bool, sms: int) -> int:
     """Head channels a program for `rows` (row, head) pairs: the largest tile the form holds, halved while the
     doubled grid still fits in one wave (at most one program an SM), never under 16 (a dot's least size)."""
-    tile = (CLOSED_TILE if DOTS else REDUCED_TILE) if closed_form else MAX_TILE
+    tile = CLOSED_TILE if closed_form else MAX_TILE
     block_p = max(16, min(triton.next_power_of_2(head_dim), tile // block_n))
     while block_p > 16 and 2 * rows * triton.cdiv(head_dim, block_p) <= sms:
         block_p //= 2
@@ -314,7 +276,7 @@ def mamba2_verify_triton(
     pnat, buf_idx [S] (read only); slots [B]. Any strides (pool views are read and written in place).
     Returns y: [B, T, H, P] in x's dtype. `block_p` (head channels per program, a power of two >= 16)
     defaults to `default_block_p` and, like `num_warps` (Triton's default 4), does not change the result beyond
-    rounding. `closed_form`: the new tokens as products (`_tokens_closed_form`: tf32x3 for fp32 inputs, tf32 for
+    rounding. `closed_form`: the new tokens as products (`tokens_closed_form`: tf32x3 for fp32 inputs, tf32 for
     16-bit), not token by token; the results agree within rounding. The default for T > 1 (at T = 4 and batch 64, 113 against 180 us on an H100).
     """
     batch, steps = x.shape[:2]
@@ -329,17 +291,20 @@ def mamba2_verify_triton(
     block_n = max(16, triton.next_power_of_2(dstate))
     if closed_form is None:
         closed_form = steps > 1
+    if closed_form and block_p is None and HEADS and hist <= MAX_HIST:
+        from hybridcache.ops.mamba2.triton_verify_heads import mamba2_verify_heads_triton
+
+        return mamba2_verify_heads_triton(x, dt, A, B, C, ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat,
+                                          buf_idx, slots, D, dt_bias, dt_limit, num_warps=num_warps)
     if block_p is None:
         block_p = default_block_p(batch * heads, head_dim, block_n, closed_form, num_sms(x.device))
-    dots = closed_form and DOTS
-    ch = checkpoint_outputs_triton(C, ssm, slots) if dots and SPLIT else None
     A = A.contiguous()
     D_arg = A if D is None else D.contiguous()
     bias_arg = A if dt_bias is None else dt_bias.contiguous()
     grid = (batch, heads, triton.cdiv(head_dim, block_p))
     _verify_kernel[grid](
         x, dt, A, B, C, D_arg, bias_arg,
-        ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, y, y if ch is None else ch,
+        ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, y,
         float(dt_limit[0]), float(dt_limit[1]), hist,
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *ssm.stride(),
         *replay_x.stride(), *replay_B.stride(), *replay_dt.stride(), *replay_dA_cumsum.stride(),
@@ -348,10 +313,9 @@ def mamba2_verify_triton(
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps,
         BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_H=BLOCK_H,
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
-        TP=max(16 if dots else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
-        CH_GIVEN=ch is not None, DOTS=dots,
+        TP=max(16 if closed_form else 1, triton.next_power_of_2(steps)), CLOSED_FORM=closed_form,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
         **({"num_stages": NUM_STAGES} if closed_form else {}), **pdl_launch(x),
-        **({"num_warps": num_warps} if num_warps else {}), **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
+        **({"num_warps": num_warps} if num_warps else {}),
     )
     return y

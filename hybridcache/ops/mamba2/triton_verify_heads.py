@@ -1,0 +1,175 @@
+"""Mamba2 replay verify in closed form, a program a (row, group, run of the group's heads): the contract of
+`triton_verify.mamba2_verify_triton` (see `naive.mamba2_verify_ref`), for histories of up to `triton_verify.MAX_HIST` tokens
+(the whole history one product, [HIST_P, N] fp32 held beside the tile).
+
+The one-head programs of `triton_verify._verify_kernel` each repeat their group's work (its C and B rows, the
+history's B, the products C·B) and each wait on the chain of small loads before their state tile (slot, pnat,
+the history), at two programs an SM. Here a program reads the row's bookkeeping and its group's rows once,
+forms C·Bᵀ against the history and the new tokens once, then takes its heads one after another in a loop that
+Triton pipelines (NUM_STAGES): the next head's [P, N] fp32 tile and history stream in while this head's
+products run. Per head, with w_j = e^{c_last − c_j}·dt_j over the history's valid tokens j < count,
+
+    C·h_effᵀ = e^{c_last}·C·hᵀ + (C·B_histᵀ)·(X_hist ⊙ w)ᵀ,    h_eff = e^{c_last}·h + (X_hist ⊙ w)·B_hist
+
+the second formed and stored only where the row folds; the new tokens then follow `triton_verify.tokens_closed_form`.
+The whole history is one product (HIST_P = HIST rounded up to a power of two, at least 16: a dot's least
+size), so the loop over heads holds no inner loop.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from hybridcache.ops.mamba2.triton_verify import softplus, tokens_closed_form
+from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
+from hybridcache.ops.triton_support import num_sms
+
+NUM_STAGES = 2  # the head loop's pipeline
+
+
+@triton.jit
+def _heads_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr,
+    ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, y_ptr,
+    dt_lo, dt_hi, hist,
+    sx_b, sx_t, sx_h, sx_p,
+    sd_b, sd_t, sd_h,
+    sB_b, sB_t, sB_g, sB_n,
+    sC_b, sC_t, sC_g, sC_n,
+    ss_s, ss_h, ss_p, ss_n,
+    rx_s, rx_b, rx_t, rx_h, rx_p,
+    rb_s, rb_b, rb_t, rb_g, rb_n,
+    rd_s, rd_b, rd_h, rd_t,
+    rc_s, rc_b, rc_h, rc_t,
+    s_pnat, s_buf, s_slot,
+    sy_b, sy_t, sy_h,
+    STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN)."""
+    pdl_entry(PDL)
+    row, group, run = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
+    valid = slot >= 0
+    sc = tl.maximum(slot, 0)
+    p = tl.load(pnat_ptr + sc * s_pnat, mask=valid, other=0).to(tl.int32)
+    buf = tl.load(buf_ptr + sc * s_buf, mask=valid, other=0).to(tl.int64)
+    fold = valid & (p + STEPS > hist)
+    count = tl.minimum(p, hist)  # history tokens read (p <= HIST by contract; the min keeps loads in bounds)
+    target = tl.where(fold, 1 - buf, buf)
+    start = tl.where(fold, 0, p).to(tl.int64)
+
+    pp = tl.arange(0, BLOCK_P)
+    p_ok = pp < HEAD_DIM
+    nn = tl.arange(0, BLOCK_N)
+    n_ok = nn < DSTATE
+    tile_ok = p_ok[:, None] & n_ok[None, :]
+    tt = tl.arange(0, TP)
+    t_ok = tt < STEPS
+    jj = tl.arange(0, HIST_P)
+    j_ok = jj < count
+
+    # the group's rows, once: new B and C, the history's B, and their products with C
+    tn_ok = t_ok[:, None] & n_ok[None, :]
+    bs_new = tl.load(B_ptr + row * sB_b + tt[:, None] * sB_t + group * sB_g + nn[None, :] * sB_n, mask=tn_ok,
+                     other=0.0)
+    cf = tl.load(C_ptr + row * sC_b + tt[:, None] * sC_t + group * sC_g + nn[None, :] * sC_n, mask=tn_ok,
+                 other=0.0).to(tl.float32)
+    rb_row = rb_ptr + sc * rb_s + buf * rb_b + group * rb_g
+    bh = tl.load(rb_row + jj[:, None] * rb_t + nn[None, :] * rb_n, mask=j_ok[:, None] & n_ok[None, :],
+                 other=0.0).to(tl.float32)
+    cb_hist = tl.dot(cf, tl.trans(bh), input_precision=PRECISION)  # (t, j): C_t·B_j
+    cb_new = tl.dot(cf, tl.trans(bs_new.to(tl.float32)), input_precision=PRECISION)  # (t, s): C_t·B_s
+    pos = start + tt
+    wb_row = rb_ptr + sc * rb_s + target * rb_b + group * rb_g
+    tl.store(wb_row + pos[:, None] * rb_t + nn[None, :] * rb_n, bs_new.to(rb_ptr.dtype.element_ty),
+             mask=tn_ok & valid & (run == 0))
+
+    tp_ok = t_ok[:, None] & p_ok[None, :]
+    for r in tl.range(0, RUN, num_stages=NUM_STAGES):
+        head = group * REPS + run * RUN + r
+        h = tl.load(ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n,
+                    mask=tile_ok & valid, other=0.0)
+        rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
+        rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
+        rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
+        c_hist = tl.load(rc_row + jj * rc_t, mask=j_ok, other=0.0).to(tl.float32)
+        d_hist = tl.load(rd_row + jj * rd_t, mask=j_ok, other=0.0).to(tl.float32)
+        xh = tl.load(rx_row + jj[None, :] * rx_t + pp[:, None] * rx_p, mask=p_ok[:, None] & j_ok[None, :],
+                     other=0.0)
+        xs_new = tl.load(x_ptr + row * sx_b + tt[:, None] * sx_t + head * sx_h + pp[None, :] * sx_p, mask=tp_ok,
+                         other=0.0)
+        raw = tl.load(dt_ptr + row * sd_b + tt * sd_t + head * sd_h, mask=t_ok, other=0.0).to(tl.float32)
+        c_last = tl.sum(tl.where(jj == count - 1, c_hist, 0.0), 0)  # 0 with no history
+        e_last = tl.exp(c_last)
+        xw = xh.to(tl.float32) * tl.where(j_ok, tl.exp(c_last - c_hist) * d_hist, 0.0)[None, :]  # [BLOCK_P, HIST_P]
+        ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
+        ch = tl.dot(cb_hist, tl.trans(xw), acc=ch, input_precision=PRECISION)
+        if fold:  # h_eff in IEEE fp32: it is stored
+            h_eff = h * e_last + tl.dot(xw, bh, input_precision="ieee")
+            tl.store(ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n, h_eff,
+                     mask=tile_ok)
+        if HAS_BIAS:
+            raw += tl.load(bias_ptr + head).to(tl.float32)
+        dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)
+        y, c = tokens_closed_form(ch, cb_new, xs_new, dtp, tl.load(A_ptr + head).to(tl.float32), tt, PRECISION)
+        if HAS_D:
+            y += tl.load(D_ptr + head).to(tl.float32) * xs_new.to(tl.float32)
+        tl.store(y_ptr + row * sy_b + tt[:, None] * sy_t + head * sy_h + pp[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=tp_ok)
+        # appended at [start, start + T) of buffer `target`; the running sum continues c_last or restarts at 0
+        wx_row = rx_ptr + sc * rx_s + target * rx_b + head * rx_h
+        tl.store(wx_row + pos[:, None] * rx_t + pp[None, :] * rx_p, xs_new.to(rx_ptr.dtype.element_ty),
+                 mask=tp_ok & valid)
+        tl.store(rdt_ptr + sc * rd_s + target * rd_b + head * rd_h + pos * rd_t, dtp.to(rdt_ptr.dtype.element_ty),
+                 mask=t_ok & valid)
+        tl.store(rcum_ptr + sc * rc_s + target * rc_b + head * rc_h + pos * rc_t,
+                 (tl.where(fold, 0.0, c_last) + c).to(rcum_ptr.dtype.element_ty), mask=t_ok & valid)
+
+
+def default_run(rows: int, groups: int, reps: int, sms: int) -> int:
+    """Heads a program: the group's all, halved while the grid has fewer than two programs an SM."""
+    run = reps
+    while run > 1 and rows * groups * (reps // run) < 2 * sms:
+        run //= 2
+    return run
+
+
+def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm: Tensor, replay_x: Tensor,
+                               replay_B: Tensor, replay_dt: Tensor, replay_dA_cumsum: Tensor, pnat: Tensor,
+                               buf_idx: Tensor, slots: Tensor, D: Tensor | None, dt_bias: Tensor | None,
+                               dt_limit: tuple[float, float], run: int | None = None,
+                               num_warps: int | None = None) -> Tensor:
+    """One launch; the arguments, writes and result of `triton_verify.mamba2_verify_triton` (whose checks it
+    assumes done; HIST <= triton_verify.MAX_HIST, H a multiple of G). `run`: heads a program (a power of two dividing H / G),
+    by default `default_run`."""
+    batch, steps, heads, head_dim = x.shape
+    groups, dstate = B.shape[2:]
+    hist = replay_x.shape[2]
+    reps = heads // groups
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if batch == 0 or steps == 0:
+        return y
+    if run is None:
+        run = default_run(batch, groups, reps, num_sms(x.device))
+    A = A.contiguous()
+    _heads_kernel[(batch, groups, reps // run)](
+        x, dt, A, B, C, A if D is None else D.contiguous(), A if dt_bias is None else dt_bias.contiguous(),
+        ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, y,
+        float(dt_limit[0]), float(dt_limit[1]), hist,
+        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *ssm.stride(),
+        *replay_x.stride(), *replay_B.stride(), *replay_dt.stride(), *replay_dA_cumsum.stride(),
+        pnat.stride(0), buf_idx.stride(0), slots.stride(0),
+        *y.stride()[:3],
+        STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=run,
+        BLOCK_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=max(16, triton.next_power_of_2(dstate)),
+        HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)),
+        HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
+        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES,
+        **pdl_launch(x), **({"num_warps": num_warps} if num_warps else {}),
+    )
+    return y
