@@ -15,6 +15,7 @@ import torch
 from benchmarks.ops_mamba2 import copy_bandwidth, timed
 from benchmarks.timing import graphed
 from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton
+from hybridcache.ops.mamba2.triton_verify_heads import mamba2_verify_heads_triton
 
 DEV, ACT = "cuda", torch.bfloat16
 H, P, G, N, HIST, T = 64, 64, 8, 128, 16, 4
@@ -38,7 +39,11 @@ def call(batch: int, p: int = HIST // 2):
     def fn(block_p: int, closed_form: bool, warps: int | None = None):
         return lambda: mamba2_verify_triton(x, dt, A, B, C, ssm, rx, rb, rdt, rcum, pnat, buf, slots, D=D, dt_bias=bias,
                                             block_p=block_p, closed_form=closed_form, num_warps=warps)
-    return fn, read
+
+    def heads(run: int, warps: int | None = None):
+        return lambda: mamba2_verify_heads_triton(x, dt, A, B, C, ssm, rx, rb, rdt, rcum, pnat, buf, slots, D, bias,
+                                                  (0.0, float("inf")), run=run, num_warps=warps)
+    return fn, heads, read
 
 
 def main() -> None:
@@ -46,13 +51,15 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--block-p", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--warps", type=int, nargs="+", default=[0], help="closed form: warps a program (0: Triton's 4)")
+    ap.add_argument("--runs", type=int, nargs="*", default=[1, 2, 4, 8],
+                    help="the heads form (`triton_verify_heads`): heads a program (empty: not timed)")
     ap.add_argument("--pnat", type=int, default=HIST // 2,
                     help=f"history tokens a row ({HIST - T + 1}+: every row folds)")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     print(f"copy bandwidth {copy_bandwidth(DEV):.0f} GB/s; p = {args.pnat}; us (GB/s) per block_p")
     for batch in args.batches:
-        fn, read = call(batch, args.pnat)
+        fn, heads, read = call(batch, args.pnat)
         forms = [("token by token", False, None)] + [
             ("closed form" + (f" {w} warps" if w else ""), True, w or None) for w in args.warps]
         for name, closed_form, warps in forms:
@@ -61,6 +68,12 @@ def main() -> None:
                 us = timed(graphed(fn(bp, closed_form, warps), DEV, True), DEV, args.iters) * 1e6
                 cells.append(f"{bp}: {us:7.1f} ({read / us / 1e3:5.0f})")
             print(f"B={batch:<4} {name:17} " + "  ".join(cells), flush=True)
+        for warps in args.warps:  # the heads form, over heads a program (run) in place of block_p
+            cells = []
+            for run in args.runs:
+                us = timed(graphed(heads(run, warps or None), DEV, True), DEV, args.iters) * 1e6
+                cells.append(f"{run}: {us:7.1f} ({read / us / 1e3:5.0f})")
+            print(f"B={batch:<4} {'heads ' + str(warps or 4) + ' warps':17} " + "  ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,37 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from hybridcache.ops.mamba2.triton_verify import softplus, tokens_closed_form
+from hybridcache.ops.mamba2.triton_verify import softplus
 from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 from hybridcache.ops.triton_support import num_sms
 
 NUM_STAGES = 2  # the head loop's pipeline
+
+
+@triton.jit
+def _tokens_by_channel(ch, cb, xs_new, dtp, a, tt, PRECISION: tl.constexpr):
+    """`triton_verify.tokens_closed_form` by channel: ch [BLOCK_P, TP] (h[p]·C_t), xs_new [BLOCK_P, TP] and
+    cb [TP, TP] (C_t·B_s) -> y [BLOCK_P, TP] fp32 and c [TP]."""
+    c = tl.cumsum(dtp * a, 0)
+    decay = tl.where(tt[None, :] <= tt[:, None], tl.exp(c[:, None] - c[None, :]), 0.0)  # (t, s)
+    mix = decay * cb * dtp[None, :]
+    y = tl.exp(c)[None, :] * ch + tl.dot(xs_new.to(tl.float32), tl.trans(mix), input_precision=PRECISION)
+    return y, c
+
+
+@triton.jit
+def _weighted_history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p, rd_s, rd_b, rd_h, rd_t,
+                      rc_s, rc_b, rc_h, rc_t, jj, j_ok, count, pp, p_ok):
+    """A head's history in buffer `buf`, tokens jj [HIST_P] masked at `count`: c_last (the cumsum at count − 1, 0
+    with none) and its x weighted by w_j = e^{c_last − c_j}·dt_j, [BLOCK_P, HIST_P] fp32 (zeros past count;
+    every load masked, never multiplied by zero)."""
+    c_hist = tl.load(rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h + jj * rc_t, mask=j_ok, other=0.0)
+    d_hist = tl.load(rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h + jj * rd_t, mask=j_ok, other=0.0)
+    xh = tl.load(rx_ptr + sc * rx_s + buf * rx_b + head * rx_h + jj[None, :] * rx_t + pp[:, None] * rx_p,
+                 mask=p_ok[:, None] & j_ok[None, :], other=0.0)
+    c_last = tl.sum(tl.where(jj == count - 1, c_hist.to(tl.float32), 0.0), 0)
+    w = tl.where(j_ok, tl.exp(c_last - c_hist.to(tl.float32)) * d_hist.to(tl.float32), 0.0)
+    return c_last, xh.to(tl.float32) * w[None, :]
 
 
 @triton.jit
@@ -89,46 +115,53 @@ def _heads_kernel(
     tl.store(wb_row + pos[:, None] * rb_t + nn[None, :] * rb_n, bs_new.to(rb_ptr.dtype.element_ty),
              mask=tn_ok & valid & (run == 0))
 
-    tp_ok = t_ok[:, None] & p_ok[None, :]
+    pt_ok = p_ok[:, None] & t_ok[None, :]
     for r in tl.range(0, RUN, num_stages=NUM_STAGES):
         head = group * REPS + run * RUN + r
         h = tl.load(ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n,
                     mask=tile_ok & valid, other=0.0)
-        rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
-        rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
-        rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
-        c_hist = tl.load(rc_row + jj * rc_t, mask=j_ok, other=0.0).to(tl.float32)
-        d_hist = tl.load(rd_row + jj * rd_t, mask=j_ok, other=0.0).to(tl.float32)
-        xh = tl.load(rx_row + jj[None, :] * rx_t + pp[:, None] * rx_p, mask=p_ok[:, None] & j_ok[None, :],
-                     other=0.0)
-        xs_new = tl.load(x_ptr + row * sx_b + tt[:, None] * sx_t + head * sx_h + pp[None, :] * sx_p, mask=tp_ok,
-                         other=0.0)
+        c_last, xw = _weighted_history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
+                                       rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, count, pp, p_ok)
+        xs_new = tl.load(x_ptr + row * sx_b + tt[None, :] * sx_t + head * sx_h + pp[:, None] * sx_p, mask=pt_ok,
+                         other=0.0)  # [BLOCK_P, TP]
         raw = tl.load(dt_ptr + row * sd_b + tt * sd_t + head * sd_h, mask=t_ok, other=0.0).to(tl.float32)
-        c_last = tl.sum(tl.where(jj == count - 1, c_hist, 0.0), 0)  # 0 with no history
         e_last = tl.exp(c_last)
-        xw = xh.to(tl.float32) * tl.where(j_ok, tl.exp(c_last - c_hist) * d_hist, 0.0)[None, :]  # [BLOCK_P, HIST_P]
-        ch = e_last * tl.dot(cf, tl.trans(h), input_precision=PRECISION)  # (t, p): e^{c_last}·C_t·h[p]
-        ch = tl.dot(cb_hist, tl.trans(xw), acc=ch, input_precision=PRECISION)
-        if fold:  # h_eff in IEEE fp32: it is stored
-            h_eff = h * e_last + tl.dot(xw, bh, input_precision="ieee")
-            tl.store(ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n, h_eff,
-                     mask=tile_ok)
+        # by channel (p, t): the tile is a product's first operand, 64 rows a warpgroup
+        ch = e_last * tl.dot(h, tl.trans(cf), input_precision=PRECISION)  # e^{c_last}·h[p]·C_t
+        ch = tl.dot(xw, tl.trans(cb_hist), acc=ch, input_precision=PRECISION)
         if HAS_BIAS:
             raw += tl.load(bias_ptr + head).to(tl.float32)
         dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)
-        y, c = tokens_closed_form(ch, cb_new, xs_new, dtp, tl.load(A_ptr + head).to(tl.float32), tt, PRECISION)
+        y, c = _tokens_by_channel(ch, cb_new, xs_new, dtp, tl.load(A_ptr + head).to(tl.float32), tt, PRECISION)
         if HAS_D:
             y += tl.load(D_ptr + head).to(tl.float32) * xs_new.to(tl.float32)
-        tl.store(y_ptr + row * sy_b + tt[:, None] * sy_t + head * sy_h + pp[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=tp_ok)
+        tl.store(y_ptr + row * sy_b + tt[None, :] * sy_t + head * sy_h + pp[:, None], y.to(y_ptr.dtype.element_ty),
+                 mask=pt_ok)
         # appended at [start, start + T) of buffer `target`; the running sum continues c_last or restarts at 0
         wx_row = rx_ptr + sc * rx_s + target * rx_b + head * rx_h
-        tl.store(wx_row + pos[:, None] * rx_t + pp[None, :] * rx_p, xs_new.to(rx_ptr.dtype.element_ty),
-                 mask=tp_ok & valid)
+        tl.store(wx_row + pos[None, :] * rx_t + pp[:, None] * rx_p, xs_new.to(rx_ptr.dtype.element_ty),
+                 mask=pt_ok & valid)
         tl.store(rdt_ptr + sc * rd_s + target * rd_b + head * rd_h + pos * rd_t, dtp.to(rdt_ptr.dtype.element_ty),
                  mask=t_ok & valid)
         tl.store(rcum_ptr + sc * rc_s + target * rc_b + head * rc_h + pos * rc_t,
                  (tl.where(fold, 0.0, c_last) + c).to(rcum_ptr.dtype.element_ty), mask=t_ok & valid)
+
+    if fold:  # h_eff = e^{c_last}·h + Σ_j w_j·x_j·B_jᵀ in fp32, stored: a loop of its own after the first (whose
+        # pipeline holds no registers for it), a history token at a time (a product's operands would spill)
+        for r in range(0, RUN):
+            head = group * REPS + run * RUN + r
+            rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
+            rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
+            rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
+            c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
+            tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
+            h = tl.load(tile, mask=tile_ok, other=0.0) * tl.exp(c_last)
+            for j in range(0, count):
+                w = tl.exp(c_last - tl.load(rc_row + j * rc_t).to(tl.float32)) * tl.load(rd_row + j * rd_t)
+                xj = tl.load(rx_row + j * rx_t + pp * rx_p, mask=p_ok, other=0.0).to(tl.float32)
+                bj = tl.load(rb_row + j * rb_t + nn * rb_n, mask=n_ok, other=0.0).to(tl.float32)
+                h += (w.to(tl.float32) * xj)[:, None] * bj[None, :]
+            tl.store(tile, h, mask=tile_ok)
 
 
 def default_run(rows: int, groups: int, reps: int, sms: int) -> int:
