@@ -29,7 +29,7 @@ if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs triton with CUDA, or TRITON_INTERPRET=1 (Triton's CPU interpreter)", allow_module_level=True)
 
 from hybridcache.ops.mamba2 import mamba2_accept, mamba2_verify, replay, replay_state  # noqa: E402
-from hybridcache.ops.mamba2 import triton_verify  # noqa: E402
+from hybridcache.ops.mamba2 import triton_verify, triton_verify_heads  # noqa: E402
 from hybridcache.ops.mamba2.naive import mamba2_verify_ref  # noqa: E402
 
 NAN = float("nan")
@@ -106,7 +106,10 @@ def _strided(roles: dict, device: str) -> tuple[dict, dict]:
 
 
 def _run_case(heads: int, head_dim: int, groups: int, dstate: int, hist: int, steps: int, dtype, seed: int,
-              block_p: int | None = None, closed_form: bool = False, num_warps: int | None = None) -> None:
+              block_p: int | None = None, closed_form: bool = False, num_warps: int | None = None,
+              run: int | None = None) -> None:
+    """One verify step of the batch above, by `mamba2_verify_triton` (`block_p`, `closed_form`, `num_warps`), or
+    where `run` is given by the heads form (`triton_verify_heads`) at `run` heads a program."""
     g = torch.Generator().manual_seed(seed)
     kw = _params(heads, seed) | dict(dt_limit=(0.0, 3.0))
     pnat = _pnat(hist, steps)
@@ -121,11 +124,17 @@ def _run_case(heads: int, head_dim: int, groups: int, dstate: int, hist: int, st
     pools, views = _strided(before, DEVICE)
     dev_kw = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
     x, dt, B, C = (t.to(DEVICE) for t in inputs)
-    y = triton_verify.mamba2_verify_triton(
-        x, dt, dev_kw["A"], B, C, *(views[n] for n in ROLE_NAMES), views["pnat"], views["buf_idx"],
-        slots.to(DEVICE), D=dev_kw["D"], dt_bias=dev_kw["dt_bias"], dt_limit=kw["dt_limit"], block_p=block_p,
-        closed_form=closed_form, num_warps=num_warps,
-    ).cpu()
+    pool_args = (*(views[n] for n in ROLE_NAMES), views["pnat"], views["buf_idx"], slots.to(DEVICE))
+    if run is None:
+        y = triton_verify.mamba2_verify_triton(
+            x, dt, dev_kw["A"], B, C, *pool_args, D=dev_kw["D"], dt_bias=dev_kw["dt_bias"], dt_limit=kw["dt_limit"],
+            block_p=block_p, closed_form=closed_form, num_warps=num_warps,
+        ).cpu()
+    else:
+        y = triton_verify_heads.mamba2_verify_heads_triton(
+            x, dt, dev_kw["A"], B, C, *pool_args, dev_kw["D"], dev_kw["dt_bias"], kw["dt_limit"], run=run,
+            num_warps=num_warps,
+        ).cpu()
 
     assert y.dtype == dtype
     torch.testing.assert_close(y, y_ref, **Y_TOL[dtype])
@@ -172,6 +181,27 @@ def test_closed_form_at_other_warps(num_warps: int) -> None:
     among them. (The interpreter has no warps: on CPU this checks only that the option is taken.)"""
     _run_case(heads=4, head_dim=32, groups=2, dstate=32, hist=20, steps=4, dtype=torch.bfloat16, seed=5, block_p=16,
               closed_form=True, num_warps=num_warps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("run", [1, 2, 4])
+def test_heads_form_at_every_run(run: int, dtype: torch.dtype) -> None:
+    """The heads form (a program a row, group and run of heads) at 1, 2 and 4 of a group's 4 heads, HIST = 20
+    (a 32-token history product; p = 16, 17, 20 fold), P = 24 and N = 12 padded to 32 and 16."""
+    _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=dtype, seed=run, run=run)
+
+
+@pytest.mark.parametrize("hist,heads_form", [(8, True), (32, True), (33, False)])
+def test_closed_form_takes_the_heads_form_up_to_max_hist(monkeypatch, hist: int, heads_form: bool) -> None:
+    """With no block_p asked for, the closed form runs the heads form where HIST <= MAX_HIST, else the
+    one-head kernel; either way the results are those of the reference (checked in `_run_case`)."""
+    calls = []
+    real = triton_verify_heads.mamba2_verify_heads_triton
+    monkeypatch.setattr(triton_verify_heads, "mamba2_verify_heads_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert triton_verify.MAX_HIST == 32
+    _run_case(heads=2, head_dim=4, groups=1, dstate=4, hist=hist, steps=2, dtype=torch.float32, seed=hist,
+              closed_form=True)
+    assert calls == ([1] if heads_form else [])
 
 
 @pytest.mark.parametrize("steps", [1, 3])
