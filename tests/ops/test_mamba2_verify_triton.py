@@ -197,7 +197,8 @@ def test_closed_form_takes_the_heads_form_up_to_max_hist(monkeypatch, hist: int,
     one-head kernel; either way the results are those of the reference (checked in `_run_case`)."""
     calls = []
     real = triton_verify_heads.mamba2_verify_heads_triton
-    monkeypatch.setattr(triton_verify_heads, "mamba2_verify_heads_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(triton_verify_heads, "mamba2_verify_heads_triton",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
     assert triton_verify.MAX_HIST == 32
     _run_case(heads=2, head_dim=4, groups=1, dstate=4, hist=hist, steps=2, dtype=torch.float32, seed=hist,
               closed_form=True)
