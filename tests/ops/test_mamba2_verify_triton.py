@@ -191,18 +191,19 @@ def test_heads_form_at_every_run(run: int, dtype: torch.dtype) -> None:
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=dtype, seed=run, run=run)
 
 
-@pytest.mark.parametrize("hist,heads_form", [(8, True), (32, True), (33, False)])
-def test_closed_form_takes_the_heads_form_up_to_max_hist(monkeypatch, hist: int, heads_form: bool) -> None:
-    """With no block_p asked for, the closed form runs the heads form where HIST <= MAX_HIST, else the
-    one-head kernel; either way the results are those of the reference (checked in `_run_case`)."""
+@pytest.mark.parametrize("hist,heads,taken", [(8, True, True), (32, True, True), (33, True, False), (8, False, False)])
+def test_closed_form_takes_the_heads_form_where_on(monkeypatch, hist: int, heads: bool, taken: bool) -> None:
+    """With no block_p asked for, the closed form runs the heads form where HEADS is on and HIST <= MAX_HIST,
+    else the one-head kernel; either way the results are those of the reference (checked in `_run_case`)."""
     calls = []
     real = triton_verify_heads.mamba2_verify_heads_triton
     monkeypatch.setattr(triton_verify_heads, "mamba2_verify_heads_triton",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(triton_verify, "HEADS", heads)
     assert triton_verify.MAX_HIST == 32
     _run_case(heads=2, head_dim=4, groups=1, dstate=4, hist=hist, steps=2, dtype=torch.float32, seed=hist,
               closed_form=True)
-    assert calls == ([1] if heads_form else [])
+    assert calls == ([1] if taken else [])
 
 
 @pytest.mark.parametrize("steps", [1, 3])

@@ -45,8 +45,9 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 # the closed form's history-loop pipeline (H100, batch 64: 1 stage 367 us, 2 106, Triton's 3 111); the
 # token-by-token form keeps Triton's (not timed otherwise)
 NUM_STAGES = 2
-# the closed form as a program a (row, group, run of heads), where no block_p is asked for (`triton_verify_heads`)
-HEADS = True
+# the closed form as a program a (row, group, run of heads), where no block_p is asked for (`triton_verify_heads`):
+# off until it is timed on a GPU against this kernel (session 54 got no device; see that module)
+HEADS = False
 MAX_HIST = 32  # and the history fits its one product
 
 
