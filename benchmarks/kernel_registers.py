@@ -28,6 +28,7 @@ from hybridcache.ops.kda.gate import KDARawGate  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_decode import mamba2_decode_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton  # noqa: E402
+from hybridcache.ops.mamba2.triton_verify_heads import mamba2_verify_heads_triton  # noqa: E402
 from hybridcache.ops.moe import SharedExpert  # noqa: E402
 from hybridcache.ops.moe.experts_triton import fused_experts_triton  # noqa: E402
 from hybridcache.ops.moe.routers_triton import group_topk_triton, softmax_topk_triton  # noqa: E402
@@ -60,14 +61,16 @@ def kda(T: int, block_v: int | None = None, warps: int | None = None) -> None:
                       use_qk_l2norm_in_kernel=True, block_v=block_v, num_warps=warps, gate=gate)
 
 
-def mamba2(T: int, closed_form: bool | None = None) -> None:
-    """nemotron_h 1b: 64 heads of 64, 8 groups, state 128."""
+def mamba2(T: int, closed_form: bool | None = None, heads: bool = False) -> None:
+    """nemotron_h 1b: 64 heads of 64, 8 groups, state 128; `heads`: the heads form (`triton_verify_heads`)."""
     B, S, H, P, G, N = BATCH, BATCH, 64, 64, 8, 128
-    mamba2_verify_triton(_bf(B, T, H, P), _bf(B, T, H), torch.zeros(H), _bf(B, T, G, N), _bf(B, T, G, N),
-                         torch.zeros(S, H, P, N), _bf(S, 2, HIST, H, P), _bf(S, 2, HIST, G, N),
-                         torch.zeros(S, 2, H, HIST), torch.zeros(S, 2, H, HIST), torch.zeros(S, dtype=torch.int32),
-                         torch.zeros(S, dtype=torch.int32), torch.arange(B), D=torch.zeros(H), dt_bias=torch.zeros(H),
-                         closed_form=closed_form)
+    args = (_bf(B, T, H, P), _bf(B, T, H), torch.zeros(H), _bf(B, T, G, N), _bf(B, T, G, N), torch.zeros(S, H, P, N),
+            _bf(S, 2, HIST, H, P), _bf(S, 2, HIST, G, N), torch.zeros(S, 2, H, HIST), torch.zeros(S, 2, H, HIST),
+            torch.zeros(S, dtype=torch.int32), torch.zeros(S, dtype=torch.int32), torch.arange(B))
+    if heads:
+        mamba2_verify_heads_triton(*args, torch.zeros(H), torch.zeros(H), (0.0, float("inf")), run=8)
+        return
+    mamba2_verify_triton(*args, D=torch.zeros(H), dt_bias=torch.zeros(H), closed_form=closed_form)
 
 
 def decode(op: str) -> None:
@@ -122,6 +125,7 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
         out.append((f"{op.__name__} T=1 default", lambda op=op: op(1)))
     out += [("mamba2 T=4 default", lambda: mamba2(4)), ("mamba2 T=1 default", lambda: mamba2(1))]
     out.append(("mamba2 T=4 token by token", lambda: mamba2(4, closed_form=False)))
+    out.append(("mamba2 T=4 heads form", lambda: mamba2(4, heads=True)))
     for op in ("gdn", "kda", "mamba2"):
         out.append((f"{op} decode default", lambda op=op: decode(op)))
     out += [("conv update T=1 default", lambda: conv_update(1)), ("conv update T=4 default", lambda: conv_update(4))]
@@ -134,7 +138,7 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
 def tiling(launch) -> str:
     """The launch's tile constants and warps, as 'BV=32 warps=1'."""
     kw = launch.kwargs
-    tile = " ".join(f"{n}={kw[n]}" for n in ("BV", "BLOCK_P", "BLOCK_C", "BLOCK_D") if n in kw)
+    tile = " ".join(f"{n}={kw[n]}" for n in ("BV", "BLOCK_P", "RUN", "BLOCK_C", "BLOCK_D") if n in kw)
     return f"{tile} warps={kw.get('num_warps', 4)}"
 
 
