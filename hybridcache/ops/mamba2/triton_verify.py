@@ -167,7 +167,10 @@ def _verify_kernel(
     # Triton's 4 warps stay (H100, block_p 64, batch 64 / 256): 84.4 / 303.9 against 152.2 / 581.4 at 8 warps;
     # 2 warps over block_p 32 took 91.5 / 341.8. C·hᵀ as one fp32 row sum over the tile a token instead of the
     # tf32 product (no shared-memory round trip of the tile; session 46, history caa8391) took 188.1 / 725.0
-    # against 83.7 / 305.2 (H100, block_p 64, batch 64 / 256).
+    # against 83.7 / 305.2 (H100, block_p 64, batch 64 / 256). Nor did (session 54, history 416751d; H100, batch
+    # 64 / 256, us, against 83.6 / 303.8): C·hᵀ in a streaming launch of its own (the decode's 2,048-entry tiles;
+    # this kernel then held no tile) 111.9 / 437.9; every product as fp32 broadcasts and sums, no tensor cores,
+    # 167.4 / 637.0 at its best tiling (64 channels x 4 warps), 282.8 / 1,111.3 at 16 channels (123 registers).
     e_last = tl.exp(c_last)
     cf = cs_new.to(tl.float32)
     if CLOSED_FORM:
