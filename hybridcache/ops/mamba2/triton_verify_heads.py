@@ -23,6 +23,12 @@ memory; with C as the first operand (16 rows, held whole by every warp) it took 
 pipelined (41 KB). A folding row's h_eff is formed in a loop of its own after the first, a history token at a
 time: as one IEEE product inside the first loop it spilled 1,468 bytes a thread (644 with C first), and in a loop
 of its own 780.
+
+Not yet timed on a GPU: `triton_verify.HEADS` keeps it off. The A/B, from the repository root on the device:
+
+    source benchmarks/gpu/common.sh; each_setting mamba2.triton_verify 80 "HEADS = False" "HEADS = True" -- \
+        ops_mamba2 --device cuda --batches 1 16 64 256 --drafts 3
+    python3 benchmarks/tune_mamba2_verify.py --batches 16 64 256 --block-p 64 --warps 0 8 --runs 1 2 4 8
 """
 from __future__ import annotations
 
