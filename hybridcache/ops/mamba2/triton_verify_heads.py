@@ -1,6 +1,6 @@
 """Mamba2 replay verify in closed form, a program a (row, group, run of the group's heads): the contract of
-`triton_verify.mamba2_verify_triton` (see `naive.mamba2_verify_ref`), for histories of up to `triton_verify.MAX_HIST` tokens
-(the whole history one product, [HIST_P, N] fp32 held beside the tile).
+`triton_verify.mamba2_verify_triton` (see `naive.mamba2_verify_ref`), for histories of up to
+`triton_verify.MAX_HIST` tokens (the whole history one product, [HIST_P, N] fp32 held beside the tile).
 
 The one-head programs of `triton_verify._verify_kernel` each repeat their group's work (its C and B rows, the
 history's B, the products C·B) and each wait on the chain of small loads before their state tile (slot, pnat,
@@ -193,8 +193,8 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
                                dt_limit: tuple[float, float], run: int | None = None,
                                num_warps: int | None = None) -> Tensor:
     """One launch; the arguments, writes and result of `triton_verify.mamba2_verify_triton` (whose checks it
-    assumes done; HIST <= triton_verify.MAX_HIST, H a multiple of G). `run`: heads a program (a power of two dividing H / G),
-    by default `default_run`."""
+    assumes done; HIST <= triton_verify.MAX_HIST, H a multiple of G). `run`: heads a program (a power of two
+    dividing H / G), by default `default_run`."""
     batch, steps, heads, head_dim = x.shape
     groups, dstate = B.shape[2:]
     hist = replay_x.shape[2]
