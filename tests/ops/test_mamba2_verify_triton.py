@@ -107,9 +107,9 @@ def _strided(roles: dict, device: str) -> tuple[dict, dict]:
 
 def _run_case(heads: int, head_dim: int, groups: int, dstate: int, hist: int, steps: int, dtype, seed: int,
               block_p: int | None = None, closed_form: bool = False, num_warps: int | None = None,
-              run: int | None = None) -> None:
+              run: int | None = None, heads_form: bool = False) -> None:
     """One verify step of the batch above, by `mamba2_verify_triton` (`block_p`, `closed_form`, `num_warps`), or
-    where `run` is given by the heads form (`triton_verify_heads`) at `run` heads a program."""
+    where `run` is given (or `heads_form`: at its default run) by the heads form (`triton_verify_heads`)."""
     g = torch.Generator().manual_seed(seed)
     kw = _params(heads, seed) | dict(dt_limit=(0.0, 3.0))
     pnat = _pnat(hist, steps)
@@ -125,7 +125,7 @@ def _run_case(heads: int, head_dim: int, groups: int, dstate: int, hist: int, st
     dev_kw = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
     x, dt, B, C = (t.to(DEVICE) for t in inputs)
     pool_args = (*(views[n] for n in ROLE_NAMES), views["pnat"], views["buf_idx"], slots.to(DEVICE))
-    if run is None:
+    if run is None and not heads_form:
         y = triton_verify.mamba2_verify_triton(
             x, dt, dev_kw["A"], B, C, *pool_args, D=dev_kw["D"], dt_bias=dev_kw["dt_bias"], dt_limit=kw["dt_limit"],
             block_p=block_p, closed_form=closed_form, num_warps=num_warps,
@@ -189,6 +189,24 @@ def test_heads_form_at_every_run(run: int, dtype: torch.dtype) -> None:
     """The heads form (a program a row, group and run of heads) at 1, 2 and 4 of a group's 4 heads, HIST = 20
     (a 32-token history product; p = 16, 17, 20 fold), P = 24 and N = 12 padded to 32 and 16."""
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=dtype, seed=run, run=run)
+
+
+def test_heads_form_with_three_heads_a_group() -> None:
+    """Three heads a group (no power of two) at the default run."""
+    _run_case(heads=6, head_dim=8, groups=2, dstate=8, hist=8, steps=3, dtype=torch.float32, seed=3, run=None,
+              closed_form=True, heads_form=True)
+
+
+@pytest.mark.parametrize("rows,reps,expected", [(64, 8, 8), (16, 8, 2), (1, 8, 1), (16, 9, 3), (32, 6, 3), (8, 6, 1)])
+def test_default_run_divides_the_group(rows: int, reps: int, expected: int) -> None:
+    """The largest divisor of the group's heads whose grid (rows x 8 groups x reps / run) has two programs for
+    each of 132 SMs, else 1."""
+    assert triton_verify_heads.default_run(rows, 8, reps, 132) == expected
+
+
+def test_heads_form_rejects_a_run_not_dividing_the_group() -> None:
+    with pytest.raises(ValueError, match="does not divide"):
+        _run_case(heads=8, head_dim=8, groups=2, dstate=8, hist=8, steps=2, dtype=torch.float32, seed=1, run=3)
 
 
 @pytest.mark.parametrize("hist,heads,taken", [(8, True, True), (32, True, True), (33, True, False), (8, False, False)])

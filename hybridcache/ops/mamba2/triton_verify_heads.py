@@ -180,10 +180,11 @@ def _heads_kernel(
 
 
 def default_run(rows: int, groups: int, reps: int, sms: int) -> int:
-    """Heads a program: the group's all, halved while the grid has fewer than two programs an SM."""
+    """Heads a program, a divisor of the group's `reps`: all of them, or the next divisor down while the grid has
+    fewer than two programs an SM."""
     run = reps
     while run > 1 and rows * groups * (reps // run) < 2 * sms:
-        run //= 2
+        run = max(d for d in range(1, run) if reps % d == 0)
     return run
 
 
@@ -193,8 +194,8 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
                                dt_limit: tuple[float, float], run: int | None = None,
                                num_warps: int | None = None) -> Tensor:
     """One launch; the arguments, writes and result of `triton_verify.mamba2_verify_triton` (whose checks it
-    assumes done; HIST <= triton_verify.MAX_HIST, H a multiple of G). `run`: heads a program (a power of two
-    dividing H / G), by default `default_run`."""
+    assumes done; HIST <= triton_verify.MAX_HIST, H a multiple of G). `run`: heads a program (a divisor of
+    H / G), by default `default_run`."""
     batch, steps, heads, head_dim = x.shape
     groups, dstate = B.shape[2:]
     hist = replay_x.shape[2]
@@ -204,6 +205,8 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
         return y
     if run is None:
         run = default_run(batch, groups, reps, num_sms(x.device))
+    if run < 1 or reps % run:
+        raise ValueError(f"run {run} does not divide the {reps} heads of a group")
     A = A.contiguous()
     _heads_kernel[(batch, groups, reps // run)](
         x, dt, A, B, C, A if D is None else D.contiguous(), A if dt_bias is None else dt_bias.contiguous(),
