@@ -61,14 +61,15 @@ def softplus(v):
 
 
 @triton.jit
-def tokens_closed_form(ch, cb, xs_new, dtp, a, tt, PRECISION: tl.constexpr):
-    """The new tokens' y at once from ch = C·hᵀ [TP, BLOCK_P] (C_t·h[p] for the state h they start from) and
-    cb = C·B_newᵀ [TP, TP] (C_t·B_s), without updating h: with c_t = Σ_{s<=t} dt_s·A,
+def _tokens_closed_form(ch, cf, xs_new, bs_new, dtp, a, tt, PRECISION: tl.constexpr):
+    """The new tokens' y at once from ch = C·hᵀ [TP, BLOCK_P] (C_t·h[p] for the state h they start from),
+    without updating h: with c_t = Σ_{s<=t} dt_s·A,
         y_t = e^{c_t}·h·C_t + Σ_{s<=t} e^{c_t − c_s}·(C_t·B_s)·dt_s·x_s     (D·x_t not included)
-    the recurrence unrolled; rows tt [TP] (TP >= 16, a dot's least size) of xs_new [TP, BLOCK_P] and the
-    processed dtp [TP] (rows past T add nothing: their B rows, so cb's columns, are zero). The product on the
-    tensor cores in PRECISION. -> y [TP, BLOCK_P] fp32 and c [TP] (from 0)."""
+    the recurrence unrolled; rows tt [TP] (TP >= 16, a dot's least size) of xs_new [TP, BLOCK_P], bs_new [TP, N],
+    cf [TP, N] fp32 (zero past T) and the processed dtp [TP]. Products on the tensor cores in PRECISION.
+    -> y [TP, BLOCK_P] fp32 and c [TP] (from 0)."""
     c = tl.cumsum(dtp * a, 0)
+    cb = tl.dot(cf, tl.trans(bs_new.to(tl.float32)), input_precision=PRECISION)  # (t, s): C_t·B_s
     decay = tl.where(tt[None, :] <= tt[:, None], tl.exp(c[:, None] - c[None, :]), 0.0)
     y = tl.exp(c)[:, None] * ch + tl.dot(decay * cb * dtp[None, :], xs_new.to(tl.float32), input_precision=PRECISION)
     return y, c
@@ -200,13 +201,12 @@ def _verify_kernel(
     wb_row = rb_ptr + sc * rb_s + target * rb_b + group * rb_g
     wd_row = rdt_ptr + sc * rd_s + target * rd_b + head * rd_h
     wc_row = rcum_ptr + sc * rc_s + target * rc_b + head * rc_h
-    if CLOSED_FORM:  # every token at once (`tokens_closed_form`), written as rows
+    if CLOSED_FORM:  # every token at once (`_tokens_closed_form`), written as rows
         raw = raws.to(tl.float32)
         if HAS_BIAS:
             raw += tl.load(bias_ptr + head).to(tl.float32)
         dtp = tl.minimum(tl.maximum(softplus(raw), dt_lo), dt_hi)  # rows past T add nothing: their B is 0
-        cb = tl.dot(cf, tl.trans(bs_new.to(tl.float32)), input_precision=PRECISION)  # (t, s): C_t·B_s
-        y, c = tokens_closed_form(ch, cb, xs_new, dtp, a, tt, PRECISION)
+        y, c = _tokens_closed_form(ch, cf, xs_new, bs_new, dtp, a, tt, PRECISION)
         if HAS_D:
             y += tl.load(D_ptr + head).to(tl.float32) * xs_new.to(tl.float32)
         tp = t_ok[:, None] & p_ok[None, :]
@@ -280,7 +280,7 @@ def mamba2_verify_triton(
     pnat, buf_idx [S] (read only); slots [B]. Any strides (pool views are read and written in place).
     Returns y: [B, T, H, P] in x's dtype. `block_p` (head channels per program, a power of two >= 16)
     defaults to `default_block_p` and, like `num_warps` (Triton's default 4), does not change the result beyond
-    rounding. `closed_form`: the new tokens as products (`tokens_closed_form`: tf32x3 for fp32 inputs, tf32 for
+    rounding. `closed_form`: the new tokens as products (`_tokens_closed_form`: tf32x3 for fp32 inputs, tf32 for
     16-bit), not token by token; the results agree within rounding. The default for T > 1 (at T = 4 and batch 64, 113 against 180 us on an H100).
     """
     batch, steps = x.shape[:2]

@@ -11,7 +11,8 @@ products run. Per head, with w_j = e^{c_last − c_j}·dt_j over the history's v
 
     C·h_effᵀ = e^{c_last}·C·hᵀ + (C·B_histᵀ)·(X_hist ⊙ w)ᵀ,    h_eff = e^{c_last}·h + (X_hist ⊙ w)·B_hist
 
-the second formed and stored only where the row folds; the new tokens then follow `triton_verify.tokens_closed_form`.
+the second formed and stored only where the row folds; the new tokens then follow
+`triton_verify._tokens_closed_form`.
 The whole history is one product (HIST_P = HIST rounded up to a power of two, at least 16: a dot's least
 size), so the loop over heads holds no inner loop.
 
@@ -46,7 +47,7 @@ NUM_STAGES = 2  # the head loop's pipeline
 
 @triton.jit
 def _tokens_by_channel(ch, cb, xs_new, dtp, a, tt, PRECISION: tl.constexpr):
-    """`triton_verify.tokens_closed_form` by channel: ch [BLOCK_P, TP] (h[p]·C_t), xs_new [BLOCK_P, TP] and
+    """`triton_verify._tokens_closed_form` by channel: ch [BLOCK_P, TP] (h[p]·C_t), xs_new [BLOCK_P, TP] and
     cb [TP, TP] (C_t·B_s) -> y [BLOCK_P, TP] fp32 and c [TP]."""
     c = tl.cumsum(dtp * a, 0)
     decay = tl.where(tt[None, :] <= tt[:, None], tl.exp(c[:, None] - c[None, :]), 0.0)  # (t, s)
