@@ -1,5 +1,6 @@
 """Mamba2's replay verify kernel token by token against in closed form (`closed_form=True`: the new tokens and
-the history's share as products), over head channels a program (block_p) and the closed form's warps; CUDA
+the history's share as products), over head channels a program (block_p) and the closed form's warps, and the
+heads form (`triton_verify_heads`: a program a row, group and run of heads) over its runs (`--runs`); CUDA
 graphs; GB/s = the state read (the checkpoint, fp32) and the history read / time, against the device's copy
 bandwidth. Shapes: nemotron_h 1B (64 heads of 64, 8 groups, state 128), bf16 inputs, T = 4 (k = 3 drafts),
 HIST 16 with p = 8 (no fold; `--pnat 13` and up: every row folds).
@@ -14,6 +15,7 @@ import torch
 
 from benchmarks.ops_mamba2 import copy_bandwidth, timed
 from benchmarks.timing import graphed
+from hybridcache.ops.mamba2.common import NO_LIMIT
 from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton
 from hybridcache.ops.mamba2.triton_verify_heads import mamba2_verify_heads_triton
 
@@ -42,7 +44,7 @@ def call(batch: int, p: int = HIST // 2):
 
     def heads(run: int, warps: int | None = None):
         return lambda: mamba2_verify_heads_triton(x, dt, A, B, C, ssm, rx, rb, rdt, rcum, pnat, buf, slots, D, bias,
-                                                  (0.0, float("inf")), run=run, num_warps=warps)
+                                                  NO_LIMIT, run=run, num_warps=warps)
     return fn, heads, read
 
 
