@@ -101,6 +101,9 @@ def compiles_launches(call):
 for op in ("gdn", "kda", "mamba2"):  # a k = 3 verify and a one-token step, each at its default tiling
     results[f"{op}_verify"] = all(compiles_launches(lambda T=T: getattr(engine_calls, op)(T)) for T in (4, 1))
 results["mamba2_verify-stepwise"] = compiles_launches(lambda: engine_calls.mamba2(4, closed_form=False))
+with captured_launches() as launches:  # the heads form (triton_verify_heads) spills nothing at 8 heads a program
+    engine_calls.mamba2(4, heads=True)
+results["mamba2_verify-heads"] = len(launches) == 1 and ptxas_report(compile_launch(launches[0]))[1] == 0
 for family in ("kimi_linear", "qwen3_next"):  # one token a program, as on CUDA
     results[f"router-{family}"] = compiles_launches(lambda: engine_calls.router(family, 1))
 spills = {}
@@ -172,6 +175,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "conv_shift",
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise",
+         "mamba2_verify-heads",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1",
          "moe_pairs-shared1", "moe_pairs-shared4",
          "gemv-rows1", "gemv-rows4"]
