@@ -183,11 +183,10 @@ def test_closed_form_at_other_warps(num_warps: int) -> None:
               closed_form=True, num_warps=num_warps)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("run", [1, 2, 4])
+@pytest.mark.parametrize("run,dtype", [(1, torch.float32), (2, torch.bfloat16), (4, torch.float32)])
 def test_heads_form_at_every_run(run: int, dtype: torch.dtype) -> None:
-    """The heads form (a program a row, group and run of heads) at 1, 2 and 4 of a group's 4 heads, HIST = 20
-    (a 32-token history product; p = 16, 17, 20 fold), P = 24 and N = 12 padded to 32 and 16."""
+    """The heads form (a program a row, group and run of heads) at 1, 2 and 4 of a group's 4 heads (fp32, bf16,
+    fp32), HIST = 20 (a 32-token history product; p = 16, 17, 20 fold), P = 24 and N = 12 padded to 32 and 16."""
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=dtype, seed=run, run=run)
 
 
