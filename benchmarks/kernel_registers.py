@@ -26,6 +26,7 @@ from hybridcache.ops.gdn.decode import RawGate  # noqa: E402
 from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
 from hybridcache.ops.kda.gate import KDARawGate  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
+from hybridcache.ops.mamba2.common import NO_LIMIT  # noqa: E402
 from hybridcache.ops.mamba2.triton_decode import mamba2_decode_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_verify import mamba2_verify_triton  # noqa: E402
 from hybridcache.ops.mamba2.triton_verify_heads import mamba2_verify_heads_triton  # noqa: E402
@@ -68,7 +69,7 @@ def mamba2(T: int, closed_form: bool | None = None, heads: bool = False) -> None
             _bf(S, 2, HIST, H, P), _bf(S, 2, HIST, G, N), torch.zeros(S, 2, H, HIST), torch.zeros(S, 2, H, HIST),
             torch.zeros(S, dtype=torch.int32), torch.zeros(S, dtype=torch.int32), torch.arange(B))
     if heads:
-        mamba2_verify_heads_triton(*args, torch.zeros(H), torch.zeros(H), (0.0, float("inf")), run=8)
+        mamba2_verify_heads_triton(*args, torch.zeros(H), torch.zeros(H), NO_LIMIT, run=8)
         return
     mamba2_verify_triton(*args, D=torch.zeros(H), dt_bias=torch.zeros(H), closed_form=closed_form)
 
