@@ -38,11 +38,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from hybridcache.ops.mamba2.triton_verify import softplus
+from hybridcache.ops.mamba2.triton_verify import BLOCK_H, _history_sum, softplus
 from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 from hybridcache.ops.triton_support import num_sms
 
-NUM_STAGES = 2  # the head loop's pipeline
+NUM_STAGES = 1  # the head loop's pipeline
 
 
 @triton.jit
@@ -88,7 +88,7 @@ def _heads_kernel(
     s_pnat, s_buf, s_slot,
     sy_b, sy_t, sy_h,
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -162,22 +162,18 @@ def _heads_kernel(
         tl.store(rcum_ptr + sc * rc_s + target * rc_b + head * rc_h + pos * rc_t,
                  (tl.where(fold, 0.0, c_last) + c).to(rcum_ptr.dtype.element_ty), mask=t_ok & valid)
 
-    if fold:  # h_eff = e^{c_last}·h + Σ_j w_j·x_j·B_jᵀ in fp32, stored: a loop of its own after the first (whose
-        # pipeline holds no registers for it), a history token at a time (a product's operands would spill)
+    if fold:  # h_eff = e^{c_last}·h + Σ_j w_j·x_j·B_jᵀ in IEEE fp32 (`triton_verify._history_sum`), stored: a
+        # loop of its own after the first, whose registers it then does not compete with
         for r in range(0, RUN):
             head = group * REPS + run * RUN + r
             rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
             rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
             rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
             c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
+            acc = _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count, c_last, pp,
+                               p_ok, nn, n_ok, BLOCK_P, BLOCK_N, BLOCK_H)
             tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
-            h = tl.load(tile, mask=tile_ok, other=0.0) * tl.exp(c_last)
-            for j in range(0, count):
-                w = tl.exp(c_last - tl.load(rc_row + j * rc_t).to(tl.float32)) * tl.load(rd_row + j * rd_t)
-                xj = tl.load(rx_row + j * rx_t + pp * rx_p, mask=p_ok, other=0.0).to(tl.float32)
-                bj = tl.load(rb_row + j * rb_t + nn * rb_n, mask=n_ok, other=0.0).to(tl.float32)
-                h += (w.to(tl.float32) * xj)[:, None] * bj[None, :]
-            tl.store(tile, h, mask=tile_ok)
+            tl.store(tile, tl.load(tile, mask=tile_ok, other=0.0) * tl.exp(c_last) + acc, mask=tile_ok)
 
 
 def default_run(rows: int, groups: int, reps: int, sms: int) -> int:
@@ -219,7 +215,7 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
         *y.stride()[:3],
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=run,
         BLOCK_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=max(16, triton.next_power_of_2(dstate)),
-        HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)),
+        HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)), BLOCK_H=BLOCK_H,
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES,
         **pdl_launch(x), **({"num_warps": num_warps} if num_warps else {}),
