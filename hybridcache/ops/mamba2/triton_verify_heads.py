@@ -5,31 +5,35 @@
 The one-head programs of `triton_verify._verify_kernel` each repeat their group's work (its C and B rows, the
 history's B, the products C·B) and each wait on the chain of small loads before their state tile (slot, pnat,
 the history), at two programs an SM. Here a program reads the row's bookkeeping and its group's rows once,
-forms C·Bᵀ against the history and the new tokens once, then takes its heads one after another in a loop that
-Triton pipelines (NUM_STAGES): the next head's [P, N] fp32 tile and history stream in while this head's
-products run. Per head, with w_j = e^{c_last − c_j}·dt_j over the history's valid tokens j < count,
+forms C·Bᵀ against the history and the new tokens once, then takes its heads one after another in a loop
+(`tl.range`, NUM_STAGES). Per head, with w_j = e^{c_last − c_j}·dt_j over the history's valid tokens j < count,
 
     C·h_effᵀ = e^{c_last}·C·hᵀ + (C·B_histᵀ)·(X_hist ⊙ w)ᵀ,    h_eff = e^{c_last}·h + (X_hist ⊙ w)·B_hist
 
-the second formed and stored only where the row folds; the new tokens then follow
-`triton_verify._tokens_closed_form`.
+the second formed and stored only where the row folds, by a second launch (`_fold_kernel`, a program a (row,
+head), `triton_verify._history_sum`'s IEEE products); the new tokens follow `triton_verify._tokens_closed_form`.
 The whole history is one product (HIST_P = HIST rounded up to a power of two, at least 16: a dot's least
-size), so the loop over heads holds no inner loop.
+size), so the loop over heads holds no inner loop. Every product takes the tile or the history as its first
+operand, 64 rows a warpgroup.
 
-Compiled for sm_90 on a CPU (benchmarks/kernel_registers.py, `sm90_compile`; nemotron_h 1B at batch 64, RUN 8,
-4 warps): 255 registers, no spills, 83 KB of shared memory (the pipeline's buffers: Triton streams each head's
-tile in by cp.async, LDGSTS in the SASS). Every product takes the tile or the history as its first operand, 64
-rows a warpgroup. Without a fold, that loop took 196 registers and streamed its tiles through 81 KB of shared
-memory; with C as the first operand (16 rows, held whole by every warp) it took 255 and its tiles were not
-pipelined (41 KB). A folding row's h_eff is formed in a loop of its own after the first, a history token at a
-time: as one IEEE product inside the first loop it spilled 1,468 bytes a thread (644 with C first), and in a loop
-of its own 780.
+Timed on an H100 (benchmarks/tune_mamba2_verify.py, nemotron_h 1B shapes, p = 8 so no row folds, 4 warps, us at
+batch 64 / 256, today's kernel 83.3-84.5 / 300.9-306.0 in the same calls; session 55):
+- the fold inside this kernel as a loop of its own, a history token at a time: two stages 80.5 / 297.4 at 8 heads
+  a program, three 98.9 / 356.2, one **63.8 / 232.5** (73% / 80% of the 3,020 GB/s copy bandwidth). But where
+  every row folds (p = 14, two stages, batch 64) that loop took 224.1-269.8 us against 173.9;
+- the fold there as the IEEE products (one stage): folding rows as fast as today's (p = 14, batch 64 / 256:
+  174.7 / 665.4 at 2 heads a program against 173.2 / 639.8), but the kernel compiled otherwise and the rows
+  that do not fold lost the gain: 84.4 / 311.6 at 8 heads; ops_mamba2.py's replay verify + accept 0.038 /
+  0.132 / 0.404 ms at batch 16 / 64 / 256 against 0.033 / 0.099 / 0.380.
+So the fold now is a launch of its own, after this one (which reads the checkpoint and writes only the other
+history buffer of a folding row): the heads kernel compiles to 208 registers and 48 KB of shared memory, the
+fold kernel to 128 and 24 KB, neither spilling (benchmarks/kernel_registers.py, sm_90). This form is not yet
+timed: `triton_verify.HEADS` keeps it off. The A/B, from the repository root on the device:
 
-Not yet timed on a GPU: `triton_verify.HEADS` keeps it off. The A/B, from the repository root on the device:
-
-    source benchmarks/gpu/common.sh; each_setting mamba2.triton_verify 80 "HEADS = False" "HEADS = True" -- \
+    source benchmarks/gpu/common.sh; each_setting mamba2.triton_verify 45 "HEADS = False" "HEADS = True" -- \
         ops_mamba2 --device cuda --batches 1 16 64 256 --drafts 3
-    python3 benchmarks/tune_mamba2_verify.py --batches 16 64 256 --block-p 64 --warps 0 8 --runs 1 2 4 8
+    python3 benchmarks/tune_mamba2_verify.py --batches 16 64 256 --block-p 64 --warps 0 --runs 4 8
+    python3 benchmarks/tune_mamba2_verify.py --batches 64 256 --pnat 14 --block-p 64 --warps 0 --runs 8
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ from hybridcache.ops.mamba2.triton_verify import BLOCK_H, _history_sum, softplus
 from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 from hybridcache.ops.triton_support import num_sms
 
-NUM_STAGES = 1  # the head loop's pipeline
+NUM_STAGES = 1  # the head loop's pipeline: 2 and 3 were slower (the module's figures)
 
 
 @triton.jit
@@ -88,7 +92,7 @@ def _heads_kernel(
     s_pnat, s_buf, s_slot,
     sy_b, sy_t, sy_h,
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -162,18 +166,46 @@ def _heads_kernel(
         tl.store(rcum_ptr + sc * rc_s + target * rc_b + head * rc_h + pos * rc_t,
                  (tl.where(fold, 0.0, c_last) + c).to(rcum_ptr.dtype.element_ty), mask=t_ok & valid)
 
-    if fold:  # h_eff = e^{c_last}·h + Σ_j w_j·x_j·B_jᵀ in IEEE fp32 (`triton_verify._history_sum`), stored: a
-        # loop of its own after the first, whose registers it then does not compete with
-        for r in range(0, RUN):
-            head = group * REPS + run * RUN + r
-            rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
-            rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
-            rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
-            c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
-            acc = _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count, c_last, pp,
-                               p_ok, nn, n_ok, BLOCK_P, BLOCK_N, BLOCK_H)
-            tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
-            tl.store(tile, tl.load(tile, mask=tile_ok, other=0.0) * tl.exp(c_last) + acc, mask=tile_ok)
+
+@triton.jit
+def _fold_kernel(
+    ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, hist,
+    ss_s, ss_h, ss_p, ss_n,
+    rx_s, rx_b, rx_t, rx_h, rx_p,
+    rb_s, rb_b, rb_t, rb_g, rb_n,
+    rd_s, rd_b, rd_h, rd_t,
+    rc_s, rc_b, rc_h, rc_t,
+    s_pnat, s_buf, s_slot,
+    STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+):
+    """One program a (row, head) on a grid (B, H), after `_heads_kernel` (which read the checkpoint and wrote
+    only the other history buffer): where the row folds, ssm[slot, head] <- h_eff = e^{c_last}·h + Σ_j
+    w_j·x_j·B_jᵀ over buffer b's history, in IEEE fp32 (`triton_verify._history_sum`); any other row stores
+    nothing."""
+    pdl_entry(PDL)
+    row, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
+    valid = slot >= 0
+    sc = tl.maximum(slot, 0)
+    p = tl.load(pnat_ptr + sc * s_pnat, mask=valid, other=0).to(tl.int32)
+    if valid & (p + STEPS > hist):
+        buf = tl.load(buf_ptr + sc * s_buf).to(tl.int64)
+        count = tl.minimum(p, hist)
+        pp = tl.arange(0, BLOCK_P)
+        p_ok = pp < HEAD_DIM
+        nn = tl.arange(0, BLOCK_N)
+        n_ok = nn < DSTATE
+        tile_ok = p_ok[:, None] & n_ok[None, :]
+        rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
+        rb_row = rb_ptr + sc * rb_s + buf * rb_b + (head // REPS) * rb_g
+        rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
+        rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
+        c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
+        acc = _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count, c_last, pp,
+                           p_ok, nn, n_ok, BLOCK_P, BLOCK_N, BLOCK_H)
+        tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
+        tl.store(tile, tl.load(tile, mask=tile_ok, other=0.0) * tl.exp(c_last) + acc, mask=tile_ok)
 
 
 def default_run(rows: int, groups: int, reps: int, sms: int) -> int:
@@ -190,9 +222,9 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
                                buf_idx: Tensor, slots: Tensor, D: Tensor | None, dt_bias: Tensor | None,
                                dt_limit: tuple[float, float], run: int | None = None,
                                num_warps: int | None = None) -> Tensor:
-    """One launch; the arguments, writes and result of `triton_verify.mamba2_verify_triton` (whose checks it
-    assumes done; HIST <= triton_verify.MAX_HIST, H a multiple of G). `run`: heads a program (a divisor of
-    H / G), by default `default_run`."""
+    """Two launches (the second stores the folding rows' checkpoints); the arguments, writes and result of
+    `triton_verify.mamba2_verify_triton` (whose checks it assumes done; HIST <= triton_verify.MAX_HIST, H a
+    multiple of G). `run`: heads a program (a divisor of H / G), by default `default_run`."""
     batch, steps, heads, head_dim = x.shape
     groups, dstate = B.shape[2:]
     hist = replay_x.shape[2]
@@ -205,19 +237,23 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
     if run < 1 or reps % run:
         raise ValueError(f"run {run} does not divide the {reps} heads of a group")
     A = A.contiguous()
+    block_p, block_n = max(16, triton.next_power_of_2(head_dim)), max(16, triton.next_power_of_2(dstate))
+    pool = (*ssm.stride(), *replay_x.stride(), *replay_B.stride(), *replay_dt.stride(), *replay_dA_cumsum.stride(),
+            pnat.stride(0), buf_idx.stride(0), slots.stride(0))
     _heads_kernel[(batch, groups, reps // run)](
         x, dt, A, B, C, A if D is None else D.contiguous(), A if dt_bias is None else dt_bias.contiguous(),
         ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, y,
         float(dt_limit[0]), float(dt_limit[1]), hist,
-        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *ssm.stride(),
-        *replay_x.stride(), *replay_B.stride(), *replay_dt.stride(), *replay_dA_cumsum.stride(),
-        pnat.stride(0), buf_idx.stride(0), slots.stride(0),
-        *y.stride()[:3],
-        STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=run,
-        BLOCK_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=max(16, triton.next_power_of_2(dstate)),
-        HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)), BLOCK_H=BLOCK_H,
+        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *pool, *y.stride()[:3],
+        STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=run, BLOCK_P=block_p, BLOCK_N=block_n,
+        HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)),
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES,
         **pdl_launch(x), **({"num_warps": num_warps} if num_warps else {}),
+    )
+    _fold_kernel[(batch, heads)](
+        ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, hist, *pool,
+        STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, BLOCK_P=block_p, BLOCK_N=block_n,
+        BLOCK_H=BLOCK_H, **pdl_launch(x),
     )
     return y
