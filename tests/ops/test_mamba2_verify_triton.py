@@ -196,10 +196,11 @@ def test_heads_form_with_three_heads_a_group() -> None:
               closed_form=True, heads_form=True)
 
 
-@pytest.mark.parametrize("rows,reps,expected", [(64, 8, 8), (16, 8, 2), (1, 8, 1), (16, 9, 3), (32, 6, 3), (8, 6, 1)])
+@pytest.mark.parametrize("rows,reps,expected", [(64, 8, 8), (16, 8, 4), (1, 8, 1), (16, 9, 3), (32, 6, 6), (8, 6, 2),
+                                                (4, 8, 1)])
 def test_default_run_divides_the_group(rows: int, reps: int, expected: int) -> None:
-    """The largest divisor of the group's heads whose grid (rows x 8 groups x reps / run) has two programs for
-    each of 132 SMs, else 1."""
+    """The largest divisor of the group's heads whose grid (rows x 8 groups x reps / run) has a program for each
+    of 132 SMs, else 1."""
     assert triton_verify_heads.default_run(rows, 8, reps, 132) == expected
 
 
