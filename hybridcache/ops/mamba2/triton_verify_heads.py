@@ -11,10 +11,10 @@ forms C·Bᵀ against the history and the new tokens once, then takes its heads 
     C·h_effᵀ = e^{c_last}·C·hᵀ + (C·B_histᵀ)·(X_hist ⊙ w)ᵀ,    h_eff = e^{c_last}·h + (X_hist ⊙ w)·B_hist
 
 the second formed and stored only where the row folds, by a second launch (`_fold_kernel`, a program a (row,
-head), `triton_verify._history_sum`'s IEEE products); the new tokens follow `triton_verify._tokens_closed_form`.
-The whole history is one product (HIST_P = HIST rounded up to a power of two, at least 16: a dot's least
-size), so the loop over heads holds no inner loop. Every product takes the tile or the history as its first
-operand, 64 rows a warpgroup.
+FOLD_RUN heads), `triton_verify._history_sum`'s IEEE products); the new tokens follow
+`triton_verify._tokens_closed_form`. The whole history is one product (HIST_P = HIST rounded up to a power of
+two, at least 16: a dot's least size), so the loop over heads holds no inner loop. Every product takes the tile or
+the history as its first operand, 64 rows a warpgroup.
 
 Timed on an H100 (benchmarks/tune_mamba2_verify.py, nemotron_h 1B shapes, p = 8 so no row folds, 4 warps, us at
 batch 64 / 256, today's kernel 83.3-84.5 / 300.9-306.0 in the same calls; session 55):
@@ -34,6 +34,8 @@ timed: `triton_verify.HEADS` keeps it off. The A/B, from the repository root on 
         ops_mamba2 --device cuda --batches 1 16 64 256 --drafts 3
     python3 benchmarks/tune_mamba2_verify.py --batches 16 64 256 --block-p 64 --warps 0 --runs 4 8
     python3 benchmarks/tune_mamba2_verify.py --batches 64 256 --pnat 14 --block-p 64 --warps 0 --runs 8
+    each_setting mamba2.triton_verify 45 "mamba2.triton_verify_heads.FOLD_RUN = 4" \
+        "mamba2.triton_verify_heads.FOLD_RUN = 8" -- tune_mamba2_verify --batches 64 256 --pnat 14 --runs 8
 """
 from __future__ import annotations
 
@@ -47,6 +49,9 @@ from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 from hybridcache.ops.triton_support import num_sms
 
 NUM_STAGES = 1  # the head loop's pipeline: 2 and 3 were slower (the module's figures)
+# heads a fold program (where it divides H, else 1): 1 parallels a folding row's heads, and each of B·H programs
+# of a row that does not fold exits after two loads; more heads a program, fewer such programs (not yet timed)
+FOLD_RUN = 1
 
 
 @triton.jit
@@ -176,15 +181,15 @@ def _fold_kernel(
     rd_s, rd_b, rd_h, rd_t,
     rc_s, rc_b, rc_h, rc_t,
     s_pnat, s_buf, s_slot,
-    STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr,
+    STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
-    """One program a (row, head) on a grid (B, H), after `_heads_kernel` (which read the checkpoint and wrote
-    only the other history buffer): where the row folds, ssm[slot, head] <- h_eff = e^{c_last}·h + Σ_j
-    w_j·x_j·B_jᵀ over buffer b's history, in IEEE fp32 (`triton_verify._history_sum`); any other row stores
-    nothing."""
+    """One program a (row, run of RUN consecutive heads) on a grid (B, H / RUN), after `_heads_kernel` (which read
+    the checkpoint and wrote only the other history buffer): where the row folds, ssm[slot, head] <- h_eff =
+    e^{c_last}·h + Σ_j w_j·x_j·B_jᵀ over buffer b's history, in IEEE fp32 (`triton_verify._history_sum`); any
+    other row stores nothing."""
     pdl_entry(PDL)
-    row, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    row, run = tl.program_id(0).to(tl.int64), tl.program_id(1)
     slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
     valid = slot >= 0
     sc = tl.maximum(slot, 0)
@@ -197,15 +202,17 @@ def _fold_kernel(
         nn = tl.arange(0, BLOCK_N)
         n_ok = nn < DSTATE
         tile_ok = p_ok[:, None] & n_ok[None, :]
-        rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
-        rb_row = rb_ptr + sc * rb_s + buf * rb_b + (head // REPS) * rb_g
-        rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
-        rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
-        c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
-        acc = _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count, c_last, pp,
-                           p_ok, nn, n_ok, BLOCK_P, BLOCK_N, BLOCK_H)
-        tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
-        tl.store(tile, tl.load(tile, mask=tile_ok, other=0.0) * tl.exp(c_last) + acc, mask=tile_ok)
+        for r in range(0, RUN):
+            head = run * RUN + r
+            rx_row = rx_ptr + sc * rx_s + buf * rx_b + head * rx_h
+            rb_row = rb_ptr + sc * rb_s + buf * rb_b + (head // REPS) * rb_g
+            rd_row = rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h
+            rc_row = rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h
+            c_last = tl.load(rc_row + (count - 1) * rc_t, mask=count > 0, other=0.0).to(tl.float32)
+            acc = _history_sum(rx_row, rb_row, rd_row, rc_row, rx_t, rx_p, rb_t, rb_n, rd_t, rc_t, count, c_last,
+                               pp, p_ok, nn, n_ok, BLOCK_P, BLOCK_N, BLOCK_H)
+            tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
+            tl.store(tile, tl.load(tile, mask=tile_ok, other=0.0) * tl.exp(c_last) + acc, mask=tile_ok)
 
 
 def default_run(rows: int, groups: int, reps: int, sms: int) -> int:
@@ -253,9 +260,10 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES,
         **pdl_launch(x), **({"num_warps": num_warps} if num_warps else {}),
     )
-    _fold_kernel[(batch, heads)](
+    fold_run = FOLD_RUN if heads % FOLD_RUN == 0 else 1
+    _fold_kernel[(batch, heads // fold_run)](
         ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, hist, *pool,
-        STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, BLOCK_P=block_p, BLOCK_N=block_n,
+        STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=fold_run, BLOCK_P=block_p, BLOCK_N=block_n,
         BLOCK_H=BLOCK_H, **pdl_launch(x),
     )
     return y
