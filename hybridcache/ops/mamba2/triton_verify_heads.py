@@ -28,14 +28,8 @@ batch 64 / 256, today's kernel 83.3-84.5 / 300.9-306.0 in the same calls; sessio
 So the fold now is a launch of its own, after this one (which reads the checkpoint and writes only the other
 history buffer of a folding row): the heads kernel compiles to 208 registers and 48 KB of shared memory, the
 fold kernel to 128 and 24 KB, neither spilling (benchmarks/kernel_registers.py, sm_90). This form is not yet
-timed: `triton_verify.HEADS` keeps it off. The A/B, from the repository root on the device:
-
-    source benchmarks/gpu/common.sh; each_setting mamba2.triton_verify 45 "HEADS = False" "HEADS = True" -- \
-        ops_mamba2 --device cuda --batches 1 16 64 256 --drafts 3
-    python3 benchmarks/tune_mamba2_verify.py --batches 16 64 256 --block-p 64 --warps 0 --runs 4 8
-    python3 benchmarks/tune_mamba2_verify.py --batches 64 256 --pnat 14 --block-p 64 --warps 0 --runs 8
-    each_setting mamba2.triton_verify 45 "mamba2.triton_verify_heads.FOLD_RUN = 4" \
-        "mamba2.triton_verify_heads.FOLD_RUN = 8" -- tune_mamba2_verify --batches 64 256 --pnat 14 --runs 8
+timed: `triton_verify.HEADS` keeps it off. The A/B is one device call from the repository root,
+`bash benchmarks/gpu/mamba2_heads.sh` (about 170 s on an H100).
 """
 from __future__ import annotations
 
