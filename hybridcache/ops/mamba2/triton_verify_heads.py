@@ -29,7 +29,7 @@ So the fold now is a launch of its own, after this one (which reads the checkpoi
 history buffer of a folding row): the heads kernel compiles to 208 registers and 48 KB of shared memory, the
 fold kernel to 128 and 24 KB, neither spilling (benchmarks/kernel_registers.py, sm_90). This form is not yet
 timed: `triton_verify.HEADS` keeps it off. The A/B is one device call from the repository root,
-`bash benchmarks/gpu/mamba2_heads.sh` (about 170 s on an H100).
+`bash benchmarks/gpu/mamba2_heads.sh` (an estimated 200 s on an H100).
 """
 from __future__ import annotations
 
