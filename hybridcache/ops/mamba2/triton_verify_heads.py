@@ -43,8 +43,9 @@ from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 from hybridcache.ops.triton_support import num_sms
 
 NUM_STAGES = 1  # the head loop's pipeline: 2 and 3 were slower (the module's figures)
-# heads a fold program (where it divides H, else 1): 1 parallels a folding row's heads, and each of B·H programs
-# of a row that does not fold exits after two loads; more heads a program, fewer such programs (not yet timed)
+# heads a fold program (where it divides H, else 1): at 1 a folding row's heads run side by side, but the B·H
+# programs each load a row's slot and pnat before those of rows that do not fold exit; more heads a program,
+# fewer such programs (not yet timed)
 FOLD_RUN = 1
 
 
