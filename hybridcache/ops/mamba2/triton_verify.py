@@ -47,7 +47,7 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 NUM_STAGES = 2
 # the closed form as a program a (row, group, run of heads), where no block_p is asked for (`triton_verify_heads`):
 # off until its form with the fold in a launch of its own is timed on a GPU against this kernel (its figures so far,
-# one form 20-24% faster where no row folds, are in that module)
+# one form 23-24% faster where no row folds, are in that module)
 HEADS = False
 MAX_HIST = 32  # and the history fits its one product
 
