@@ -6,7 +6,7 @@
 source benchmarks/gpu/common.sh
 gpu=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
 timeout 60 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" -rf tests/ops/test_mamba2_verify_triton.py \
-    -k "heads or dispatch" 2>&1 | grep -E "FAILED|passed|failed|Error" | tail -6
+    -k "heads or default_run" 2>&1 | grep -E "FAILED|passed|failed|Error" | tail -6
 timeout 40 python3 benchmarks/tune_mamba2_verify.py --batches 16 64 256 --block-p 64 --warps 0 --runs 4 8 2>&1 \
     | grep -v "Warn\|warn(\|token by"
 for pnat in 8 14; do  # no row folds (the fold launch's programs all exit early), every row folds
