@@ -19,7 +19,7 @@ the history as its first operand, 64 rows a warpgroup.
 Timed on an H100 (benchmarks/tune_mamba2_verify.py, nemotron_h 1B shapes, p = 8 so no row folds, 4 warps, us at
 batch 64 / 256, today's kernel 83.3-84.5 / 300.9-306.0 in the same calls; session 55):
 - the fold inside this kernel as a loop of its own, a history token at a time: two stages 80.5 / 297.4 at 8 heads
-  a program, three 98.9 / 356.2, one **63.8 / 232.5** (73% / 80% of the 3,020 GB/s copy bandwidth). But where
+  a program, three 98.9 / 356.2, one **63.8 / 232.5** (72% / 79% of the 3,020 GB/s copy bandwidth). But where
   every row folds (p = 14, two stages, batch 64) that loop took 224.1-269.8 us against 173.9;
 - the fold there as the IEEE products (one stage): folding rows as fast as today's (p = 14, batch 64 / 256:
   174.7 / 665.4 at 2 heads a program against 173.2 / 639.8), but the kernel compiled otherwise and the rows
