@@ -85,10 +85,12 @@ def experts(family: str, tokens: int, sorted_pairs: bool) -> Callable[[], torch.
 def cases(batch: int) -> dict[str, tuple[ModuleType, str, Callable]]:
     """name -> (the op module, its kernel's name there, one call at `batch` rows or tokens)."""
     gdn = tune_delta_rule.cases(batch)["gdn verify T=4"]
-    mamba2, _ = tune_mamba2_verify.call(batch)
+    mamba2, _, _ = tune_mamba2_verify.call(batch)
+    # Mamba2's verify by default is the heads form, whose loop names its stages (triton_verify_heads.NUM_STAGES,
+    # timed there): the case here is the one-head closed form, at its tiling on these shapes (block_p 64)
     out = {"gdn verify T=4": (triton_verify_chunked, "_gdn_verify_chunked_kernel",
                               lambda: gdn(triton_verify_chunked.BLOCK_V, None)),
-           "mamba2 verify T=4": (mamba2_verify, "_verify_kernel", mamba2(None, None))}
+           "mamba2 verify T=4": (mamba2_verify, "_verify_kernel", mamba2(64, True))}
     for family in ("qwen3_next", "kimi_linear"):
         many = batch >= SORTED_FROM
         call = experts(family, batch, many)

@@ -1,8 +1,8 @@
 # See README.md here: one device call, from the repository root. Mamba2's replay verify in the heads form
-# (ops/mamba2/triton_verify_heads.py, off while triton_verify.HEADS is False) against today's kernel: its GPU
+# (ops/mamba2/triton_verify_heads.py, the default while triton_verify.HEADS is on) against the one-head kernel: its GPU
 # tests, tune_mamba2_verify.py where no row folds and where every row folds, the fold launch's heads a program
 # (FOLD_RUN), then ops_mamba2.py with HEADS off and on (replay verify + accept against per-token states, into
-# $OUT with the GPU's name); about 200 s on an H100 (estimated from its parts' times in session 55).
+# $OUT with the GPU's name); 155 s on an H100 (2026-12-07).
 source benchmarks/gpu/common.sh
 gpu=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
 timeout 60 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" -rf tests/ops/test_mamba2_verify_triton.py \

@@ -39,8 +39,8 @@ SHARED_GLUE = {"_silu_mul_kernel", "_sigmoid_gated_add_kernel"}  # qwen3_next's 
 MOE = {"nemotron_h": {"_group_topk_kernel", "_up_kernel", "_down_kernel"},
        "qwen3_next": {"_softmax_topk_kernel", "_up_kernel", "_down_kernel"},
        "kimi_linear": {"_group_topk_kernel", "_up_kernel", "_down_kernel"}}
-VERIFY = {"nemotron_h": {"_verify_kernel", "_accept_kernel"}, "qwen3_next": {"_gdn_verify_kernel", "_accept_kernel"},
-          "kimi_linear": {"_kda_verify_kernel"}}
+VERIFY = {"nemotron_h": {"_heads_kernel", "_fold_kernel", "_accept_kernel"},  # ops/mamba2/triton_verify_heads.py
+          "qwen3_next": {"_gdn_verify_kernel", "_accept_kernel"}, "kimi_linear": {"_kda_verify_kernel"}}
 # attention glue (ops/attention): the K/V or latent page write, plain and verify steps alike
 ATTENTION = {"nemotron_h": {"_write_pair_kernel", "_attend_kernel"},
              "qwen3_next": {"_norm_rope_kernel", "_write_pair_kernel", "_attend_kernel"},

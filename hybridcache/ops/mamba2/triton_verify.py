@@ -46,9 +46,9 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 # token-by-token form keeps Triton's (not timed otherwise)
 NUM_STAGES = 2
 # the closed form as a program a (row, group, run of heads), where no block_p is asked for (`triton_verify_heads`):
-# off until its form with the fold in a launch of its own is timed on a GPU against this kernel (its figures so far,
-# one form 23-24% faster where no row folds, are in that module)
-HEADS = False
+# on an H100, ops_mamba2.py's replay verify + accept at batch 16 / 64 / 256, 0.031 / 0.088 / 0.343 ms against
+# this kernel's 0.033 / 0.099 / 0.380 (session 56; that module has the figures)
+HEADS = True
 MAX_HIST = 32  # and the history fits its one product
 
 
@@ -274,7 +274,8 @@ def mamba2_verify_triton(
     closed_form: bool | None = None,
     num_warps: int | None = None,
 ) -> Tensor:
-    """Replay verify in one launch; same arguments, writes and result as `replay.mamba2_verify`.
+    """Replay verify in one launch (two in the heads form, where HEADS sends the closed form with no block_p asked
+    for: `triton_verify_heads`); same arguments, writes and result as `replay.mamba2_verify`.
 
     x: [B, T, H, P]; dt: [B, T, H] raw; B, C: [B, T, G, N]; ssm: [S, H, P, N] fp32; replay_x
     [S, 2, HIST, H, P]; replay_B [S, 2, HIST, G, N]; replay_dt, replay_dA_cumsum [S, 2, H, HIST];
@@ -282,7 +283,8 @@ def mamba2_verify_triton(
     Returns y: [B, T, H, P] in x's dtype. `block_p` (head channels per program, a power of two >= 16)
     defaults to `default_block_p` and, like `num_warps` (Triton's default 4), does not change the result beyond
     rounding. `closed_form`: the new tokens as products (`_tokens_closed_form`: tf32x3 for fp32 inputs, tf32 for
-    16-bit), not token by token; the results agree within rounding. The default for T > 1 (at T = 4 and batch 64, 113 against 180 us on an H100).
+    16-bit), not token by token; the results agree within rounding. The default for T > 1 (at T = 4 and batch 64,
+    113 against 180 us on an H100).
     """
     batch, steps = x.shape[:2]
     hist = replay_x.shape[2]

@@ -27,9 +27,13 @@ batch 64 / 256, today's kernel 83.3-84.5 / 300.9-306.0 in the same calls; sessio
   0.132 / 0.404 ms at batch 16 / 64 / 256 against 0.033 / 0.099 / 0.380.
 So the fold now is a launch of its own, after this one (which reads the checkpoint and writes only the other
 history buffer of a folding row): the heads kernel compiles to 208 registers and 48 KB of shared memory, the
-fold kernel to 128 and 24 KB, neither spilling (benchmarks/kernel_registers.py, sm_90). This form is not yet
-timed: `triton_verify.HEADS` keeps it off. The A/B is one device call from the repository root,
-`bash benchmarks/gpu/mamba2_heads.sh` (an estimated 200 s on an H100).
+fold kernel to 128 and 24 KB, neither spilling (benchmarks/kernel_registers.py, sm_90). As it stands (H100,
+session 56, `bash benchmarks/gpu/mamba2_heads.sh`, 155 s; today's kernel in the same call 84.2-84.3 / 304.6-306.2
+where no row folds, 171.5-173.0 / 644.0-646.0 where every row does), us at batch 64 / 256 at 8 heads a program,
+FOLD_RUN 1 / 4 / 8: no row folds 70.5 / 252.6, 66.2 / 238.8, 66.6 / 236.5; every row folds 170.1 / 639.2,
+177.4 / 652.2, 190.2 / 661.6. ops_mamba2.py's replay verify + accept (rows folding at the benchmark's rates), ms
+at batch 1 / 16 / 64 / 256: FOLD_RUN 1 0.009 / 0.030 / 0.088 / 0.343, FOLD_RUN 4 0.009 / 0.043 / 0.096 / 0.348,
+today's kernel 0.008 / 0.033 / 0.099 / 0.380. So FOLD_RUN stays 1 and `triton_verify.HEADS` is on.
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ from hybridcache.ops.triton_support import num_sms
 NUM_STAGES = 1  # the head loop's pipeline: 2 and 3 were slower (the module's figures)
 # heads a fold program (where it divides H, else 1): at 1 a folding row's heads run side by side, but the B·H
 # programs each load a row's slot and pnat before those of rows that do not fold exit; more heads a program,
-# fewer such programs (not yet timed)
+# fewer such programs. 1 was the fastest in ops_mamba2.py's mix of rows (the module's figures)
 FOLD_RUN = 1
 
 
