@@ -13,6 +13,7 @@ import torch
 
 from hybridcache import LLM, SamplingParams, SpeculativeConfig
 from hybridcache.models.layers import experts
+from hybridcache.ops.mamba2 import triton_verify as mamba2_verify
 from hybridcache.ops.triton_support import HAS_TRITON, interpreting, kernels_on_cpu
 from tests.models import helpers as nemotron
 from tests.models import test_kimi_linear as kimi
@@ -39,7 +40,9 @@ SHARED_GLUE = {"_silu_mul_kernel", "_sigmoid_gated_add_kernel"}  # qwen3_next's 
 MOE = {"nemotron_h": {"_group_topk_kernel", "_up_kernel", "_down_kernel"},
        "qwen3_next": {"_softmax_topk_kernel", "_up_kernel", "_down_kernel"},
        "kimi_linear": {"_group_topk_kernel", "_up_kernel", "_down_kernel"}}
-VERIFY = {"nemotron_h": {"_heads_kernel", "_fold_kernel", "_accept_kernel"},  # ops/mamba2/triton_verify_heads.py
+# nemotron_h's verify: the one-head kernel on one row, the heads form (ops/mamba2/triton_verify_heads.py) on two,
+# with the heads form's least rows (HEADS_FROM) set to 2 here
+VERIFY = {"nemotron_h": {"_verify_kernel", "_heads_kernel", "_fold_kernel", "_accept_kernel"},
           "qwen3_next": {"_gdn_verify_kernel", "_accept_kernel"}, "kimi_linear": {"_kda_verify_kernel"}}
 # attention glue (ops/attention): the K/V or latent page write, plain and verify steps alike
 ATTENTION = {"nemotron_h": {"_write_pair_kernel", "_attend_kernel"},
@@ -98,6 +101,7 @@ def test_kernels_give_the_torch_paths_tokens(checkpoint, mode, launched, monkeyp
     # the wide shared expert folded at every token count (by default it folds in the one-pair kernels and from
     # FOLD_SORTED_FROM tokens: tests/ops/test_moe_triton.py), so the sorted kernels run it too
     monkeypatch.setattr(experts, "FOLD_SORTED_FROM", 0)
+    monkeypatch.setattr(mamba2_verify, "HEADS_FROM", 2)
     torch_paths = run(path, mode, kernels=False)
     assert not launched
     assert run(path, mode, kernels=True) == torch_paths

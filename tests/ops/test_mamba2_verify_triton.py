@@ -217,15 +217,20 @@ def test_heads_form_rejects_a_run_not_dividing_the_group() -> None:
         _run_case(heads=8, head_dim=8, groups=2, dstate=8, hist=8, steps=2, dtype=torch.float32, seed=1, run=3)
 
 
-@pytest.mark.parametrize("hist,heads,taken", [(8, True, True), (32, True, True), (33, True, False), (8, False, False)])
-def test_closed_form_takes_the_heads_form_where_on(monkeypatch, hist: int, heads: bool, taken: bool) -> None:
-    """With no block_p asked for, the closed form runs the heads form where HEADS is on and HIST <= MAX_HIST,
-    else the one-head kernel; either way the results are those of the reference (checked in `_run_case`)."""
+@pytest.mark.parametrize("hist,heads,rows_from,taken", [(8, True, 1, True), (32, True, len(SLOTS), True),
+                                                         (33, True, 1, False), (8, False, 1, False),
+                                                         (8, True, len(SLOTS) + 1, False)])
+def test_closed_form_takes_the_heads_form_where_on(monkeypatch, hist: int, heads: bool, rows_from: int,
+                                                   taken: bool) -> None:
+    """With no block_p asked for, the closed form runs the heads form where HEADS is on, the batch has at least
+    HEADS_FROM rows and HIST <= MAX_HIST, else the one-head kernel; either way the results are those of the
+    reference (checked in `_run_case`)."""
     calls = []
     real = triton_verify_heads.mamba2_verify_heads_triton
     monkeypatch.setattr(triton_verify_heads, "mamba2_verify_heads_triton",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(triton_verify, "HEADS", heads)
+    monkeypatch.setattr(triton_verify, "HEADS_FROM", rows_from)
     assert triton_verify.MAX_HIST == 32
     _run_case(heads=2, head_dim=4, groups=1, dstate=4, hist=hist, steps=2, dtype=torch.float32, seed=hist,
               closed_form=True)

@@ -47,8 +47,11 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 NUM_STAGES = 2
 # the closed form as a program a (row, group, run of heads), where no block_p is asked for (`triton_verify_heads`):
 # on an H100, ops_mamba2.py's replay verify + accept at batch 16 / 64 / 256, 0.031 / 0.088 / 0.343 ms against
-# this kernel's 0.033 / 0.099 / 0.380 (session 56; that module has the figures)
+# this kernel's 0.033 / 0.099 / 0.380 (session 56; that module has the figures); from HEADS_FROM rows, for below
+# it lost: 0.009 / 0.010 / 0.011 / 0.022 ms at batch 1 / 2 / 4 / 8 against 0.008 / 0.009 / 0.010 / 0.021 (k = 3;
+# k = 1 alike), at 32 it won, 0.050 against 0.057
 HEADS = True
+HEADS_FROM = 16
 MAX_HIST = 32  # and the history fits its one product
 
 
@@ -275,7 +278,7 @@ def mamba2_verify_triton(
     num_warps: int | None = None,
 ) -> Tensor:
     """Replay verify in one launch (two in the heads form, where HEADS sends the closed form with no block_p asked
-    for: `triton_verify_heads`); same arguments, writes and result as `replay.mamba2_verify`.
+    for, from HEADS_FROM rows: `triton_verify_heads`); same arguments, writes and result as `replay.mamba2_verify`.
 
     x: [B, T, H, P]; dt: [B, T, H] raw; B, C: [B, T, G, N]; ssm: [S, H, P, N] fp32; replay_x
     [S, 2, HIST, H, P]; replay_B [S, 2, HIST, G, N]; replay_dt, replay_dA_cumsum [S, 2, H, HIST];
@@ -298,7 +301,7 @@ def mamba2_verify_triton(
     block_n = max(16, triton.next_power_of_2(dstate))
     if closed_form is None:
         closed_form = steps > 1
-    if closed_form and block_p is None and HEADS and hist <= MAX_HIST:
+    if closed_form and block_p is None and HEADS and batch >= HEADS_FROM and hist <= MAX_HIST:
         from hybridcache.ops.mamba2.triton_verify_heads import mamba2_verify_heads_triton
 
         return mamba2_verify_heads_triton(x, dt, A, B, C, ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat,

@@ -33,7 +33,8 @@ where no row folds, 171.5-173.0 / 644.0-646.0 where every row does), us at batch
 FOLD_RUN 1 / 4 / 8: no row folds 70.5 / 252.6, 66.2 / 238.8, 66.6 / 236.5; every row folds 170.1 / 639.2,
 177.4 / 652.2, 190.2 / 661.6. ops_mamba2.py's replay verify + accept (rows folding at the benchmark's rates), ms
 at batch 1 / 16 / 64 / 256: FOLD_RUN 1 0.009 / 0.030 / 0.088 / 0.343, FOLD_RUN 4 0.009 / 0.043 / 0.096 / 0.348,
-today's kernel 0.008 / 0.033 / 0.099 / 0.380. So FOLD_RUN stays 1 and `triton_verify.HEADS` is on.
+today's kernel 0.008 / 0.033 / 0.099 / 0.380. So FOLD_RUN stays 1 and `triton_verify.HEADS` is on, from
+`triton_verify.HEADS_FROM` rows (16: below, this form lost by 0.001 ms; at batch 32 it won, 0.050 against 0.057).
 """
 from __future__ import annotations
 
