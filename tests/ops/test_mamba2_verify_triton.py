@@ -190,11 +190,13 @@ def test_heads_form_at_every_run(run: int, dtype: torch.dtype) -> None:
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=dtype, seed=run, run=run)
 
 
-@pytest.mark.parametrize("fold_run", [4, 3])
-def test_heads_form_folds_several_heads_a_program(monkeypatch, fold_run: int) -> None:
-    """The fold launch at FOLD_RUN 4 heads a program (of 8), and at 3, which does not divide 8 and falls back to 1:
-    the folding rows' checkpoints as the reference's, the others' untouched (`_run_case`)."""
+@pytest.mark.parametrize("fold_run,last_first", [(4, False), (3, False), (4, True)])
+def test_heads_form_folds_several_heads_a_program(monkeypatch, fold_run: int, last_first: bool) -> None:
+    """The fold launch at FOLD_RUN 4 heads a program (of 8), and at 3, which does not divide 8 and falls back to 1;
+    from the last heads down where `last_first`: the folding rows' checkpoints as the reference's, the others'
+    untouched (`_run_case`)."""
     monkeypatch.setattr(triton_verify_heads, "FOLD_RUN", fold_run)
+    monkeypatch.setattr(triton_verify_heads, "FOLD_LAST_HEADS_FIRST", last_first)
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.float32, seed=7, run=2)
 
 

@@ -52,6 +52,10 @@ NUM_STAGES = 1  # the head loop's pipeline: 2 and 3 were slower (the module's fi
 # programs each load a row's slot and pnat before those of rows that do not fold exit; more heads a program,
 # fewer such programs. 1 was the fastest in ops_mamba2.py's mix of rows (the module's figures)
 FOLD_RUN = 1
+# the fold launch from the last heads down: the heads kernel's programs run a group after another, so the last
+# groups' checkpoints are those it read last, the likeliest still in L2 (50 MB: about 3 of nemotron_h's 8 groups at
+# batch 64) when the fold reads them again. Off until timed (benchmarks/gpu/mamba2_heads.sh's FOLD_LAST_HEADS_FIRST)
+FOLD_LAST_HEADS_FIRST = False
 
 
 @triton.jit
@@ -182,14 +186,17 @@ def _fold_kernel(
     rc_s, rc_b, rc_h, rc_t,
     s_pnat, s_buf, s_slot,
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, LAST_FIRST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program a (row, run of RUN consecutive heads) on a grid (B, H / RUN), after `_heads_kernel` (which read
     the checkpoint and wrote only the other history buffer): where the row folds, ssm[slot, head] <- h_eff =
     e^{c_last}·h + Σ_j w_j·x_j·B_jᵀ over buffer b's history, in IEEE fp32 (`triton_verify._history_sum`); any
-    other row stores nothing."""
+    other row stores nothing. LAST_FIRST: the grid's first runs take the last heads."""
     pdl_entry(PDL)
     row, run = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    if LAST_FIRST:
+        run = tl.num_programs(1) - 1 - run
     slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
     valid = slot >= 0
     sc = tl.maximum(slot, 0)
@@ -264,6 +271,6 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
     _fold_kernel[(batch, heads // fold_run)](
         ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, hist, *pool,
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=fold_run, BLOCK_P=block_p, BLOCK_N=block_n,
-        BLOCK_H=BLOCK_H, **pdl_launch(x),
+        BLOCK_H=BLOCK_H, LAST_FIRST=FOLD_LAST_HEADS_FIRST, **pdl_launch(x),
     )
     return y
