@@ -47,9 +47,9 @@ BLOCK_H = 16  # history tokens per fold product (tl.dot needs every dim >= 16)
 NUM_STAGES = 2
 # the closed form as a program a (row, group, run of heads), where no block_p is asked for (`triton_verify_heads`):
 # on an H100, ops_mamba2.py's replay verify + accept at batch 16 / 64 / 256, 0.031 / 0.088 / 0.343 ms against
-# this kernel's 0.033 / 0.099 / 0.380 (session 56; that module has the figures); from HEADS_FROM rows, for below
-# it lost: 0.009 / 0.010 / 0.011 / 0.022 ms at batch 1 / 2 / 4 / 8 against 0.008 / 0.009 / 0.010 / 0.021 (k = 3;
-# k = 1 alike), at 32 it won, 0.050 against 0.057
+# this kernel's 0.033 / 0.099 / 0.380 (session 56; that module has the figures). It runs from HEADS_FROM rows:
+# below, it lost (0.009 / 0.010 / 0.011 / 0.022 ms at batch 1 / 2 / 4 / 8 against 0.008 / 0.009 / 0.010 / 0.021,
+# k = 3, and likewise at k = 1); at 32 it won, 0.050 against 0.057
 HEADS = True
 HEADS_FROM = 16
 MAX_HIST = 32  # and the history fits its one product
