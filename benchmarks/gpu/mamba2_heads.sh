@@ -1,22 +1,25 @@
 # See README.md here: one device call, from the repository root. Mamba2's replay verify in the heads form
 # (ops/mamba2/triton_verify_heads.py, the default from triton_verify.HEADS_FROM rows): its GPU tests, then the fold
-# launch from the last heads down (FOLD_LAST_HEADS_FIRST, off until timed) against from the first, in
-# tune_mamba2_verify.py where no row folds and where every row folds and in ops_mamba2.py (replay verify + accept
-# against per-token states, into $OUT with the GPU's name), then nemotron_h's batch-64 verify step
-# (step_profile.py) with the heads form off and on. About 350 s on an H100 (an estimate from its parts' times in
-# session 56; the FOLD_RUN sweep it ran then took 155 s with tune and ops_mamba2).
+# launch's two untimed forms against today's, alone and together: from the last heads down (FOLD_LAST_HEADS_FIRST)
+# and on a fixed grid sharing out the folding rows (FOLD_ITEMS), in tune_mamba2_verify.py where no row folds and
+# where every row folds and in ops_mamba2.py (replay verify + accept against per-token states, into $OUT with the
+# GPU's name), then nemotron_h's batch-64 verify step (step_profile.py) with the heads form off and on. About 450 s
+# on an H100 (an estimate from its parts' times in session 56).
 source benchmarks/gpu/common.sh
 FAMILIES=nemotron_h build_checkpoints >/dev/null 2>&1 &
 gpu=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
 timeout 60 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" -rf tests/ops/test_mamba2_verify_triton.py \
     -k "heads or default_run" 2>&1 | grep -E "FAILED|passed|failed|Error" | tail -6
-for pnat in 8 14; do  # no row folds (the fold launch's programs all exit early), every row folds
-  each_setting mamba2.triton_verify_heads 30 "FOLD_LAST_HEADS_FIRST = False" "FOLD_LAST_HEADS_FIRST = True" -- \
+forms=("FOLD_ITEMS = 0; FOLD_LAST_HEADS_FIRST = False" "FOLD_ITEMS = 0; FOLD_LAST_HEADS_FIRST = True"
+       "FOLD_ITEMS = 3; FOLD_LAST_HEADS_FIRST = False" "FOLD_ITEMS = 3; FOLD_LAST_HEADS_FIRST = True")
+for pnat in 8 14; do  # no row folds, every row folds
+  each_setting mamba2.triton_verify_heads 30 "${forms[@]}" -- \
       tune_mamba2_verify --batches 64 256 --pnat $pnat --block-p 64 --runs 8
 done
-for last in False True; do
-  each_setting mamba2.triton_verify_heads 45 "FOLD_LAST_HEADS_FIRST = $last" -- ops_mamba2 --device cuda \
-      --batches 1 16 64 256 --drafts 3 --json "$OUT/ops_mamba2-last-first-$last-$gpu.json"
+for form in "${forms[@]}"; do
+  tag=$(echo "$form" | tr -dc '0-9A-Za-z' | sed 's/FOLDITEMS/items/; s/FOLDLASTHEADSFIRST/-last-/')
+  each_setting mamba2.triton_verify_heads 45 "$form" -- ops_mamba2 --device cuda --batches 1 16 64 256 --drafts 3 \
+      --json "$OUT/ops_mamba2-$tag-$gpu.json"
 done
 wait
 each_setting mamba2.triton_verify 120 "HEADS = False" "HEADS = True" -- step_profile --family nemotron_h --size 1b \

@@ -190,13 +190,16 @@ def test_heads_form_at_every_run(run: int, dtype: torch.dtype) -> None:
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=dtype, seed=run, run=run)
 
 
-@pytest.mark.parametrize("fold_run,last_first", [(4, False), (3, False), (4, True)])
-def test_heads_form_folds_several_heads_a_program(monkeypatch, fold_run: int, last_first: bool) -> None:
+@pytest.mark.parametrize("fold_run,last_first,items", [(4, False, 0), (3, False, 0), (4, True, 0), (4, False, 1),
+                                                       (1, True, 1)])
+def test_heads_form_folds_several_heads_a_program(monkeypatch, fold_run: int, last_first: bool, items: int) -> None:
     """The fold launch at FOLD_RUN 4 heads a program (of 8), and at 3, which does not divide 8 and falls back to 1;
-    from the last heads down where `last_first`: the folding rows' checkpoints as the reference's, the others'
-    untouched (`_run_case`)."""
+    from the last heads down where `last_first`; on a fixed grid of `items` programs an SM (4 SMs on the CPU: 4
+    programs, each taking several folding rows' runs) where given: the folding rows' checkpoints as the
+    reference's, the others' untouched (`_run_case`)."""
     monkeypatch.setattr(triton_verify_heads, "FOLD_RUN", fold_run)
     monkeypatch.setattr(triton_verify_heads, "FOLD_LAST_HEADS_FIRST", last_first)
+    monkeypatch.setattr(triton_verify_heads, "FOLD_ITEMS", items)
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.float32, seed=7, run=2)
 
 
