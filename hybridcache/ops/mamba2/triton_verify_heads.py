@@ -326,13 +326,14 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
     )
     fold_run = FOLD_RUN if heads % FOLD_RUN == 0 else 1
     fold = dict(STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=fold_run, BLOCK_P=block_p,
-                BLOCK_N=block_n, BLOCK_H=BLOCK_H, LAST_FIRST=FOLD_LAST_HEADS_FIRST, **pdl_launch(x))
+                BLOCK_N=block_n, BLOCK_H=BLOCK_H, LAST_FIRST=FOLD_LAST_HEADS_FIRST)
     if FOLD_ITEMS:
         runs = heads // fold_run
         programs = min(batch * runs, FOLD_ITEMS * num_sms(x.device))
         _fold_items_kernel[(programs,)](ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots,
-                                        hist, batch, *pool, RUNS=runs, BLOCK_B=triton.next_power_of_2(batch), **fold)
+                                        hist, batch, *pool, RUNS=runs, BLOCK_B=triton.next_power_of_2(batch), **fold,
+                                        **pdl_launch(x))
     else:
         _fold_kernel[(batch, heads // fold_run)](ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx,
-                                                 slots, hist, *pool, **fold)
+                                                 slots, hist, *pool, **fold, **pdl_launch(x))
     return y
