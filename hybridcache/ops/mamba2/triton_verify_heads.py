@@ -57,7 +57,7 @@ FOLD_RUN = 1
 # batch 64) when the fold reads them again. Off until timed (benchmarks/gpu/mamba2_heads.sh's FOLD_LAST_HEADS_FIRST)
 FOLD_LAST_HEADS_FIRST = False
 # the fold on a fixed grid of FOLD_ITEMS programs an SM (0: the (B, H / FOLD_RUN) grid) that share out the folding
-# rows' heads (`_fold_items_kernel`): where no row folds, those programs exit after one read of the batch's slots,
+# rows' heads (`_fold_kernel` with ITEMS): where no row folds, those programs exit after one read of the batch's slots,
 # not B·H programs after theirs (FOLD_RUN 1 against 4, no row folding, batch 64: 70.5 against 66.2 us). 3: its
 # 168 registers (sm_90, no spills) at 4 warps allow 3 programs an SM (arithmetic). Off until timed (mamba2_heads.sh)
 FOLD_ITEMS = 0
@@ -211,37 +211,6 @@ def _fold_run(ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, buf_ptr, sc, run, hist
 
 @triton.jit
 def _fold_kernel(
-    ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, hist,
-    ss_s, ss_h, ss_p, ss_n,
-    rx_s, rx_b, rx_t, rx_h, rx_p,
-    rb_s, rb_b, rb_t, rb_g, rb_n,
-    rd_s, rd_b, rd_h, rd_t,
-    rc_s, rc_b, rc_h, rc_t,
-    s_pnat, s_buf, s_slot,
-    STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, LAST_FIRST: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """One program a (row, run of RUN consecutive heads) on a grid (B, H / RUN), after `_heads_kernel` (which read
-    the checkpoint and wrote only the other history buffer): where the row folds, `_fold_run`; any other row
-    stores nothing. LAST_FIRST: the grid's first runs take the last heads."""
-    pdl_entry(PDL)
-    row, run = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    if LAST_FIRST:
-        run = tl.num_programs(1) - 1 - run
-    slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
-    valid = slot >= 0
-    sc = tl.maximum(slot, 0)
-    p = tl.load(pnat_ptr + sc * s_pnat, mask=valid, other=0).to(tl.int32)
-    if valid & (p + STEPS > hist):
-        _fold_run(ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, buf_ptr, sc, run, hist, p,
-                  ss_s, ss_h, ss_p, ss_n, rx_s, rx_b, rx_t, rx_h, rx_p, rb_s, rb_b, rb_t, rb_g, rb_n,
-                  rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, s_buf,
-                  HEAD_DIM, DSTATE, REPS, RUN, BLOCK_P, BLOCK_N, BLOCK_H)
-
-
-@triton.jit
-def _fold_items_kernel(
     ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, hist, batch,
     ss_s, ss_h, ss_p, ss_n,
     rx_s, rx_b, rx_t, rx_h, rx_p,
@@ -251,32 +220,48 @@ def _fold_items_kernel(
     s_pnat, s_buf, s_slot,
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
     RUNS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_B: tl.constexpr, LAST_FIRST: tl.constexpr, PDL: tl.constexpr,
+    LAST_FIRST: tl.constexpr, ITEMS: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr,
 ):
-    """`_fold_kernel`'s work on a fixed grid of programs (FOLD_ITEMS): each reads the batch's slots and pnat at
-    once [BLOCK_B], ranks the folding rows (F of them), then takes the items i = pid, pid + programs, … below
-    F·RUNS, item i the folding row of rank i mod F (its slot and pnat read again, from cache, rather than held)
-    and run i div F (from the last run where LAST_FIRST). Where no row folds, every program exits after that one
-    read."""
+    """After `_heads_kernel` (which read the checkpoint and wrote only the other history buffer): `_fold_run` for
+    each folding row's RUNS runs of RUN heads; any other row stores nothing. LAST_FIRST: the first runs taken are
+    the last heads.
+
+    One program a (row, run) on a grid (B, RUNS); or where ITEMS, a fixed grid of programs (FOLD_ITEMS) that each
+    read the batch's slots and pnat at once [BLOCK_B], rank the folding rows (F of them), then take the items
+    i = pid, pid + programs, … below F·RUNS, item i the folding row of rank i mod F (its slot and pnat read again,
+    from cache, rather than held) and run i div F. Where no row folds, each program exits after that one read."""
     pdl_entry(PDL)
-    rows = tl.arange(0, BLOCK_B)
-    slots = tl.load(slot_ptr + rows * s_slot, mask=rows < batch, other=-1).to(tl.int64)
-    scs = tl.maximum(slots, 0)
-    ps = tl.load(pnat_ptr + scs * s_pnat, mask=slots >= 0, other=0).to(tl.int32)
-    folds = (slots >= 0) & (ps + STEPS > hist)
-    rank = tl.cumsum(folds.to(tl.int32), 0) - 1
-    n_fold = tl.sum(folds.to(tl.int32), 0)
-    for item in range(tl.program_id(0), n_fold * RUNS, tl.num_programs(0)):
-        row = tl.sum(tl.where(folds & (rank == item % n_fold), rows, 0), 0)
-        sc = tl.load(slot_ptr + row * s_slot).to(tl.int64)
-        p = tl.load(pnat_ptr + sc * s_pnat).to(tl.int32)
-        run = item // n_fold
+    if ITEMS:
+        rows = tl.arange(0, BLOCK_B)
+        slots = tl.load(slot_ptr + rows * s_slot, mask=rows < batch, other=-1).to(tl.int64)
+        ps = tl.load(pnat_ptr + tl.maximum(slots, 0) * s_pnat, mask=slots >= 0, other=0).to(tl.int32)
+        folds = (slots >= 0) & (ps + STEPS > hist)
+        rank = tl.cumsum(folds.to(tl.int32), 0) - 1
+        n_fold = tl.sum(folds.to(tl.int32), 0)
+        for item in range(tl.program_id(0), n_fold * RUNS, tl.num_programs(0)):
+            row = tl.sum(tl.where(folds & (rank == item % n_fold), rows, 0), 0)
+            sc = tl.load(slot_ptr + row * s_slot).to(tl.int64)
+            p = tl.load(pnat_ptr + sc * s_pnat).to(tl.int32)
+            run = item // n_fold
+            if LAST_FIRST:
+                run = RUNS - 1 - run
+            _fold_run(ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, buf_ptr, sc, run, hist, p,
+                      ss_s, ss_h, ss_p, ss_n, rx_s, rx_b, rx_t, rx_h, rx_p, rb_s, rb_b, rb_t, rb_g, rb_n,
+                      rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, s_buf,
+                      HEAD_DIM, DSTATE, REPS, RUN, BLOCK_P, BLOCK_N, BLOCK_H)
+    else:
+        row, run = tl.program_id(0).to(tl.int64), tl.program_id(1)
         if LAST_FIRST:
             run = RUNS - 1 - run
-        _fold_run(ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, buf_ptr, sc, run, hist, p,
-                  ss_s, ss_h, ss_p, ss_n, rx_s, rx_b, rx_t, rx_h, rx_p, rb_s, rb_b, rb_t, rb_g, rb_n,
-                  rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, s_buf,
-                  HEAD_DIM, DSTATE, REPS, RUN, BLOCK_P, BLOCK_N, BLOCK_H)
+        slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
+        valid = slot >= 0
+        sc = tl.maximum(slot, 0)
+        p = tl.load(pnat_ptr + sc * s_pnat, mask=valid, other=0).to(tl.int32)
+        if valid & (p + STEPS > hist):
+            _fold_run(ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, buf_ptr, sc, run, hist, p,
+                      ss_s, ss_h, ss_p, ss_n, rx_s, rx_b, rx_t, rx_h, rx_p, rb_s, rb_b, rb_t, rb_g, rb_n,
+                      rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, s_buf,
+                      HEAD_DIM, DSTATE, REPS, RUN, BLOCK_P, BLOCK_N, BLOCK_H)
 
 
 def default_run(rows: int, groups: int, reps: int, sms: int) -> int:
@@ -325,15 +310,13 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
         **pdl_launch(x), **({"num_warps": num_warps} if num_warps else {}),
     )
     fold_run = FOLD_RUN if heads % FOLD_RUN == 0 else 1
-    fold = dict(STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=fold_run, BLOCK_P=block_p,
-                BLOCK_N=block_n, BLOCK_H=BLOCK_H, LAST_FIRST=FOLD_LAST_HEADS_FIRST)
-    if FOLD_ITEMS:
-        runs = heads // fold_run
-        programs = min(batch * runs, FOLD_ITEMS * num_sms(x.device))
-        _fold_items_kernel[(programs,)](ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots,
-                                        hist, batch, *pool, RUNS=runs, BLOCK_B=triton.next_power_of_2(batch), **fold,
-                                        **pdl_launch(x))
-    else:
-        _fold_kernel[(batch, heads // fold_run)](ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx,
-                                                 slots, hist, *pool, **fold, **pdl_launch(x))
+    runs = heads // fold_run
+    grid = (min(batch * runs, FOLD_ITEMS * num_sms(x.device)),) if FOLD_ITEMS else (batch, runs)
+    _fold_kernel[grid](
+        ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, hist,
+        batch if FOLD_ITEMS else 0, *pool,  # read only where ITEMS: one compiled variant of the grid form
+        STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=fold_run, RUNS=runs, BLOCK_P=block_p,
+        BLOCK_N=block_n, BLOCK_H=BLOCK_H, LAST_FIRST=FOLD_LAST_HEADS_FIRST, ITEMS=bool(FOLD_ITEMS),
+        BLOCK_B=triton.next_power_of_2(batch) if FOLD_ITEMS else 1, **pdl_launch(x),
+    )
     return y
