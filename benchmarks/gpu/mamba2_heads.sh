@@ -3,8 +3,9 @@
 # launch's two untimed forms against today's, alone and together: from the last heads down (FOLD_LAST_HEADS_FIRST)
 # and on a fixed grid sharing out the folding rows (FOLD_ITEMS), in tune_mamba2_verify.py where no row folds and
 # where every row folds and in ops_mamba2.py (replay verify + accept against per-token states, into $OUT with the
-# GPU's name), then nemotron_h's batch-64 verify step (step_profile.py) with the heads form off and on. About 450 s
-# on an H100 (an estimate from its parts' times in session 56).
+# GPU's name), then nemotron_h's batch-64 verify step (step_profile.py) with the heads form off and on (each
+# capped at STEP_CAP s, 120 by default; 0 skips them). About 450 s on an H100 (an estimate from its parts' times
+# in session 56).
 source benchmarks/gpu/common.sh
 FAMILIES=nemotron_h build_checkpoints >/dev/null 2>&1 &
 gpu=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
@@ -22,6 +23,7 @@ for form in "${forms[@]}"; do
       --json "$OUT/ops_mamba2-$tag-$gpu.json"
 done
 wait
-each_setting mamba2.triton_verify 120 "HEADS = False" "HEADS = True" -- step_profile --family nemotron_h --size 1b \
-    --device cuda --dtype bfloat16 --batch 64 --steps 20 --modes verify 2>&1 | grep -v "Loading\|shards\|USDT\|debug_mode"
+[ "${STEP_CAP:-120}" = 0 ] || each_setting mamba2.triton_verify "${STEP_CAP:-120}" "HEADS = False" "HEADS = True" \
+    -- step_profile --family nemotron_h --size 1b --device cuda --dtype bfloat16 --batch 64 --steps 20 --modes verify \
+    2>&1 | grep -v "Loading\|shards\|USDT\|debug_mode"
 echo "total ${SECONDS}s"
