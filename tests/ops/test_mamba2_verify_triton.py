@@ -203,6 +203,16 @@ def test_heads_form_folds_several_heads_a_program(monkeypatch, fold_run: int, la
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.float32, seed=7, run=2)
 
 
+@pytest.mark.parametrize("run,items", [(2, 0), (1, 1), (4, 0)])
+def test_heads_form_with_folding_rows_last(monkeypatch, run: int, items: int) -> None:
+    """The heads launch on its ranked grid (HEADS_FOLDS_LAST: the rows that do not fold first), beside both fold
+    schedules: every row's outputs and writes as the reference's (`_run_case`: SLOTS out of order, a padding row,
+    two folding rows among eight)."""
+    monkeypatch.setattr(triton_verify_heads, "HEADS_FOLDS_LAST", True)
+    monkeypatch.setattr(triton_verify_heads, "FOLD_ITEMS", items)
+    _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.float32, seed=5 + run, run=run)
+
+
 def test_heads_form_with_three_heads_a_group() -> None:
     """Three heads a group (no power of two) at the default run."""
     _run_case(heads=6, head_dim=8, groups=2, dstate=8, hist=8, steps=3, dtype=torch.float32, seed=3, run=None,

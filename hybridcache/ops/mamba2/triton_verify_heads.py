@@ -61,6 +61,32 @@ FOLD_LAST_HEADS_FIRST = False
 # not B·H programs after theirs (FOLD_RUN 1 against 4, no row folding, batch 64: 70.5 against 66.2 us). 3: its
 # 168 registers (sm_90, no spills) at 4 warps allow 3 programs an SM (arithmetic). Off until timed (mamba2_heads.sh)
 FOLD_ITEMS = 0
+# the heads launch on a grid (G, REPS / RUN, B) whose last index is a rank, rows that do not fold first: the folding
+# rows' checkpoints are then the last the launch reads, and (16% of rows at batch 64 in ops_mamba2.py's mix: about
+# 21 MB) likely still in L2 when the fold launch reads them again. Off until timed (mamba2_heads.sh)
+HEADS_FOLDS_LAST = False
+FOLDS_LAST_ROWS = 1024  # rows at most for that grid (each program ranks the batch's rows as one vector)
+
+
+@triton.jit
+def _fold_flags(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, STEPS: tl.constexpr, BLOCK_B: tl.constexpr):
+    """The batch's rows at once: (rows [BLOCK_B], folds (a live row whose history overflows), in_batch)."""
+    rows = tl.arange(0, BLOCK_B)
+    in_batch = rows < batch
+    slots = tl.load(slot_ptr + rows * s_slot, mask=in_batch, other=-1).to(tl.int64)
+    ps = tl.load(pnat_ptr + tl.maximum(slots, 0) * s_pnat, mask=slots >= 0, other=0).to(tl.int32)
+    return rows, (slots >= 0) & (ps + STEPS > hist), in_batch
+
+
+@triton.jit
+def _row_ranked(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, rank, STEPS: tl.constexpr,
+                BLOCK_B: tl.constexpr):
+    """The row of `rank` when the rows that do not fold come first, each part in row order."""
+    rows, folds, in_batch = _fold_flags(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, STEPS, BLOCK_B)
+    stays = in_batch & ~folds
+    at = tl.where(folds, tl.sum(stays.to(tl.int32), 0) + tl.cumsum(folds.to(tl.int32), 0),
+                  tl.cumsum(stays.to(tl.int32), 0)) - 1
+    return tl.sum(tl.where(in_batch & (at == rank), rows, 0), 0).to(tl.int64)
 
 
 @triton.jit
@@ -93,7 +119,7 @@ def _weighted_history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h
 def _heads_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr,
     ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, y_ptr,
-    dt_lo, dt_hi, hist,
+    dt_lo, dt_hi, hist, batch,
     sx_b, sx_t, sx_h, sx_p,
     sd_b, sd_t, sd_h,
     sB_b, sB_t, sB_g, sB_n,
@@ -108,11 +134,16 @@ def _heads_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-    PDL: tl.constexpr,
+    FOLDS_LAST: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr,
 ):
-    """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN)."""
+    """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN); where
+    FOLDS_LAST, on a grid (G, REPS / RUN, B) whose last index ranks the rows, those that do not fold first."""
     pdl_entry(PDL)
-    row, group, run = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    if FOLDS_LAST:
+        group, run = tl.program_id(0), tl.program_id(1)
+        row = _row_ranked(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, tl.program_id(2), STEPS, BLOCK_B)
+    else:
+        row, group, run = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
     valid = slot >= 0
     sc = tl.maximum(slot, 0)
@@ -232,10 +263,7 @@ def _fold_kernel(
     from cache, rather than held) and run i div F. Where no row folds, each program exits after that one read."""
     pdl_entry(PDL)
     if ITEMS:
-        rows = tl.arange(0, BLOCK_B)
-        slots = tl.load(slot_ptr + rows * s_slot, mask=rows < batch, other=-1).to(tl.int64)
-        ps = tl.load(pnat_ptr + tl.maximum(slots, 0) * s_pnat, mask=slots >= 0, other=0).to(tl.int32)
-        folds = (slots >= 0) & (ps + STEPS > hist)
+        rows, folds, _ = _fold_flags(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, STEPS, BLOCK_B)
         rank = tl.cumsum(folds.to(tl.int32), 0) - 1
         n_fold = tl.sum(folds.to(tl.int32), 0)
         for item in range(tl.program_id(0), n_fold * RUNS, tl.num_programs(0)):
@@ -298,15 +326,18 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
     block_p, block_n = max(16, triton.next_power_of_2(head_dim)), max(16, triton.next_power_of_2(dstate))
     pool = (*ssm.stride(), *replay_x.stride(), *replay_B.stride(), *replay_dt.stride(), *replay_dA_cumsum.stride(),
             pnat.stride(0), buf_idx.stride(0), slots.stride(0))
-    _heads_kernel[(batch, groups, reps // run)](
+    folds_last = HEADS_FOLDS_LAST and batch <= FOLDS_LAST_ROWS
+    grid = (groups, reps // run, batch) if folds_last else (batch, groups, reps // run)
+    _heads_kernel[grid](
         x, dt, A, B, C, A if D is None else D.contiguous(), A if dt_bias is None else dt_bias.contiguous(),
         ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, y,
-        float(dt_limit[0]), float(dt_limit[1]), hist,
+        float(dt_limit[0]), float(dt_limit[1]), hist, batch if folds_last else 0,
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *pool, *y.stride()[:3],
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=run, BLOCK_P=block_p, BLOCK_N=block_n,
         HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)),
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
         PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES,
+        FOLDS_LAST=folds_last, BLOCK_B=triton.next_power_of_2(batch) if folds_last else 1,
         **pdl_launch(x), **({"num_warps": num_warps} if num_warps else {}),
     )
     fold_run = FOLD_RUN if heads % FOLD_RUN == 0 else 1
