@@ -79,6 +79,12 @@ def _fold_flags(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, STEPS: tl.const
 
 
 @triton.jit
+def _row_at(rows, at, ok, rank):
+    """The row whose position `at` (among those `ok`) is `rank`: one row of a ranking, as a scalar."""
+    return tl.sum(tl.where(ok & (at == rank), rows, 0), 0)
+
+
+@triton.jit
 def _row_ranked(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, rank, STEPS: tl.constexpr,
                 BLOCK_B: tl.constexpr):
     """The row of `rank` when the rows that do not fold come first, each part in row order."""
@@ -86,7 +92,7 @@ def _row_ranked(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, rank, STEPS: tl
     stays = in_batch & ~folds
     at = tl.where(folds, tl.sum(stays.to(tl.int32), 0) + tl.cumsum(folds.to(tl.int32), 0),
                   tl.cumsum(stays.to(tl.int32), 0)) - 1
-    return tl.sum(tl.where(in_batch & (at == rank), rows, 0), 0).to(tl.int64)
+    return _row_at(rows, at, in_batch, rank).to(tl.int64)
 
 
 @triton.jit
@@ -267,7 +273,7 @@ def _fold_kernel(
         rank = tl.cumsum(folds.to(tl.int32), 0) - 1
         n_fold = tl.sum(folds.to(tl.int32), 0)
         for item in range(tl.program_id(0), n_fold * RUNS, tl.num_programs(0)):
-            row = tl.sum(tl.where(folds & (rank == item % n_fold), rows, 0), 0)
+            row = _row_at(rows, rank, folds, item % n_fold)
             sc = tl.load(slot_ptr + row * s_slot).to(tl.int64)
             p = tl.load(pnat_ptr + sc * s_pnat).to(tl.int32)
             run = item // n_fold
