@@ -52,47 +52,9 @@ NUM_STAGES = 1  # the head loop's pipeline: 2 and 3 were slower (the module's fi
 # programs each load a row's slot and pnat before those of rows that do not fold exit; more heads a program,
 # fewer such programs. 1 was the fastest in ops_mamba2.py's mix of rows (the module's figures)
 FOLD_RUN = 1
-# the fold launch from the last heads down: the heads kernel's programs run a group after another, so the last
-# groups' checkpoints are those it read last, the likeliest still in L2 (50 MB: about 3 of nemotron_h's 8 groups at
-# batch 64) when the fold reads them again. Off until timed (benchmarks/gpu/mamba2_heads.sh's FOLD_LAST_HEADS_FIRST)
-FOLD_LAST_HEADS_FIRST = False
-# the fold on a fixed grid of FOLD_ITEMS programs an SM (0: the (B, H / FOLD_RUN) grid) that share out the folding
-# rows' heads (`_fold_kernel` with ITEMS): where no row folds, those programs exit after one read of the batch's slots,
-# not B·H programs after theirs (FOLD_RUN 1 against 4, no row folding, batch 64: 70.5 against 66.2 us). 3: its
-# 168 registers (sm_90, no spills) at 4 warps allow 3 programs an SM (arithmetic). Off until timed (mamba2_heads.sh)
-FOLD_ITEMS = 0
-# the heads launch on a grid (G, REPS / RUN, B) whose last index is a rank, rows that do not fold first: the folding
-# rows' checkpoints are then the last the launch reads, and (16% of rows at batch 64 in ops_mamba2.py's mix: about
-# 21 MB) likely still in L2 when the fold launch reads them again. Off until timed (mamba2_heads.sh)
-HEADS_FOLDS_LAST = False
-FOLDS_LAST_ROWS = 1024  # rows at most for that grid (each program ranks the batch's rows as one vector)
-
-
-@triton.jit
-def _fold_flags(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, STEPS: tl.constexpr, BLOCK_B: tl.constexpr):
-    """The batch's rows at once: (rows [BLOCK_B], folds (a live row whose history overflows), in_batch)."""
-    rows = tl.arange(0, BLOCK_B)
-    in_batch = rows < batch
-    slots = tl.load(slot_ptr + rows * s_slot, mask=in_batch, other=-1).to(tl.int64)
-    ps = tl.load(pnat_ptr + tl.maximum(slots, 0) * s_pnat, mask=slots >= 0, other=0).to(tl.int32)
-    return rows, (slots >= 0) & (ps + STEPS > hist), in_batch
-
-
-@triton.jit
-def _row_at(rows, at, ok, rank):
-    """The row whose position `at` (among those `ok`) is `rank`: one row of a ranking, as a scalar."""
-    return tl.sum(tl.where(ok & (at == rank), rows, 0), 0)
-
-
-@triton.jit
-def _row_ranked(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, rank, STEPS: tl.constexpr,
-                BLOCK_B: tl.constexpr):
-    """The row of `rank` when the rows that do not fold come first, each part in row order."""
-    rows, folds, in_batch = _fold_flags(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, STEPS, BLOCK_B)
-    stays = in_batch & ~folds
-    at = tl.where(folds, tl.sum(stays.to(tl.int32), 0) + tl.cumsum(folds.to(tl.int32), 0),
-                  tl.cumsum(stays.to(tl.int32), 0)) - 1
-    return _row_at(rows, at, in_batch, rank).to(tl.int64)
+# registers a thread for the heads launch (Triton's maxnreg; 0: none): at sm_90 it takes 208, so two 4-warp programs
+# an SM; 168 allows three and spills 88 bytes a thread (benchmarks/sm90_compile.py). Off until timed (mamba2_heads.sh)
+MAX_REGISTERS = 0
 
 
 @triton.jit
@@ -125,7 +87,7 @@ def _weighted_history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h
 def _heads_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr,
     ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, y_ptr,
-    dt_lo, dt_hi, hist, batch,
+    dt_lo, dt_hi, hist,
     sx_b, sx_t, sx_h, sx_p,
     sd_b, sd_t, sd_h,
     sB_b, sB_t, sB_g, sB_n,
@@ -140,16 +102,11 @@ def _heads_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-    FOLDS_LAST: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN); where
-    FOLDS_LAST, on a grid (G, REPS / RUN, B) whose last index ranks the rows, those that do not fold first."""
+    """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN)."""
     pdl_entry(PDL)
-    if FOLDS_LAST:
-        group, run = tl.program_id(0), tl.program_id(1)
-        row = _row_ranked(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, tl.program_id(2), STEPS, BLOCK_B)
-    else:
-        row, group, run = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    row, group, run = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
     valid = slot >= 0
     sc = tl.maximum(slot, 0)
@@ -248,7 +205,7 @@ def _fold_run(ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, buf_ptr, sc, run, hist
 
 @triton.jit
 def _fold_kernel(
-    ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, hist, batch,
+    ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, pnat_ptr, buf_ptr, slot_ptr, hist,
     ss_s, ss_h, ss_p, ss_n,
     rx_s, rx_b, rx_t, rx_h, rx_p,
     rb_s, rb_b, rb_t, rb_g, rb_n,
@@ -256,46 +213,29 @@ def _fold_kernel(
     rc_s, rc_b, rc_h, rc_t,
     s_pnat, s_buf, s_slot,
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
-    RUNS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    LAST_FIRST: tl.constexpr, ITEMS: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr,
+    RUNS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
     """After `_heads_kernel` (which read the checkpoint and wrote only the other history buffer): `_fold_run` for
-    each folding row's RUNS runs of RUN heads; any other row stores nothing. LAST_FIRST: the first runs taken are
-    the last heads.
-
-    One program a (row, run) on a grid (B, RUNS); or where ITEMS, a fixed grid of programs (FOLD_ITEMS) that each
-    read the batch's slots and pnat at once [BLOCK_B], rank the folding rows (F of them), then take the items
-    i = pid, pid + programs, … below F·RUNS, item i the folding row of rank i mod F (its slot and pnat read again,
-    from cache, rather than held) and run i div F. Where no row folds, each program exits after that one read."""
+    each folding row's RUNS runs of RUN heads; any other row stores nothing. One program a (row, run) on a grid
+    (B, RUNS), the last heads first: the heads launch's programs run a group after another, so the last groups'
+    checkpoints are those it read last, the likeliest still in L2 when the fold reads them again. (H100, session
+    58, benchmarks/gpu/mamba2_heads.sh: us where every row folds, batch 64 / 256, 162.6 / 633.3 against 170.8 /
+    641.5 first heads first; ops_mamba2.py's replay verify + accept, ms at batch 64 / 256, 0.086 / 0.339 against
+    0.087 / 0.343. In the same call, two forms lost and went: a fixed grid of 3 programs an SM sharing out the
+    folding rows, 65.9 against 69.3 us at batch 64 where no row folds but 180.1 against 170.8 where all do, ops
+    0.090 / 0.357 ms; and the heads launch taking the folding rows last (its grid ranking the rows), ops 0.107 /
+    0.345 ms, 89.3 us where no row folds. History: 3ad45b5.)"""
     pdl_entry(PDL)
-    if ITEMS:
-        rows, folds, _ = _fold_flags(slot_ptr, pnat_ptr, s_slot, s_pnat, batch, hist, STEPS, BLOCK_B)
-        rank = tl.cumsum(folds.to(tl.int32), 0) - 1
-        n_fold = tl.sum(folds.to(tl.int32), 0)
-        for item in range(tl.program_id(0), n_fold * RUNS, tl.num_programs(0)):
-            row = _row_at(rows, rank, folds, item % n_fold)
-            sc = tl.load(slot_ptr + row * s_slot).to(tl.int64)
-            p = tl.load(pnat_ptr + sc * s_pnat).to(tl.int32)
-            run = item // n_fold
-            if LAST_FIRST:
-                run = RUNS - 1 - run
-            _fold_run(ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, buf_ptr, sc, run, hist, p,
-                      ss_s, ss_h, ss_p, ss_n, rx_s, rx_b, rx_t, rx_h, rx_p, rb_s, rb_b, rb_t, rb_g, rb_n,
-                      rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, s_buf,
-                      HEAD_DIM, DSTATE, REPS, RUN, BLOCK_P, BLOCK_N, BLOCK_H)
-    else:
-        row, run = tl.program_id(0).to(tl.int64), tl.program_id(1)
-        if LAST_FIRST:
-            run = RUNS - 1 - run
-        slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
-        valid = slot >= 0
-        sc = tl.maximum(slot, 0)
-        p = tl.load(pnat_ptr + sc * s_pnat, mask=valid, other=0).to(tl.int32)
-        if valid & (p + STEPS > hist):
-            _fold_run(ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, buf_ptr, sc, run, hist, p,
-                      ss_s, ss_h, ss_p, ss_n, rx_s, rx_b, rx_t, rx_h, rx_p, rb_s, rb_b, rb_t, rb_g, rb_n,
-                      rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, s_buf,
-                      HEAD_DIM, DSTATE, REPS, RUN, BLOCK_P, BLOCK_N, BLOCK_H)
+    row, run = tl.program_id(0).to(tl.int64), RUNS - 1 - tl.program_id(1)
+    slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
+    valid = slot >= 0
+    sc = tl.maximum(slot, 0)
+    p = tl.load(pnat_ptr + sc * s_pnat, mask=valid, other=0).to(tl.int32)
+    if valid & (p + STEPS > hist):
+        _fold_run(ssm_ptr, rx_ptr, rb_ptr, rdt_ptr, rcum_ptr, buf_ptr, sc, run, hist, p,
+                  ss_s, ss_h, ss_p, ss_n, rx_s, rx_b, rx_t, rx_h, rx_p, rb_s, rb_b, rb_t, rb_g, rb_n,
+                  rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, s_buf,
+                  HEAD_DIM, DSTATE, REPS, RUN, BLOCK_P, BLOCK_N, BLOCK_H)
 
 
 def default_run(rows: int, groups: int, reps: int, sms: int) -> int:
@@ -332,28 +272,22 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
     block_p, block_n = max(16, triton.next_power_of_2(head_dim)), max(16, triton.next_power_of_2(dstate))
     pool = (*ssm.stride(), *replay_x.stride(), *replay_B.stride(), *replay_dt.stride(), *replay_dA_cumsum.stride(),
             pnat.stride(0), buf_idx.stride(0), slots.stride(0))
-    folds_last = HEADS_FOLDS_LAST and batch <= FOLDS_LAST_ROWS
-    grid = (groups, reps // run, batch) if folds_last else (batch, groups, reps // run)
-    _heads_kernel[grid](
+    _heads_kernel[(batch, groups, reps // run)](
         x, dt, A, B, C, A if D is None else D.contiguous(), A if dt_bias is None else dt_bias.contiguous(),
         ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, y,
-        float(dt_limit[0]), float(dt_limit[1]), hist, batch if folds_last else 0,
+        float(dt_limit[0]), float(dt_limit[1]), hist,
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *pool, *y.stride()[:3],
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=run, BLOCK_P=block_p, BLOCK_N=block_n,
         HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)),
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
-        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES,
-        FOLDS_LAST=folds_last, BLOCK_B=triton.next_power_of_2(batch) if folds_last else 1,
-        **pdl_launch(x), **({"num_warps": num_warps} if num_warps else {}),
+        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES, **pdl_launch(x),
+        **({"num_warps": num_warps} if num_warps else {}), **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
     fold_run = FOLD_RUN if heads % FOLD_RUN == 0 else 1
     runs = heads // fold_run
-    grid = (min(batch * runs, FOLD_ITEMS * num_sms(x.device)),) if FOLD_ITEMS else (batch, runs)
-    _fold_kernel[grid](
-        ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, hist,
-        batch if FOLD_ITEMS else 0, *pool,  # read only where ITEMS: one compiled variant of the grid form
+    _fold_kernel[(batch, runs)](
+        ssm, replay_x, replay_B, replay_dt, replay_dA_cumsum, pnat, buf_idx, slots, hist, *pool,
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=fold_run, RUNS=runs, BLOCK_P=block_p,
-        BLOCK_N=block_n, BLOCK_H=BLOCK_H, LAST_FIRST=FOLD_LAST_HEADS_FIRST, ITEMS=bool(FOLD_ITEMS),
-        BLOCK_B=triton.next_power_of_2(batch) if FOLD_ITEMS else 1, **pdl_launch(x),
+        BLOCK_N=block_n, BLOCK_H=BLOCK_H, **pdl_launch(x),
     )
     return y
