@@ -111,6 +111,12 @@ with captured_launches() as launches:
 triton_verify_heads.MAX_REGISTERS = 0
 results["mamba2_verify-heads-capped"] = launches[0].kwargs.get("maxnreg") == 168 \
     and ptxas_report(compile_launch(launches[0]))[0] <= 168
+triton_verify_heads.PREFETCH_NEXT = True  # each head asks L2 for the next head's tile (off by default)
+with captured_launches() as launches:
+    engine_calls.mamba2(4, heads=True)
+triton_verify_heads.PREFETCH_NEXT = False
+heads = compile_launch(launches[0])
+results["mamba2_verify-heads-prefetch"] = "prefetch.global.L2" in heads.asm["ptx"] and ptxas_report(heads)[1] == 0
 for family in ("kimi_linear", "qwen3_next"):  # one token a program, as on CUDA
     results[f"router-{family}"] = compiles_launches(lambda: engine_calls.router(family, 1))
 spills = {}
@@ -182,7 +188,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "conv_shift",
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "mamba2_verify", "mamba2_verify-stepwise",
-         "mamba2_verify-heads", "mamba2_verify-heads-capped",
+         "mamba2_verify-heads", "mamba2_verify-heads-capped", "mamba2_verify-heads-prefetch",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1",
          "moe_pairs-shared1", "moe_pairs-shared4",
          "gemv-rows1", "gemv-rows4"]

@@ -205,6 +205,15 @@ def test_heads_form_under_a_register_cap(monkeypatch) -> None:
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.bfloat16, seed=9, run=4)
 
 
+@pytest.mark.parametrize("run", [4, 1])
+def test_heads_form_prefetching_the_next_tile(monkeypatch, run: int) -> None:
+    """PREFETCH_NEXT (each head asks L2 for the next head's tile: a hint) changes no value, at 4 heads a program and
+    at 1 (no next head), P = 24 and N = 12 padded (the padding's lines not asked for). On CUDA the prefetches run; in
+    the interpreter (no inline assembly) the level is NONE and this checks only that the option is taken."""
+    monkeypatch.setattr(triton_verify_heads, "PREFETCH_NEXT", True)
+    _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.bfloat16, seed=11, run=run)
+
+
 def test_heads_form_with_three_heads_a_group() -> None:
     """Three heads a group (no power of two) at the default run."""
     _run_case(heads=6, head_dim=8, groups=2, dstate=8, hist=8, steps=3, dtype=torch.float32, seed=3, run=None,

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from hybridcache.ops.mamba2.triton_verify import BLOCK_H, _history_sum, softplus
 from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
+from hybridcache.ops.prefetch_triton import prefetch_l2, prefetch_level
 from hybridcache.ops.triton_support import num_sms
 
 NUM_STAGES = 1  # the head loop's pipeline: 2 and 3 were slower (the module's figures)
@@ -55,6 +56,10 @@ FOLD_RUN = 1
 # registers a thread for the heads launch (Triton's maxnreg; 0: none): at sm_90 it takes 208, so two 4-warp programs
 # an SM; 168 allows three and spills 88 bytes a thread (benchmarks/sm90_compile.py). Off until timed (mamba2_heads.sh)
 MAX_REGISTERS = 0
+# each head's loop step asks L2 for the next head's checkpoint tile (`prefetch_l2`, no register held) before its own
+# products: a program takes its heads one after another, two programs an SM, so its next tile's DRAM round trip
+# (32 KB) would overlap this head's work. Off until timed (mamba2_heads.sh)
+PREFETCH_NEXT = False
 
 
 @triton.jit
@@ -102,9 +107,11 @@ def _heads_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, LINES: tl.constexpr, PDL: tl.constexpr,
 ):
-    """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN)."""
+    """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN).
+    PREFETCH (prefetch_triton's level): each head first asks L2 for the next head's tile, LINES pointers a tile
+    row (one a 128-byte line)."""
     pdl_entry(PDL)
     row, group, run = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
@@ -148,6 +155,11 @@ def _heads_kernel(
         head = group * REPS + run * RUN + r
         h = tl.load(ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n,
                     mask=tile_ok & valid, other=0.0)
+        if PREFETCH != 0:
+            if valid & (r + 1 < RUN):
+                lines = tl.arange(0, LINES) * (BLOCK_N // LINES)
+                at = tl.where(p_ok, pp, 0)[:, None] * ss_p + tl.where(lines < DSTATE, lines, 0)[None, :] * ss_n
+                prefetch_l2(ssm_ptr + sc * ss_s + (head + 1) * ss_h + at, PREFETCH)  # padding: the tile's start
         c_last, xw = _weighted_history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
                                        rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, count, pp, p_ok)
         xs_new = tl.load(x_ptr + row * sx_b + tt[None, :] * sx_t + head * sx_h + pp[:, None] * sx_p, mask=pt_ok,
@@ -280,7 +292,8 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=run, BLOCK_P=block_p, BLOCK_N=block_n,
         HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)),
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
-        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES, **pdl_launch(x),
+        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES,
+        PREFETCH=prefetch_level(PREFETCH_NEXT), LINES=max(1, block_n * ssm.element_size() // 128), **pdl_launch(x),
         **({"num_warps": num_warps} if num_warps else {}), **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
     fold_run = FOLD_RUN if heads % FOLD_RUN == 0 else 1
