@@ -4,7 +4,8 @@
 # each next head's tile (PREFETCH_NEXT), and both, against neither, in ops_mamba2.py (replay verify + accept against
 # per-token states, into $OUT with the GPU's name), then in tune_mamba2_verify.py at 4 and 8 warps where no row folds
 # and where every row folds. Then nemotron_h's batch-64 verify step (step_profile.py) with the heads form off and on,
-# each capped at STEP_CAP s (120 by default; 0 skips them). About 200 s on an H100 with STEP_CAP=0 (an estimate: session 58's five forms took 165 s).
+# each capped at STEP_CAP s (120 by default; 0 skips them). About 200 s on an H100 with STEP_CAP=0 (an estimate:
+# session 58's five forms took 165 s).
 source benchmarks/gpu/common.sh
 [ "${STEP_CAP:-120}" = 0 ] || { FAMILIES=nemotron_h build_checkpoints >/dev/null 2>&1 & }
 gpu=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
