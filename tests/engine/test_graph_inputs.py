@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hybridcache.engine.forward_batch import generation_positions
 from hybridcache.engine.graphs import _PADDING, _REPEATED, _Graph, bucket_rows, padded_inputs
 from hybridcache.models.batch import ForwardBatch
 from hybridcache.ops.attention import HostRows
@@ -85,3 +86,15 @@ def test_a_replay_reads_the_steps_rows_then_padding():
         ids, batch = step(rows, seed)
         graph.load(ids, batch)
         assert_reads(graph, ids, batch, bucket)
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_generation_positions_follow_the_lengths(tokens: int) -> None:
+    """A graph's positions from its cached_lens (int32): row b's are cached_lens[b] + 0 .. T - 1, int64, a fresh
+    tensor (a decode step's, T = 1, only the cast)."""
+    lens = torch.tensor([5, 0, 17], dtype=torch.int32)
+    got = generation_positions(lens, tokens)
+    want = torch.tensor([[n + t for t in range(tokens)] for n in (5, 0, 17)]).flatten()
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    got[0] += 1
+    assert lens[0] == 5
