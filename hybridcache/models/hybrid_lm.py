@@ -198,4 +198,4 @@ class HybridLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [M, D] -> [M, V] float32 (the last stage's)."""
         weight = self.trunk.embedding.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight).float()
+        return linear(hidden, weight, out_dtype=torch.float32)

@@ -50,12 +50,12 @@ def _x_row(x_ptr, r, M, s_xm, nn, kk, k_ok):
 
 
 @triton.jit
-def _store_row(y_ptr, b_ptr, acc, r, M, s_ym, nn, n_ok, HAS_BIAS: tl.constexpr):
-    """y[r, nn] = Σ_k acc (+ bias), rounded once to y's dtype."""
+def _store_row(y_ptr, b_ptr, acc, r, M, s_ym, nn, n_ok, X_DTYPE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """y[r, nn] = Σ_k acc (+ bias), rounded once to x's dtype X_DTYPE, then stored in y's (the same, or wider)."""
     y = tl.sum(acc, 1)
     if HAS_BIAS:
         y += tl.load(b_ptr + nn, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + r * s_ym + nn, y.to(y_ptr.dtype.element_ty), mask=n_ok & (r < M))
+    tl.store(y_ptr + r * s_ym + nn, y.to(X_DTYPE).to(y_ptr.dtype.element_ty), mask=n_ok & (r < M))
 
 
 @triton.jit
@@ -83,12 +83,13 @@ def _gemv_kernel(
         if ROWS > 2:
             acc2 += w * _x_row(x_ptr, 2, M, s_xm, nn, kk, k_ok)
             acc3 += w * _x_row(x_ptr, 3, M, s_xm, nn, kk, k_ok)
-    _store_row(y_ptr, b_ptr, acc0, 0, M, s_ym, nn, n_ok, HAS_BIAS)
+    X_DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    _store_row(y_ptr, b_ptr, acc0, 0, M, s_ym, nn, n_ok, X_DTYPE, HAS_BIAS)
     if ROWS > 1:
-        _store_row(y_ptr, b_ptr, acc1, 1, M, s_ym, nn, n_ok, HAS_BIAS)
+        _store_row(y_ptr, b_ptr, acc1, 1, M, s_ym, nn, n_ok, X_DTYPE, HAS_BIAS)
     if ROWS > 2:
-        _store_row(y_ptr, b_ptr, acc2, 2, M, s_ym, nn, n_ok, HAS_BIAS)
-        _store_row(y_ptr, b_ptr, acc3, 3, M, s_ym, nn, n_ok, HAS_BIAS)
+        _store_row(y_ptr, b_ptr, acc2, 2, M, s_ym, nn, n_ok, X_DTYPE, HAS_BIAS)
+        _store_row(y_ptr, b_ptr, acc3, 3, M, s_ym, nn, n_ok, X_DTYPE, HAS_BIAS)
 
 
 def gemv_triton(
@@ -98,11 +99,13 @@ def gemv_triton(
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> Tensor:
     """`F.linear(x, weight, bias)` for x [M, K] with M <= MAX_ROWS, weight [N, K], bias [N] or None -> [M, N] in
     x's dtype; fp32 accumulation, so the values agree with cuBLAS's within one rounding of the result.
-    `block_n`, `block_k` (powers of two), `num_warps`: the tiling (defaults BLOCK_N (`_block_n`), BLOCK_K,
-    NUM_WARPS), which changes the result only within rounding."""
+    `out_dtype` (float32, or x's dtype: the default): the result rounded to x's dtype, stored in it (`.float()` of
+    the result, in the same launch). `block_n`, `block_k` (powers of two), `num_warps`: the tiling (defaults
+    BLOCK_N (`_block_n`), BLOCK_K, NUM_WARPS), which changes the result only within rounding."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [M, K] and [N, K]")
     M, K = x.shape
@@ -111,11 +114,13 @@ def gemv_triton(
         raise ValueError(f"gemv_triton takes at most {MAX_ROWS} rows, got {M}")
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias {tuple(bias.shape)}: need [{N}]")
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if out_dtype not in (None, x.dtype, torch.float32):
+        raise ValueError(f"out_dtype {out_dtype}: x's dtype ({x.dtype}) or torch.float32")
+    y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
     if K == 0:
-        return y.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(y))
+        return y.copy_(bias.expand(M, N).to(x.dtype) if bias is not None else torch.zeros_like(y))
     x = x if x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
     bn = _block_n(x, N, block_n)

@@ -60,13 +60,15 @@ from .triton_support import runs_triton
 GEMV_ROWS = 1
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N]."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N] in x's dtype; with `out_dtype` float32, that result as
+    float32 (the gemv widens it in its own launch, not a cast's)."""
     if x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS and runs_triton(x):
         from .gemv_triton import gemv_triton
 
-        return gemv_triton(x, weight, bias)
-    return F.linear(x, weight, bias)
+        return gemv_triton(x, weight, bias, out_dtype=out_dtype)
+    y = F.linear(x, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 def relu2(x: Tensor) -> Tensor:

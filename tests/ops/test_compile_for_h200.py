@@ -181,6 +181,9 @@ for rows, bias in ((1, False), (4, True)):
     results[f"gemv-rows{rows}"] = compile_(gemv_triton._gemv_kernel, gemv_sig, {
         "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias},
         num_warps=gemv_triton.NUM_WARPS)
+results["gemv-rows1-float32-out"] = compile_(gemv_triton._gemv_kernel, {**gemv_sig, "y_ptr": "*fp32"}, {
+    "ROWS": 1, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": False},
+    num_warps=gemv_triton.NUM_WARPS)  # the LM head's logits, widened in the launch
 print(json.dumps({"compiled": results, "spills": spills, "ahead": ahead}))
 '''
 CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
@@ -191,7 +194,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "mamba2_verify-heads", "mamba2_verify-heads-capped", "mamba2_verify-heads-prefetch",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1",
          "moe_pairs-shared1", "moe_pairs-shared4",
-         "gemv-rows1", "gemv-rows4"]
+         "gemv-rows1", "gemv-rows4", "gemv-rows1-float32-out"]
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py

@@ -75,6 +75,20 @@ def test_empty_shapes():
     torch.testing.assert_close(gemv_triton(x[:, :0], w[:, :0]), torch.zeros(1, 8, device=DEVICE))
 
 
+@pytest.mark.parametrize("M,bias", [(1, False), (3, True)])
+def test_a_float32_output_is_the_result_widened(M, bias):
+    """out_dtype float32 on bf16 inputs: bit for bit `.float()` of the bf16 result (rounded to bf16 once, then
+    widened in the same launch), as the LM head's logits take it; fp32 inputs the same as without it."""
+    x, w, b = inputs(M, 37, 300, torch.bfloat16, bias, seed=11)
+    y = gemv_triton(x, w, b, out_dtype=torch.float32)
+    assert y.dtype == torch.float32
+    assert torch.equal(y.cpu(), gemv_triton(x, w, b).float().cpu())
+    x, w, b = inputs(M, 37, 300, torch.float32, bias, seed=12)
+    assert torch.equal(gemv_triton(x, w, b, out_dtype=torch.float32).cpu(), gemv_triton(x, w, b).cpu())
+    assert torch.equal(gemv_triton(x[:, :0], w[:, :0], b, out_dtype=torch.float32).cpu(),
+                       torch.zeros(M, 37) if b is None else b[None].expand(M, 37).cpu())
+
+
 def test_typed_errors():
     x, w, b = inputs(MAX_ROWS + 1, 8, 16, torch.float32, True)
     with pytest.raises(ValueError, match="at most"):
@@ -83,6 +97,8 @@ def test_typed_errors():
         gemv_triton(x[:1], w[:, :8])
     with pytest.raises(ValueError, match="bias"):
         gemv_triton(x[:1], w, b[:4])
+    with pytest.raises(ValueError, match="out_dtype"):
+        gemv_triton(x[:1], w, b, out_dtype=torch.float16)
 
 
 def test_linear_takes_it_up_to_gemv_rows(monkeypatch):
@@ -105,3 +121,14 @@ def test_linear_takes_it_up_to_gemv_rows(monkeypatch):
         linear_op.linear(x, w, b)  # 3 rows: F.linear
         assert calls == ["gemv_triton"]
     torch.testing.assert_close(y2.cpu(), reference(x[:2], w, b).cpu(), atol=1e-5, rtol=1e-5)
+
+
+def test_linear_widens_to_float32_on_either_path(monkeypatch):
+    """`linear(..., out_dtype=torch.float32)` (the LM head's logits): on the gemv and on F.linear, the bf16
+    result as float32, bit for bit `.float()` of the same path's bf16 result."""
+    x, w, b = inputs(1, 16, 32, torch.bfloat16, True, seed=9)
+    with kernels_on_cpu() if DEVICE == "cpu" else torch.no_grad():
+        for rows in (1, 0):  # the gemv, then F.linear
+            monkeypatch.setattr(linear_op, "GEMV_ROWS", rows)
+            y = linear_op.linear(x, w, b, out_dtype=torch.float32)
+            assert y.dtype == torch.float32 and torch.equal(y, linear_op.linear(x, w, b).float()), rows
