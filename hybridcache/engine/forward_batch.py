@@ -57,6 +57,6 @@ def generation_positions(cached_lens: torch.Tensor, tokens_per_row: int) -> torc
     cached_lens[b] + 0 .. T - 1. Inside a step's CUDA graph each op is a launch: at T = 1 only the cast (a
     decode step), otherwise the cast, the offsets and their sum."""
     if tokens_per_row == 1:
-        return cached_lens.long()
+        return cached_lens.to(torch.int64, copy=True)
     offsets = torch.arange(tokens_per_row, device=cached_lens.device)
     return (cached_lens.long()[:, None] + offsets).flatten()

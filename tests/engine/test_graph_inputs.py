@@ -98,3 +98,4 @@ def test_generation_positions_follow_the_lengths(tokens: int) -> None:
     assert got.dtype == torch.int64 and torch.equal(got, want)
     got[0] += 1
     assert lens[0] == 5
+    assert generation_positions(want, 1) is not want  # int64 lengths: still a fresh tensor
