@@ -9,7 +9,7 @@ achieved memory bandwidth (bytes the step must touch / time). A script, not a te
 Each figure is the median of --repeats runs (default 5) of --iters calls, timed with CUDA events on CUDA
 (as graph replays unless --no-graph), after warm-up calls at the same shapes.
 The replay figure includes one small copy launch after each call that restores pnat and buf_idx, so that every
-call folds the same rows (until session 58, two launches: one a tensor).
+call folds the same rows (until session 58, two launches: one for each tensor).
 """
 
 from __future__ import annotations
