@@ -85,7 +85,7 @@ def sass_counts(kernel) -> dict[str, int]:
         cubin.write(kernel.asm["cubin"])
         cubin.flush()
         text = subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
-    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9._]*)", text)
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9._]*)", text)
     counts = {name: sum(op.split(".")[0] == name for op in ops) for name in ("LDG", "STS", "LDS", "BAR")}
     first = next((i for i, op in enumerate(ops) if op.startswith(("FFMA", "FMUL"))), len(ops))  # HFMA2.MMA zeroes
     return {**counts, "LDG128": sum(op.startswith("LDG.E.128") for op in ops),
