@@ -17,7 +17,7 @@ for i in "${!forms[@]}"; do
   each_setting mamba2.triton_verify_heads 45 "${forms[$i]}" -- ops_mamba2 --device cuda --batches 1 16 64 256 \
       --drafts 3 --json "$OUT/ops_mamba2-${tags[$i]}-$gpu.json"
 done
-for pnat in 8 14; do  # no row folds, every row folds
+for pnat in $([ "${TUNE:-1}" = 1 ] && echo 8 14); do  # no row folds, every row folds (TUNE=0 skips them)
   each_setting mamba2.triton_verify_heads 35 "${forms[@]}" -- \
       tune_mamba2_verify --batches 64 256 --pnat $pnat --block-p 64 --runs 4 8 --warps 4 8
 done
