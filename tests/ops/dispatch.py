@@ -1,6 +1,7 @@
 """Which Triton entry points an op reached: `record_calls` wraps functions of a module (pytest's
 monkeypatch undoes it after the test) and lists each call by name, in order; `record_launches` wraps a kernel
-of a module and lists each launch's keyword arguments (its constexprs and launch options), launching it."""
+of a module and lists each launch's keyword arguments (its constexprs and launch options) with its grid under
+"grid", launching it."""
 from __future__ import annotations
 
 
@@ -22,7 +23,7 @@ def record_launches(monkeypatch, module, name: str) -> list[dict]:
     class Recording:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                launches.append(kwargs)
+                launches.append({**kwargs, "grid": grid})
                 return kernel[grid](*args, **kwargs)
             return launch
 
