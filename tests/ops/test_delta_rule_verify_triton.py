@@ -242,50 +242,6 @@ def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
     assert torch.equal(fast["pend_n"].cpu(), before["pend_n"])  # read only
 
 
-@pytest.mark.parametrize("warps_per_sm", [1, None], ids=["several-items-a-program", "default-grid"])
-@pytest.mark.parametrize("T,P,K,V,dtype,norm", KDA_CASES)
-def test_kda_staged_form_is_the_one_item_form(T, P, K, V, dtype, norm, warps_per_sm, monkeypatch):
-    """The staged form (a fixed grid taking the items in turn, in Triton's software pipeline) writes what one
-    program an item writes, bit for bit: outputs, state and pending drafts, NaNs where nothing is written.
-    With one warp an SM each program takes several items (the interpreter counts 4 SMs)."""
-    from hybridcache.ops.kda import triton_verify
-
-    if warps_per_sm is not None:
-        monkeypatch.setattr(triton_verify, "STAGED_WARPS_PER_SM", warps_per_sm)
-    before = kda_pools(P, K, V, dtype)
-    one, staged = copies(before, DEVICE), copies(before, DEVICE)
-    x = [t.to(DEVICE) for t in qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)]
-    kw = dict(use_qk_l2norm_in_kernel=norm, scale=None if norm else 0.3, block_v=8)
-    slots = torch.tensor(SLOTS, device=DEVICE)
-    o_one = kda_run(kda_verify_triton, x, one, slots, staged=False, **kw)
-    o_staged = kda_run(kda_verify_triton, x, staged, slots, staged=True, **kw)
-    assert torch.equal(o_staged, o_one)
-    for r in KDA_ROLES:
-        assert torch.equal(staged[r].nan_to_num(7.0), one[r].nan_to_num(7.0)), r
-
-
-def test_kda_staged_form_takes_its_grid(monkeypatch):
-    """The staged form launches once over a fixed grid of STAGED_WARPS_PER_SM warps an SM (the items when fewer),
-    with STAGES stages and STAGED_BLOCK_V value columns unless given; the one-item form a program an item."""
-    from hybridcache.ops.kda import triton_verify
-    from tests.ops.dispatch import record_launches
-
-    T, P, K, V = 4, 3, 16, 32
-    before = kda_pools(P, K, V, torch.float32)
-    x = [t.to(DEVICE) for t in qk_inputs(len(SLOTS), T, H, K, V, (H, K), torch.float32, seed=1, norm_in_kernel=True)]
-    slots = torch.tensor(SLOTS, device=DEVICE)
-    monkeypatch.setattr(triton_verify, "STAGED_WARPS_PER_SM", 1)
-    launches = record_launches(monkeypatch, triton_verify, "_kda_verify_kernel")
-    kda_run(kda_verify_triton, x, copies(before, DEVICE), slots, staged=True)
-    kda_run(kda_verify_triton, x, copies(before, DEVICE), slots, staged=False, block_v=16)
-    staged, one = launches
-    sms = triton_verify.num_sms(torch.device(DEVICE))
-    items = len(SLOTS) * H * (V // triton_verify.STAGED_BLOCK_V)
-    assert staged["grid"] == (min(items, sms),) and staged["STAGES"] == triton_verify.STAGES
-    assert staged["BV"] == triton_verify.STAGED_BLOCK_V and staged["NVB"] * staged["BV"] == V
-    assert one["grid"] == (len(SLOTS), H, V // 16) and one["STAGES"] == 0
-
-
 # Several verify steps with the accept rule between them, Triton vs torch in lockstep
 
 STEP_SLOTS = torch.tensor([3, -1, 0, 5])

@@ -21,9 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridcache.ops import prefetch_triton
 from hybridcache.ops.triton_support import triton_testable
-from tests.ops.dispatch import record_launches
 from tests.ops.test_mamba2_replay import ROLE_NAMES, _clone, _params, _roles, _verify
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -198,29 +196,6 @@ def test_heads_form_folds_several_heads_a_program(monkeypatch, fold_run: int) ->
     8 and falls back to 1: the folding rows' checkpoints as the reference's, the others' untouched (`_run_case`)."""
     monkeypatch.setattr(triton_verify_heads, "FOLD_RUN", fold_run)
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.float32, seed=7, run=2)
-
-
-def test_heads_form_under_a_register_cap(monkeypatch) -> None:
-    """The heads launch at MAX_REGISTERS 168 (Triton's maxnreg, a launch option): it reaches the launch, and the
-    values are the reference's, folding rows among the rows. The interpreter has no registers, so only a GPU run
-    tests the values under the cap; test_compile_for_h200 tests that sm_90 takes it."""
-    monkeypatch.setattr(triton_verify_heads, "MAX_REGISTERS", 168)
-    launches = record_launches(monkeypatch, triton_verify_heads, "_heads_kernel")
-    _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.bfloat16, seed=9, run=4)
-    assert launches and all(k["maxnreg"] == 168 for k in launches)
-
-
-@pytest.mark.parametrize("run", [4, 1])
-def test_heads_form_prefetching_the_next_tile(monkeypatch, run: int) -> None:
-    """PREFETCH_NEXT (each head asks L2 for the next head's tile: a hint) changes no value, at 4 heads a program and
-    at 1 (no next head), P = 24 and N = 12 padded (the padding's lines not asked for). On CUDA the launch takes
-    level L2 and the prefetches run; the interpreter has no inline assembly, so there it takes NONE and only the
-    level's choice is tested (test_compile_for_h200 tests that sm_90's code has the prefetches)."""
-    monkeypatch.setattr(triton_verify_heads, "PREFETCH_NEXT", True)
-    launches = record_launches(monkeypatch, triton_verify_heads, "_heads_kernel")
-    _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.bfloat16, seed=11, run=run)
-    level = prefetch_triton.L2 if DEVICE == "cuda" else prefetch_triton.NONE
-    assert launches and all(k["PREFETCH"] == level and k["LINES"] == 1 for k in launches)  # N 12 -> 16: one line
 
 
 def test_heads_form_with_three_heads_a_group() -> None:

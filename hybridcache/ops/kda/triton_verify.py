@@ -11,21 +11,9 @@ from torch import Tensor
 from ..delta_rule_triton import kda_raw_gate, unit_last
 from ..delta_rule_verify_triton import key_l2norm, pending_row, state_tile, verify_tile_sizes, verify_warps
 from ..pdl_triton import pdl_entry, pdl_launch
-from ..triton_support import num_sms
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
-
-# The staged form (off until timed): a fixed grid of STAGED_WARPS_PER_SM warps an SM takes the items in turn, and
-# Triton's software pipeline (STAGES 2) copies the next item's tile and vectors into shared memory (cp.async) while
-# this item's passes run: a load in flight beside the compute, with no registers held for it (the persistent form
-# that held the next tile in registers spilled at 32 value columns and lost: history 6ba1384). Its pending drafts
-# run as P guarded steps, unrolled (the pipeline takes no loop with a loop inside). At sm_90, 16 value columns x 1
-# warp: 255 registers, no spills, 14 KB of shared memory; at 32 it spills 1,200 bytes a thread.
-STAGED = False
-STAGED_BLOCK_V = 16
-STAGED_WARPS_PER_SM = 8
-STAGES = 2
 
 @triton.jit
 def _decay_rows(h, d, g):
@@ -70,41 +58,24 @@ def _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
 
 
 @triton.jit
-def _apply_draft(h, d, pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
-                 s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp, s_bh):
-    """The tile (h, d) after pending draft j of slot s."""
-    k_j, g_j, v_j, b_j = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
-                                        s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv,
-                                        s_bs, s_bp, s_bh)
-    h, d = _decay_rows(h, d, g_j)
-    u_j = b_j * (v_j - tl.sum(h * (d * k_j)[:, None], 0))
-    h += (k_j / d)[:, None] * u_j[None, :]
-    return h, d
-
-
-@triton.jit
 def _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
                  q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, scale,
                  s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
                  s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp, s_bh,
                  T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                 P: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, UNROLL_PENDING: tl.constexpr):
-    """One (row, head, value block) from its loaded tile h [BK, BV] of slot s: the n (≤ P) accepted pending
-    drafts, then the T new tokens; stores the outputs, and the state after new token 0 where `valid`."""
+                 L2NORM: tl.constexpr, RAW_GATE: tl.constexpr):
+    """One (row, head, value block) from its loaded tile h [BK, BV] of slot s: the n accepted pending drafts, then
+    the T new tokens; stores the outputs, and the state after new token 0 where `valid`."""
     d = tl.zeros([BK], dtype=tl.float32) + 1.0
 
     # the accepted pending drafts [0, pend_n)
-    if UNROLL_PENDING:  # P guarded steps: no loop inside the staged form's pipelined loop
-        for j in tl.static_range(P):
-            if j < n:
-                h, d = _apply_draft(h, d, pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
-                                    s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv,
-                                    s_bs, s_bp, s_bh)
-    else:
-        for j in range(0, n):
-            h, d = _apply_draft(h, d, pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
-                                s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv,
-                                s_bs, s_bp, s_bh)
+    for j in range(0, n):
+        k_j, g_j, v_j, b_j = _pending_draft(pk_ptr, pg_ptr, pv_ptr, pb_ptr, s, j, hd, kk, k_ok, vv, v_ok,
+                                            s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv,
+                                            s_bs, s_bp, s_bh)
+        h, d = _decay_rows(h, d, g_j)
+        u_j = b_j * (v_j - tl.sum(h * (d * k_j)[:, None], 0))
+        h += (k_j / d)[:, None] * u_j[None, :]
 
     neg_A = 0.0
     if RAW_GATE:
@@ -134,16 +105,14 @@ def _kda_verify_kernel(
     s_gs, s_gp, s_gh, s_gk,
     s_vs, s_vp, s_vh, s_vv,
     s_bs, s_bp, s_bh,
-    s_n, items,
+    s_n,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, P: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """q, k, g, v, beta [B, T, H, ...] by their strides (s_q*, s_ki*, s_vi*, s_gi*, s_bi*; unit last);
     RAW_GATE: g_ptr and beta_ptr hold the raw g_raw, b, alog_ptr and dtb_ptr A_log [H], dt_bias [H·K]. One
-    program an item (row, head, value block) on a grid (B, H, NVB); or, with STAGES (the staged form), a fixed
-    grid takes the `items` items, item = (row·H + head)·NVB + block, program p items p, p + programs, …, in
-    Triton's software pipeline of STAGES stages.
+    program an item (row, head, value block) on a grid (B, H, NVB).
 
     The rows' decays are kept as a scale d beside the tile, the state diag(d)·h: hᵀk = hᵀ(d⊙k), the update
     h += (k/d)·uᵀ, hᵀq = hᵀ(d⊙q); three passes over the tile a token (two a pending draft), and one more to store
@@ -174,29 +143,28 @@ def _kda_verify_kernel(
     grid (session 47, history cf476ba): 8 or 16 warps an SM, each program taking items pid, pid + programs, …, the
     next item's tile loaded before this one's passes; H100, us at batch 16 / 64 / 256, its best tiling (16 columns
     x 1 warp, 8 warps an SM) 25.1 / 98.6 / 362.3 against 20.9 / 84.1 / 312.1 (ops_kda.py replay ms 0.026 / 0.102 /
-    0.358 against 0.022 / 0.089 / 0.334)."""
+    0.358 against 0.022 / 0.089 / 0.334). Nor did that grid with the next item's tile and vectors copied into shared
+    memory by Triton's software pipeline (cp.async, two stages, no registers held; the pending drafts as P guarded
+    steps; session 59, history 94a3aeb; at 32 value columns it spilled 1,200 bytes a thread; on CUDA its values
+    differed from the one-item form's in 4 of its 14 bit-for-bit tests): H100, ops_kda.py replay ms at batch 16 /
+    64 / 256, 16 columns 0.038 / 0.130 / 0.520, 8 columns 0.038 / 0.138 / 0.524, against 0.024 / 0.089 / 0.336;
+    tune_delta_rule.py us at batch 64 / 256, its best (16 x 1) 96.5 / 365.0 against 84.6 / 315.5 at 32 x 1.
+
+    Where the time goes (Nsight Compute's stall samples at batch 64, 32 x 1; benchmarks/gpu/stalls.sh, H100,
+    session 59): 246 registers, so 8 warps an SM (12.5% occupancy), 6.5 cycles a warp between issues, 19.8 M warp
+    instructions (47% FFMA: the three passes over the tile). 58% of the samples wait on global loads; 29% at one
+    instruction, the first use of a loaded bf16 vector (its layout change through shared memory), whose load
+    follows the tile's 16 KB: a program's first round trip, with the SM's other 7 warps its only cover."""
     pdl_entry(PDL)
-    if STAGES:
-        for item in tl.range(tl.program_id(0), items, tl.num_programs(0), num_stages=STAGES):
-            row, hd, vb = tl.cast(item // (H * NVB), tl.int64), item // NVB % H, item % NVB
-            s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
-            kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv,
-                                                               K, V, BK, BV)
-            _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
-                         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr,
-                         pb_ptr, scale, s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git,
-                         s_gih, s_bib, s_bit, s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp,
-                         s_vh, s_vv, s_bs, s_bp, s_bh, T, H, K, V, BK, P, L2NORM, RAW_GATE, True)
-    else:
-        row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-        s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
-        kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K,
-                                                           V, BK, BV)
-        _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
-                     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr,
-                     scale, s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib,
-                     s_bit, s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs,
-                     s_bp, s_bh, T, H, K, V, BK, P, L2NORM, RAW_GATE, False)
+    row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    s, valid, n = pending_row(slot_ptr, n_ptr, row, s_n, P)
+    kk, k_ok, vv, v_ok, tile, ssm_tile, h = state_tile(ssm_ptr, s, hd, vb, valid, s_ss, s_sh, s_sk, s_sv, K, V,
+                                                       BK, BV)
+    _verify_tile(h, s, valid, n, row, hd, kk, k_ok, vv, v_ok, tile, ssm_tile,
+                 q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr,
+                 scale, s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib,
+                 s_bit, s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp,
+                 s_bh, T, H, K, V, BK, L2NORM, RAW_GATE)
 
 
 @triton.jit
@@ -262,7 +230,6 @@ def kda_verify_triton(
     num_warps: int | None = None,
     *,
     gate: KDARawGate | None = None,
-    staged: bool | None = None,
 ) -> Tensor:
     """`kda_verify` in two launches (the second writes the pending drafts); same arguments, writes and result.
 
@@ -270,8 +237,7 @@ def kda_verify_triton(
     pend_v [S, P, H, V]; pend_beta [S, P, H]; pend_n [S] (read only); slots [B], negative = padding.
     The pool roles may be strided views. `gate` (g and beta None): g_raw [B, T, H, K], b [B, T, H], A_log (H
     elements), dt_bias (H·K elements); both launches compute g and beta, the same values as `gate.values()`.
-    Returns o [B, T, H, V] in v's dtype (zeros for padding rows). `staged` (default STAGED): the first launch in
-    the staged form (STAGED_BLOCK_V value columns unless `block_v`), the same values bit for bit.
+    Returns o [B, T, H, V] in v's dtype (zeros for padding rows).
     """
     B, T, H, K = q.shape
     V, P = v.shape[3], pend_k.shape[1]
@@ -298,13 +264,10 @@ def kda_verify_triton(
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
-    staged = STAGED if staged is None else staged
-    BK, BV = verify_tile_sizes(K, V, block_v or (STAGED_BLOCK_V if staged else None), B * H, q.device)
-    nvb, warps = triton.cdiv(V, BV), num_warps or verify_warps(T)
-    items = B * H * nvb
-    grid = (min(items, max(1, num_sms(q.device) * STAGED_WARPS_PER_SM // warps)),) if staged else (B, H, nvb)
-    _kda_verify_kernel[grid](*args, items, **shapes, BK=BK, BV=BV, NVB=nvb, STAGES=STAGES if staged else 0,
-                             num_warps=warps, **pdl_launch(q))
+    BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
+    nvb = triton.cdiv(V, BV)
+    _kda_verify_kernel[(B, H, nvb)](*args, **shapes, BK=BK, BV=BV, NVB=nvb, num_warps=num_warps or verify_warps(T),
+                                    **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
             k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,

@@ -35,6 +35,17 @@ FOLD_RUN 1 / 4 / 8: no row folds 70.5 / 252.6, 66.2 / 238.8, 66.6 / 236.5; every
 at batch 1 / 16 / 64 / 256: FOLD_RUN 1 0.009 / 0.030 / 0.088 / 0.343, FOLD_RUN 4 0.009 / 0.043 / 0.096 / 0.348,
 today's kernel 0.008 / 0.033 / 0.099 / 0.380. So FOLD_RUN stays 1 and `triton_verify.HEADS` is on, from
 `triton_verify.HEADS_FROM` rows (16: below, this form lost by 0.001 ms; at batch 32 it won, 0.050 against 0.057).
+
+Nor did a register cap on the heads launch pay (Triton's maxnreg 168: three 4-warp programs an SM where 208
+registers allow two; 88 bytes a thread spilled), nor each head asking L2 for the next head's tile before its
+products (prefetch.global.L2, no register held; history 6791f9e). H100, session 59, one call: ops_mamba2.py's replay
+verify + accept, ms at batch 16 / 64 / 256, neither 0.030 / 0.085 / 0.337, cap 0.035 / 0.110 / 0.373, prefetch
+0.030 / 0.086 / 0.339, both 0.036 / 0.108 / 0.376; tune_mamba2_verify.py at 8 heads x 4 warps, us at batch 64 /
+256 where no row folds 70.6 / 252.8, 94.6 / 289.8, 72.4 / 255.1, 93.9 / 295.7, and where every row folds 162.2 /
+629.4, 184.6 / 660.8, 164.5 / 633.1, 186.9 / 675.1. Nsight Compute's stall samples at batch 64 (stalls.sh): 12.5%
+occupancy, 6.9 cycles a warp between issues, 39% of the samples waiting on global loads, 31% at one instruction,
+the first use of the head's cumulative decays (c_last), whose load follows the head's 32 KB tile: each head waits
+out its tile's round trip while the SM's one other program is all that runs.
 """
 from __future__ import annotations
 
@@ -45,21 +56,15 @@ from torch import Tensor
 
 from hybridcache.ops.mamba2.triton_verify import BLOCK_H, _history_sum, softplus
 from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
-from hybridcache.ops.prefetch_triton import prefetch_l2, prefetch_level
 from hybridcache.ops.triton_support import num_sms
 
-NUM_STAGES = 1  # the head loop's pipeline: 2 and 3 were slower (the module's figures)
+# the head loop's pipeline: 2 and 3 were slower with the fold inside this kernel (session 55, the module's
+# figures); since the fold left it, not yet timed (benchmarks/gpu/mamba2_heads.sh)
+NUM_STAGES = 1
 # heads a fold program (where it divides H, else 1): at 1 a folding row's heads run side by side, but the B·H
 # programs each load a row's slot and pnat before those of rows that do not fold exit; more heads a program,
 # fewer such programs. 1 was the fastest in ops_mamba2.py's mix of rows (the module's figures)
 FOLD_RUN = 1
-# registers a thread for the heads launch (Triton's maxnreg; 0: none): at sm_90 it takes 208, so two 4-warp programs
-# an SM; 168 allows three and spills 88 bytes a thread (benchmarks/sm90_compile.py). Off until timed (mamba2_heads.sh)
-MAX_REGISTERS = 0
-# each head's loop step asks L2 for the next head's checkpoint tile (`prefetch_l2`, no register held) before its own
-# products: a program takes its heads one after another, two programs an SM, so its next tile's DRAM round trip
-# (32 KB) would overlap this head's work. Off until timed (mamba2_heads.sh)
-PREFETCH_NEXT = False
 
 
 @triton.jit
@@ -107,11 +112,9 @@ def _heads_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-    PREFETCH: tl.constexpr, LINES: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN).
-    PREFETCH (prefetch_triton's level): each head first asks L2 for the next head's tile, LINES pointers a tile
-    row (one a 128-byte line)."""
+    """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN)."""
     pdl_entry(PDL)
     row, group, run = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + row * s_slot).to(tl.int64)
@@ -155,11 +158,6 @@ def _heads_kernel(
         head = group * REPS + run * RUN + r
         h = tl.load(ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n,
                     mask=tile_ok & valid, other=0.0)
-        if PREFETCH != 0:
-            if valid & (r + 1 < RUN):
-                lines = tl.arange(0, LINES) * (BLOCK_N // LINES)
-                at = tl.where(p_ok, pp, 0)[:, None] * ss_p + tl.where(lines < DSTATE, lines, 0)[None, :] * ss_n
-                prefetch_l2(ssm_ptr + sc * ss_s + (head + 1) * ss_h + at, PREFETCH)  # padding: the tile's start
         c_last, xw = _weighted_history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
                                        rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, count, pp, p_ok)
         xs_new = tl.load(x_ptr + row * sx_b + tt[None, :] * sx_t + head * sx_h + pp[:, None] * sx_p, mask=pt_ok,
@@ -292,9 +290,8 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=run, BLOCK_P=block_p, BLOCK_N=block_n,
         HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)),
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
-        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES,
-        PREFETCH=prefetch_level(PREFETCH_NEXT), LINES=max(1, block_n * ssm.element_size() // 128), **pdl_launch(x),
-        **({"num_warps": num_warps} if num_warps else {}), **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
+        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES, **pdl_launch(x),
+        **({"num_warps": num_warps} if num_warps else {}),
     )
     fold_run = FOLD_RUN if heads % FOLD_RUN == 0 else 1
     runs = heads // fold_run
