@@ -61,6 +61,10 @@ from hybridcache.ops.triton_support import num_sms
 # the head loop's pipeline: 2 and 3 were slower with the fold inside this kernel (session 55, the module's
 # figures); since the fold left it, not yet timed (benchmarks/gpu/mamba2_heads.sh)
 NUM_STAGES = 1
+# each head issues its history's loads (cumsums, dts, x: 4 KB) before its checkpoint tile's (32 KB), so that its
+# weights are formed while the tile arrives: Nsight Compute finds the head waiting on the tile's round trip at the
+# history's first use (the module's figures). Off until timed (mamba2_heads.sh)
+HISTORY_FIRST = False
 # heads a fold program (where it divides H, else 1): at 1 a folding row's heads run side by side, but the B·H
 # programs each load a row's slot and pnat before those of rows that do not fold exit; more heads a program,
 # fewer such programs. 1 was the fastest in ops_mamba2.py's mix of rows (the module's figures)
@@ -79,15 +83,21 @@ def _tokens_by_channel(ch, cb, xs_new, dtp, a, tt, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _weighted_history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p, rd_s, rd_b, rd_h, rd_t,
-                      rc_s, rc_b, rc_h, rc_t, jj, j_ok, count, pp, p_ok):
-    """A head's history in buffer `buf`, tokens jj [HIST_P] masked at `count`: c_last (the cumsum at count − 1, 0
-    with none) and its x weighted by w_j = e^{c_last − c_j}·dt_j, [BLOCK_P, HIST_P] fp32 (zeros past count;
-    every load masked, never multiplied by zero)."""
+def _history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p, rd_s, rd_b, rd_h, rd_t,
+             rc_s, rc_b, rc_h, rc_t, jj, j_ok, pp, p_ok):
+    """A head's history in buffer `buf`, tokens jj [HIST_P] masked at j_ok: its cumsums and dts [HIST_P] and x
+    [BLOCK_P, HIST_P] as stored (every load masked, never multiplied by zero)."""
     c_hist = tl.load(rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h + jj * rc_t, mask=j_ok, other=0.0)
     d_hist = tl.load(rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h + jj * rd_t, mask=j_ok, other=0.0)
     xh = tl.load(rx_ptr + sc * rx_s + buf * rx_b + head * rx_h + jj[None, :] * rx_t + pp[:, None] * rx_p,
                  mask=p_ok[:, None] & j_ok[None, :], other=0.0)
+    return c_hist, d_hist, xh
+
+
+@triton.jit
+def _weighted_history(c_hist, d_hist, xh, jj, j_ok, count):
+    """From `_history`, masked at `count` tokens: c_last (the cumsum at count − 1, 0 with none) and x weighted by
+    w_j = e^{c_last − c_j}·dt_j, [BLOCK_P, HIST_P] fp32 (zeros past count)."""
     c_last = tl.sum(tl.where(jj == count - 1, c_hist.to(tl.float32), 0.0), 0)
     w = tl.where(j_ok, tl.exp(c_last - c_hist.to(tl.float32)) * d_hist.to(tl.float32), 0.0)
     return c_last, xh.to(tl.float32) * w[None, :]
@@ -112,7 +122,7 @@ def _heads_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-    PDL: tl.constexpr,
+    HISTORY_FIRST: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN)."""
     pdl_entry(PDL)
@@ -156,10 +166,16 @@ def _heads_kernel(
     pt_ok = p_ok[:, None] & t_ok[None, :]
     for r in tl.range(0, RUN, num_stages=NUM_STAGES):
         head = group * REPS + run * RUN + r
-        h = tl.load(ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n,
-                    mask=tile_ok & valid, other=0.0)
-        c_last, xw = _weighted_history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
-                                       rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, count, pp, p_ok)
+        tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
+        if HISTORY_FIRST:  # the history's loads ahead of the tile's, so its weights are formed as the tile arrives
+            c_hist, d_hist, xh = _history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
+                                          rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, pp, p_ok)
+            h = tl.load(tile, mask=tile_ok & valid, other=0.0)
+        else:
+            h = tl.load(tile, mask=tile_ok & valid, other=0.0)
+            c_hist, d_hist, xh = _history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
+                                          rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, pp, p_ok)
+        c_last, xw = _weighted_history(c_hist, d_hist, xh, jj, j_ok, count)
         xs_new = tl.load(x_ptr + row * sx_b + tt[None, :] * sx_t + head * sx_h + pp[:, None] * sx_p, mask=pt_ok,
                          other=0.0)  # [BLOCK_P, TP]
         raw = tl.load(dt_ptr + row * sd_b + tt * sd_t + head * sd_h, mask=t_ok, other=0.0).to(tl.float32)
@@ -290,7 +306,8 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=run, BLOCK_P=block_p, BLOCK_N=block_n,
         HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)),
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
-        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES, **pdl_launch(x),
+        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES,
+        HISTORY_FIRST=HISTORY_FIRST, **pdl_launch(x),
         **({"num_warps": num_warps} if num_warps else {}),
     )
     fold_run = FOLD_RUN if heads % FOLD_RUN == 0 else 1
