@@ -53,12 +53,22 @@ def captured_launches() -> Iterator[list[Launch]]:
 
 
 def compile_launch(launch: Launch, target: GPUTarget = H200):
-    """The CompiledKernel the JIT would build for `launch` on `target`."""
+    """The CompiledKernel the JIT would build for `launch` on `target` (a Triton or a Gluon kernel: Gluon's run
+    in no interpreter, but compile here all the same)."""
     fn, backend = launch.kernel, make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*launch.args, **launch.kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, launch.kwargs, bound, specialization, options)
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return triton.compile(_source(fn)(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def _source(fn):
+    """The compiler's source class for a kernel: Gluon's where `fn` is a Gluon kernel."""
+    try:
+        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+    except ImportError:  # a Triton without Gluon
+        return ASTSource
+    return GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
 
 
 def ptxas_report(kernel, arch: int = 90) -> tuple[int, int, int]:

@@ -102,6 +102,9 @@ for op in ("gdn", "kda", "mamba2"):  # a k = 3 verify and a one-token step, each
     results[f"{op}_verify"] = all(compiles_launches(lambda T=T: getattr(engine_calls, op)(T)) for T in (4, 1))
 with captured_launches() as launches:  # past 64 KiB of code (4,096 instructions) every instruction still counts
     engine_calls.kda(4)
+from tests.ops.gluon_double import double_launch  # a Gluon kernel (explicit layouts) compiles as launched
+gluon_asm = compile_launch(double_launch(captured_launches)[0]).asm
+results["gluon"] = "ld.global.v4" in gluon_asm["ptx"] and "cubin" in gluon_asm
 results["sass-counts-past-64k"] = sass_counts(compile_launch(launches[0]))["instructions"] > 4096
 results["mamba2_verify-stepwise"] = compiles_launches(lambda: engine_calls.mamba2(4, closed_form=False))
 with captured_launches() as launches:  # the heads form (triton_verify_heads) and its fold spill nothing
@@ -187,7 +190,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "mla_attention-verify-default",
          "conv_shift",
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
-         "ngram-append", "gdn_verify", "kda_verify", "sass-counts-past-64k", "mamba2_verify",
+         "ngram-append", "gdn_verify", "kda_verify", "gluon", "sass-counts-past-64k", "mamba2_verify",
          "mamba2_verify-stepwise",
          "mamba2_verify-heads", "mamba2_verify-heads-history-first",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1",
