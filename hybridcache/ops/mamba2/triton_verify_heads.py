@@ -167,14 +167,12 @@ def _heads_kernel(
     for r in tl.range(0, RUN, num_stages=NUM_STAGES):
         head = group * REPS + run * RUN + r
         tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
-        if HISTORY_FIRST:  # the history's loads ahead of the tile's, so its weights are formed as the tile arrives
-            c_hist, d_hist, xh = _history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
-                                          rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, pp, p_ok)
+        if not HISTORY_FIRST:
             h = tl.load(tile, mask=tile_ok & valid, other=0.0)
-        else:
+        c_hist, d_hist, xh = _history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
+                                      rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, pp, p_ok)
+        if HISTORY_FIRST:  # the tile's loads after the history's, whose weights then form as the tile arrives
             h = tl.load(tile, mask=tile_ok & valid, other=0.0)
-            c_hist, d_hist, xh = _history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
-                                          rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, pp, p_ok)
         c_last, xw = _weighted_history(c_hist, d_hist, xh, jj, j_ok, count)
         xs_new = tl.load(x_ptr + row * sx_b + tt[None, :] * sx_t + head * sx_h + pp[:, None] * sx_p, mask=pt_ok,
                          other=0.0)  # [BLOCK_P, TP]
