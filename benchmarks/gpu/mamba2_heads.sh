@@ -1,24 +1,21 @@
 # See README.md here: one device call, from the repository root. Mamba2's replay verify in the heads form
-# (ops/mamba2/triton_verify_heads.py, the default from triton_verify.HEADS_FROM rows): its GPU tests, then the head
-# loop in Triton's software pipeline at NUM_STAGES 1 (today's), 2 and 3 (the next heads' tiles copied into shared
-# memory by cp.async while this head's products run: at sm_90 196 / 189 registers and 83 / 118 KB of shared memory,
-# no spills), each head's history loaded before its tile (HISTORY_FIRST, 209 registers), and that at 2 stages, in
-# ops_mamba2.py (replay verify + accept against per-token states, into $OUT with the GPU's name), then in
-# tune_mamba2_verify.py at 4 heads and 8 a program where no row folds and where every row folds (TUNE=0 skips
-# them). Then nemotron_h's batch-64 verify step (step_profile.py) with the heads form off and on, each capped at
-# STEP_CAP s (120 by default; 0 skips them). About 250 s on an H100 with STEP_CAP=0 (an estimate: session 59's
-# four forms took 196 s).
+# (ops/mamba2/triton_verify_heads.py, the default from triton_verify.HEADS_FROM rows): its GPU tests, then each
+# setting of the module's constants in FORMS (one per line, `NAME = VALUE; ...`; by default today's, and the head
+# loop at NUM_STAGES 2) in ops_mamba2.py (replay verify + accept against per-token states, into $OUT with the GPU's
+# name and the setting's position: at most 8 files come back), then in tune_mamba2_verify.py at 4 heads and 8 a
+# program where no row folds and where every row folds (TUNE=0 skips them). Then nemotron_h's batch-64 verify step
+# (step_profile.py) with the heads form off and on, each capped at STEP_CAP s (120 by default; 0 skips them).
+# Session 60's five forms took 180 s on an H100 with STEP_CAP=0.
 source benchmarks/gpu/common.sh
 [ "${STEP_CAP:-120}" = 0 ] || { FAMILIES=nemotron_h build_checkpoints >/dev/null 2>&1 & }
 gpu=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
 timeout 90 python3 -m pytest -q -n 8 -p no:cacheprovider -o addopts="" -rf tests/ops/test_mamba2_verify_triton.py \
     -k "heads or default_run" 2>&1 | grep -E "FAILED|passed|failed|Error" | tail -6
-forms=("NUM_STAGES = 1" "NUM_STAGES = 2" "NUM_STAGES = 3" "HISTORY_FIRST = True"
-       "HISTORY_FIRST = True; NUM_STAGES = 2")
-tags=(today stages2 stages3 history-first history-first-stages2)
+mapfile -t forms <<< "${FORMS:-NUM_STAGES = 1
+NUM_STAGES = 2}"
 for i in "${!forms[@]}"; do
   each_setting mamba2.triton_verify_heads 45 "${forms[$i]}" -- ops_mamba2 --device cuda --batches 1 16 64 256 \
-      --drafts 3 --json "$OUT/ops_mamba2-${tags[$i]}-$gpu.json"
+      --drafts 3 --json "$OUT/ops_mamba2-form$i-$gpu.json"
 done
 for pnat in $([ "${TUNE:-1}" = 1 ] && echo 8 14); do  # no row folds, every row folds
   each_setting mamba2.triton_verify_heads 35 "${forms[@]}" -- \

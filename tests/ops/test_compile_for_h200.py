@@ -110,13 +110,6 @@ results["mamba2_verify-stepwise"] = compiles_launches(lambda: engine_calls.mamba
 with captured_launches() as launches:  # the heads form (triton_verify_heads) and its fold spill nothing
     engine_calls.mamba2(4, heads=True)
 results["mamba2_verify-heads"] = len(launches) == 2 and all(ptxas_report(compile_launch(la))[1] == 0 for la in launches)
-from hybridcache.ops.mamba2 import triton_verify_heads
-triton_verify_heads.HISTORY_FIRST = True  # each head's history loaded before its tile (off by default)
-with captured_launches() as launches:
-    engine_calls.mamba2(4, heads=True)
-triton_verify_heads.HISTORY_FIRST = False
-results["mamba2_verify-heads-history-first"] = launches[0].kwargs["HISTORY_FIRST"] \
-    and ptxas_report(compile_launch(launches[0]))[1] == 0
 for family in ("kimi_linear", "qwen3_next"):  # one token a program, as on CUDA
     results[f"router-{family}"] = compiles_launches(lambda: engine_calls.router(family, 1))
 spills = {}
@@ -192,7 +185,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
          "ngram-append", "gdn_verify", "kda_verify", "gluon", "sass-counts-past-64k", "mamba2_verify",
          "mamba2_verify-stepwise",
-         "mamba2_verify-heads", "mamba2_verify-heads-history-first",
+         "mamba2_verify-heads",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1",
          "moe_pairs-shared1", "moe_pairs-shared4",
          "gemv-rows1", "gemv-rows4", "gemv-rows1-float32-out"]

@@ -198,31 +198,6 @@ def test_heads_form_folds_several_heads_a_program(monkeypatch, fold_run: int) ->
     _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.float32, seed=7, run=2)
 
 
-@pytest.mark.parametrize("run", [4, 1])
-def test_heads_form_loading_the_history_first(monkeypatch, run: int) -> None:
-    """HISTORY_FIRST (each head's history loaded before its tile: an order of loads, not of arithmetic) gives the
-    reference's values (`_run_case`), and the very bits of the default order: outputs and every pool."""
-    _run_case(heads=8, head_dim=24, groups=2, dstate=12, hist=20, steps=4, dtype=torch.bfloat16, seed=13, run=run)
-    g = torch.Generator().manual_seed(13)
-    kw = _params(8, 13) | dict(dt_limit=(0.0, 3.0))
-    pnat = _pnat(20, 4)
-    before = _roles(len(pnat), 8, 24, 2, 12, 20, torch.bfloat16, kw["A"], g, pnat, BUFS)
-    x, dt, B, C = (t.to(DEVICE) for t in _inputs(len(SLOTS), 4, 8, 24, 2, 12, torch.bfloat16, g))
-    dev_kw = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
-    results = []
-    for first in (False, True):
-        monkeypatch.setattr(triton_verify_heads, "HISTORY_FIRST", first)
-        pools = {name: t.to(DEVICE, copy=True) for name, t in before.items()}
-        y = triton_verify_heads.mamba2_verify_heads_triton(
-            x, dt, dev_kw["A"], B, C, *(pools[n] for n in ROLE_NAMES), pools["pnat"], pools["buf_idx"],
-            torch.tensor(SLOTS, device=DEVICE), dev_kw["D"], dev_kw["dt_bias"], kw["dt_limit"], run=run)
-        results.append((y.cpu(), {name: t.cpu() for name, t in pools.items()}))
-    (y0, p0), (y1, p1) = results
-    assert torch.equal(_bits(y1), _bits(y0))
-    for name in p0:
-        assert torch.equal(_bits(p1[name]), _bits(p0[name])), name
-
-
 def test_heads_form_with_three_heads_a_group() -> None:
     """Three heads a group (no power of two) at the default run."""
     _run_case(heads=6, head_dim=8, groups=2, dstate=8, hist=8, steps=3, dtype=torch.float32, seed=3, run=None,

@@ -46,6 +46,16 @@ verify + accept, ms at batch 16 / 64 / 256, neither 0.030 / 0.085 / 0.337, cap 0
 occupancy, 6.9 cycles a warp between issues, 39% of the samples waiting on global loads, 31% at one instruction,
 the first use of the head's cumulative decays (c_last), whose load follows the head's 32 KB tile: each head waits
 out its tile's round trip while the SM's one other program is all that runs.
+
+Nor did loading each head's history before its tile, so that its weights form while the tile arrives (history
+94e78bd), nor the head loop in Triton's software pipeline now that the fold is a launch of its own (the next heads'
+tiles copied into shared memory by cp.async). H100, session 60, one call (benchmarks/gpu/mamba2_heads.sh):
+ops_mamba2.py's replay verify + accept, ms at batch 16 / 64 / 256, one stage (today's) 0.030 / 0.085 / 0.337, two
+0.031 / 0.104 / 0.412, three 0.039 / 0.118 / 0.460, history first 0.029 / 0.085 / 0.337, history first at two
+stages 0.031 / 0.106 / 0.427; tune_mamba2_verify.py at 8 heads x 4 warps, us at batch 64 / 256 where no row folds
+70.1 / 253.1, 87.9 / 323.6, 101.5 / 371.7, 70.2 / 253.2, 90.2 / 341.9, and where every row folds 162.6 / 630.0,
+179.2 / 695.9, 191.6 / 751.3, 162.9 / 632.1, 174.1 / 699.3. Batch 64 is 2,056 GB/s, 68% of the 3,003-3,026 GB/s
+copy bandwidth measured in the same call.
 """
 from __future__ import annotations
 
@@ -58,13 +68,9 @@ from hybridcache.ops.mamba2.triton_verify import BLOCK_H, _history_sum, softplus
 from hybridcache.ops.pdl_triton import pdl_entry, pdl_launch
 from hybridcache.ops.triton_support import num_sms
 
-# the head loop's pipeline: 2 and 3 were slower with the fold inside this kernel (session 55, the module's
-# figures); since the fold left it, not yet timed (benchmarks/gpu/mamba2_heads.sh)
+# the head loop's pipeline: 2 and 3 were slower, with the fold inside this kernel (session 55) and without it
+# (session 60; the module's figures)
 NUM_STAGES = 1
-# each head issues its history's loads (cumsums, dts, x: 4 KB) before its checkpoint tile's (32 KB), so that its
-# weights are formed while the tile arrives: Nsight Compute finds the head waiting on the tile's round trip at the
-# history's first use (the module's figures). Off until timed (mamba2_heads.sh)
-HISTORY_FIRST = False
 # heads a fold program (where it divides H, else 1): at 1 a folding row's heads run side by side, but the B·H
 # programs each load a row's slot and pnat before those of rows that do not fold exit; more heads a program,
 # fewer such programs. 1 was the fastest in ops_mamba2.py's mix of rows (the module's figures)
@@ -122,7 +128,7 @@ def _heads_kernel(
     STEPS: tl.constexpr, HEAD_DIM: tl.constexpr, DSTATE: tl.constexpr, REPS: tl.constexpr, RUN: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HIST_P: tl.constexpr, TP: tl.constexpr,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-    HISTORY_FIRST: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program a (row, group, run of RUN consecutive heads of the group) on a grid (B, G, REPS / RUN)."""
     pdl_entry(PDL)
@@ -167,12 +173,9 @@ def _heads_kernel(
     for r in tl.range(0, RUN, num_stages=NUM_STAGES):
         head = group * REPS + run * RUN + r
         tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
-        if not HISTORY_FIRST:
-            h = tl.load(tile, mask=tile_ok & valid, other=0.0)
+        h = tl.load(tile, mask=tile_ok & valid, other=0.0)
         c_hist, d_hist, xh = _history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
                                       rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, pp, p_ok)
-        if HISTORY_FIRST:  # the tile's loads after the history's, whose weights then form as the tile arrives
-            h = tl.load(tile, mask=tile_ok & valid, other=0.0)
         c_last, xw = _weighted_history(c_hist, d_hist, xh, jj, j_ok, count)
         xs_new = tl.load(x_ptr + row * sx_b + tt[None, :] * sx_t + head * sx_h + pp[:, None] * sx_p, mask=pt_ok,
                          other=0.0)  # [BLOCK_P, TP]
@@ -304,8 +307,7 @@ def mamba2_verify_heads_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
         STEPS=steps, HEAD_DIM=head_dim, DSTATE=dstate, REPS=reps, RUN=run, BLOCK_P=block_p, BLOCK_N=block_n,
         HIST_P=max(16, triton.next_power_of_2(hist)), TP=max(16, triton.next_power_of_2(steps)),
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None,
-        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES,
-        HISTORY_FIRST=HISTORY_FIRST, **pdl_launch(x),
+        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32", NUM_STAGES=NUM_STAGES, **pdl_launch(x),
         **({"num_warps": num_warps} if num_warps else {}),
     )
     fold_run = FOLD_RUN if heads % FOLD_RUN == 0 else 1
