@@ -31,6 +31,9 @@ NUM_WARPS = 4
 # step's weight loads only as registers freed, no more of them in flight; H100, qwen3_next's batch-1 graph step
 # (benchmarks/gpu/gemv_steps.sh, session 51, history 35250ef) 1,120 tok/s against 1,128 rolled, the gemvs' GPU
 # time 0.384 against 0.369 ms.
+# a [64, 64] tile where a batched weight's output columns are its unit-stride dimension (4,096 elements a step,
+# as BLOCK_N x BLOCK_K): 256 bytes of each of 64 weight rows
+BATCHED_TILE = 64
 # Triton's CPU interpreter runs programs one by one at a fixed cost each: there a program takes up to this many
 # outputs (the tiny test models' whole GEMM, in one to a few programs), the same values within summation order
 INTERPRETER_BLOCK_N = 64
@@ -60,11 +63,19 @@ def _store_row(y_ptr, b_ptr, acc, r, M, s_ym, nn, n_ok, X_DTYPE: tl.constexpr, H
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s_xm, s_wn, s_ym, s_xb, s_wb, s_yb, s_wk,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BATCHED: tl.constexpr, PDL: tl.constexpr,
 ):
     """x [M, K], w [N, K], y [M, N] by their row strides (unit last); b [N] where HAS_BIAS; ROWS (1 to 4) >= M.
-    One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout."""
+    One [BLOCK_N, BLOCK_K] accumulator a row, all in the weight block's layout. BATCHED: product program_id(1)
+    of a batch, x, w and y offset by it times s_xb, s_wb, s_yb, and w's columns s_wk apart (either of w's strides
+    may be the unit one); otherwise those four are unused."""
+    if BATCHED:
+        batch = tl.program_id(1).to(tl.int64)
+        x_ptr += batch * s_xb
+        w_ptr += batch * s_wb
+        y_ptr += batch * s_yb
     pdl_entry(PDL)
     nn = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = nn < N
@@ -75,7 +86,8 @@ def _gemv_kernel(
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
-        w = tl.load(w_ptr + nn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w_cols = kk * s_wk if BATCHED else kk
+        w = tl.load(w_ptr + nn[:, None] * s_wn + w_cols[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         w = w.to(tl.float32)
         acc0 += w * _x_row(x_ptr, 0, M, s_xm, nn, kk, k_ok)
         if ROWS > 1:
@@ -127,7 +139,35 @@ def gemv_triton(
     bk = min(block_k or BLOCK_K, max(16, triton.next_power_of_2(K)))
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x, weight, weight if bias is None else bias, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
-        ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None,
-        num_warps=num_warps or NUM_WARPS, **pdl_launch(x),
+        0, 0, 0, 1, ROWS=triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None,
+        BATCHED=False, num_warps=num_warps or NUM_WARPS, **pdl_launch(x),
+    )
+    return y
+
+
+def bmm_rows_triton(x: Tensor, weight: Tensor) -> Tensor:
+    """`torch.bmm(x, weight.transpose(1, 2))` for x [B, M, K] with M <= MAX_ROWS, weight [B, N, K] -> [B, M, N]
+    in x's dtype, one launch on a grid (output blocks, B); fp32 accumulation, rounded once, as `gemv_triton`.
+    x needs a unit last stride; weight either unit stride (a view of a [B, K, N] tensor transposed takes a
+    tile of BATCHED_TILE columns by rows, its rows read whole)."""
+    if x.dim() != 3 or weight.dim() != 3 or x.shape[0] != weight.shape[0] or x.shape[2] != weight.shape[2]:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [B, M, K] and [B, N, K]")
+    B, M, K = x.shape
+    N = weight.shape[1]
+    if M > MAX_ROWS:
+        raise ValueError(f"bmm_rows_triton takes at most {MAX_ROWS} rows a product, got {M}")
+    y = torch.empty(B, M, N, dtype=x.dtype, device=x.device)
+    if y.numel() == 0 or K == 0:
+        return y.zero_()
+    x = x if x.stride(2) == 1 else x.contiguous()
+    if weight.stride(2) != 1 and weight.stride(1) != 1:
+        weight = weight.contiguous()
+    rows_major = weight.stride(2) == 1  # the weight's rows contiguous, as gemv_triton reads them
+    bn = _block_n(x, N, None) if rows_major else min(BATCHED_TILE, triton.next_power_of_2(N))
+    bk = min(BLOCK_K if rows_major else BATCHED_TILE, max(16, triton.next_power_of_2(K)))
+    _gemv_kernel[(triton.cdiv(N, bn), B)](
+        x, weight, weight, y, M, N, K, x.stride(1), weight.stride(1), y.stride(1),
+        x.stride(0), weight.stride(0), y.stride(0), weight.stride(2), ROWS=triton.next_power_of_2(M), BLOCK_N=bn,
+        BLOCK_K=bk, HAS_BIAS=False, BATCHED=True, num_warps=NUM_WARPS, **pdl_launch(x),
     )
     return y

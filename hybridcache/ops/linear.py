@@ -58,6 +58,10 @@ from torch import Tensor
 from .triton_support import runs_triton
 
 GEMV_ROWS = 1
+# MLA's absorbed key and value products at one query row (cuBLAS's batched GEMMs, nvjet kernels at about 14% of the
+# copy bandwidth in the batch-1 step, H100: benchmarks/gpu/bs1_kernels.sh) as `gemv_triton`'s batched launch, under
+# the same GEMV_ROWS rule. Off until timed (benchmarks/gpu/gemv_steps.sh with SETTING=BATCHED_GEMV)
+BATCHED_GEMV = False
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
@@ -69,6 +73,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: tor
         return gemv_triton(x, weight, bias, out_dtype=out_dtype)
     y = F.linear(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
+
+
+def batched_linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x [B, M, K], weight [B, N, K] (any strides) -> [B, M, N] in x's dtype, each batch entry's `x @ weight.T`:
+    torch.bmm, or where BATCHED_GEMV and Triton runs up to GEMV_ROWS rows, `gemv_triton.bmm_rows_triton`."""
+    if BATCHED_GEMV and 0 < x.shape[1] <= GEMV_ROWS and runs_triton(x):
+        from .gemv_triton import bmm_rows_triton
+
+        return bmm_rows_triton(x, weight)
+    return torch.bmm(x, weight.transpose(1, 2))
 
 
 def relu2(x: Tensor) -> Tensor:

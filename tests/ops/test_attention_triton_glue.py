@@ -19,6 +19,7 @@ from tests.ops.test_attention_mla import DR, H, R, flat_new, make_inputs, make_p
 triton_write = pytest.importorskip("hybridcache.ops.attention.triton_write", reason="triton is not installed")
 from hybridcache.ops.attention import mla, paged, triton_mla  # noqa: E402
 from hybridcache.ops.triton_support import kernels_on_cpu  # noqa: E402
+from tests.ops.dispatch import record_calls  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if torch.cuda.is_available() and not INTERPRET:
@@ -159,6 +160,31 @@ def test_mla_glue_matches_torch_absorbed_path_through_the_dispatch() -> None:
     torch.testing.assert_close(got, want, **TOL[torch.float32])
     assert torch.equal(kernel_pages.nan_to_num(7.0), torch_pages.nan_to_num(7.0))
     assert not mla.use_triton(torch.zeros(17 * 7 + 1, H, 4), kernel_pages, batch.page_table)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mla_one_query_row_takes_the_batched_gemv(monkeypatch, dtype: torch.dtype) -> None:
+    """One new token (batch-1 decode) with `linear.BATCHED_GEMV`: the absorbed form's two batched products are
+    `bmm_rows_triton` launches (the key weight read as a transposed view, in place), its output the naive
+    reference's within tolerance; a verify row (4 tokens) keeps torch.bmm."""
+    from hybridcache.ops import gemv_triton, linear
+
+    calls = record_calls(monkeypatch, gemv_triton, "bmm_rows_triton")
+    monkeypatch.setattr(linear, "BATCHED_GEMV", True)
+    for rows, launches in (([(37, 1)], 2), ([(12, 4)], 0)):
+        calls.clear()
+        batch = make_batch(rows, 16, seed=21)
+        inputs = make_inputs(batch, dtype, seed=22)
+        w_k, w_v = (w.to(dtype) for w in make_weights(16))
+        pages = make_pages(batch, inputs, dtype, fill=float("nan"))
+        want = run(naive.mla_paged_attention, batch, inputs, pages, w_k, w_v)
+        q_nope, q_rope = (flat_new(batch, inputs[x]) for x in ("q_nope", "q_rope"))
+        idx = on(DEVICE, batch.page_table, batch.cached_lens, batch.cu_seqlens)
+        with kernels_on_cpu() if DEVICE == "cpu" else torch.no_grad():
+            got = mla.absorbed_triton(*on(DEVICE, q_nope, q_rope, pages), *idx, *on(DEVICE, w_k, w_v),
+                                      (q_nope.shape[-1] + DR) ** -0.5)
+        assert calls == ["bmm_rows_triton"] * launches, rows
+        torch.testing.assert_close(got.cpu(), want, **TOL[dtype])
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="sync checks need CUDA")

@@ -169,14 +169,21 @@ results["sigmoid_gated_add"] = compile_(activation_triton._sigmoid_gated_add_ker
     "base_ptr": "*bf16", "x_ptr": "*bf16", "g_ptr": "*bf16", "y_ptr": "*bf16", "width": "i32", "stride_g": "i64"},
     {"BLOCK": 2048})
 gemv_sig = {**{n: "*bf16" for n in ("x_ptr", "w_ptr", "b_ptr", "y_ptr")}, **{n: "i32" for n in ("M", "N", "K")},
-            **{n: "i64" for n in ("s_xm", "s_wn", "s_ym")}}
+            **{n: "i64" for n in ("s_xm", "s_wn", "s_ym", "s_xb", "s_wb", "s_yb", "s_wk")}}
 for rows, bias in ((1, False), (4, True)):
     results[f"gemv-rows{rows}"] = compile_(gemv_triton._gemv_kernel, gemv_sig, {
-        "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias},
-        num_warps=gemv_triton.NUM_WARPS)
+        "ROWS": rows, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": bias,
+        "BATCHED": False}, num_warps=gemv_triton.NUM_WARPS)
 results["gemv-rows1-float32-out"] = compile_(gemv_triton._gemv_kernel, {**gemv_sig, "y_ptr": "*fp32"}, {
-    "ROWS": 1, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": False},
+    "ROWS": 1, "BLOCK_N": gemv_triton.BLOCK_N, "BLOCK_K": gemv_triton.BLOCK_K, "HAS_BIAS": False, "BATCHED": False},
     num_warps=gemv_triton.NUM_WARPS)  # the LM head's logits, widened in the launch
+# MLA's absorbed products at one row (kimi_linear 1B: 16 heads, rank 512, 128 wide): the value weight's rows read
+# whole, the key weight as a transposed view (its output columns the unit stride)
+for label, unit, block_n, block_k in (("rows", "s_wk", gemv_triton.BLOCK_N, 512),
+                                      ("columns", "s_wn", gemv_triton.BATCHED_TILE, gemv_triton.BATCHED_TILE)):
+    results[f"gemv-batched-{label}"] = compile_(gemv_triton._gemv_kernel, {**gemv_sig, unit: "constexpr"}, {
+        unit: 1, "ROWS": 1, "BLOCK_N": block_n, "BLOCK_K": block_k, "HAS_BIAS": False, "BATCHED": True},
+        num_warps=gemv_triton.NUM_WARPS)
 print(json.dumps({"compiled": results, "spills": spills, "ahead": ahead}))
 '''
 CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", "rms_norm-silu", "rms_norm-sigmoid",
@@ -188,7 +195,7 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "mamba2_verify-heads",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1",
          "moe_pairs-shared1", "moe_pairs-shared4",
-         "gemv-rows1", "gemv-rows4", "gemv-rows1-float32-out"]
+         "gemv-rows1", "gemv-rows4", "gemv-rows1-float32-out", "gemv-batched-rows", "gemv-batched-columns"]
 
 
 # spill-store bytes a thread allowed at a default tiling (sm_90, as launched; benchmarks/kernel_registers.py

@@ -17,7 +17,7 @@ if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs triton and CUDA, or CPU tensors under TRITON_INTERPRET=1", allow_module_level=True)
 
 from hybridcache.ops import gemv_triton as gemv_module  # noqa: E402
-from hybridcache.ops.gemv_triton import MAX_ROWS, gemv_triton  # noqa: E402
+from hybridcache.ops.gemv_triton import MAX_ROWS, bmm_rows_triton, gemv_triton  # noqa: E402
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 8e-3)}  # atol, rtol
 
@@ -99,6 +99,37 @@ def test_typed_errors():
         gemv_triton(x[:1], w, b[:4])
     with pytest.raises(ValueError, match="out_dtype"):
         gemv_triton(x[:1], w, b, out_dtype=torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B,M,N,K", [(3, 1, 37, 300), (2, 4, 70, 40), (5, 3, 9, 129)])
+@pytest.mark.parametrize("columns_major", [False, True])
+def test_batched_rows_match_each_product(B, M, N, K, dtype, columns_major):
+    """`bmm_rows_triton`: each batch entry's product x[b] @ w[b].T, for a weight with unit-stride rows and for a
+    transposed view of a [B, K, N] tensor (unit-stride columns, as MLA's absorbed key weight is read), x a
+    view with strides of its own; the same values as the entry's `gemv_triton` within rounding."""
+    g = torch.Generator().manual_seed(B * 100 + N)
+    x = torch.randn(M, B, K + 5, generator=g).to(dtype).to(DEVICE).transpose(0, 1)[..., :K]  # [B, M, K] strided
+    w = (torch.randn(B, K, N, generator=g) / K ** 0.5).to(dtype).to(DEVICE)
+    w = w.transpose(1, 2) if columns_major else w.transpose(1, 2).contiguous()
+    assert (w.stride(1) == 1) == columns_major
+    y = bmm_rows_triton(x, w)
+    assert y.shape == (B, M, N) and y.dtype == dtype
+    atol, rtol = TOL[dtype]
+    for b in range(B):
+        torch.testing.assert_close(y[b].cpu(), reference(x[b], w[b], None).cpu(), atol=atol, rtol=rtol)
+
+
+def test_batched_rows_typed_errors_and_empty_shapes():
+    x, w = torch.randn(2, 1, 16, device=DEVICE), torch.randn(2, 8, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="at most"):
+        bmm_rows_triton(torch.randn(2, MAX_ROWS + 1, 16, device=DEVICE), w)
+    with pytest.raises(ValueError, match=r"\[B, M, K\] and \[B, N, K\]"):
+        bmm_rows_triton(x, w[:1])
+    with pytest.raises(ValueError, match=r"\[B, M, K\] and \[B, N, K\]"):
+        bmm_rows_triton(x, w[..., :8])
+    assert bmm_rows_triton(x[:, :0], w).shape == (2, 0, 8)
+    assert torch.equal(bmm_rows_triton(x[..., :0], w[..., :0]).cpu(), torch.zeros(2, 1, 8))
 
 
 def test_linear_takes_it_up_to_gemv_rows(monkeypatch):

@@ -33,6 +33,7 @@ from hybridcache.ops.attention._batched import (
     query_positions,
 )
 from hybridcache.ops.attention._layout import HostRows, check_rows, copy_into_slots, new_token_positions, token_slots
+from hybridcache.ops.linear import batched_linear
 from hybridcache.ops.triton_support import runs_triton
 
 try:
@@ -169,12 +170,12 @@ def use_triton(q_nope: Tensor, latent_pages: Tensor, page_table: Tensor) -> bool
 def absorbed_triton(q_nope: Tensor, q_rope: Tensor, latent_pages: Tensor, page_table: Tensor, cached_lens: Tensor,
                     cu_seqlens: Tensor, w_k: Tensor, w_v: Tensor, scale: float) -> Tensor:
     """The absorbed form over pages that already hold the new tokens, pages read in place (one Triton
-    launch, two with key splits) between two batched GEMMs: ``q_lat[h] = q_nope[h] w_k[h]`` and
-    ``o[h] = o_lat[h] w_v[h]^T``, in the pages' dtype. Same arguments as ``mla_paged_attention``;
+    launch, two with key splits) between two batched GEMMs (`linear.batched_linear`): ``q_lat[h] = q_nope[h]
+    w_k[h]`` and ``o[h] = o_lat[h] w_v[h]^T``, in the pages' dtype. Same arguments as ``mla_paged_attention``;
     returns [N, H, Dv] in q_nope's dtype (a transposed view of an [H, N, Dv] tensor)."""
     dtype, (n, heads), rank = latent_pages.dtype, q_nope.shape[:2], w_k.shape[-1]
-    q_lat = torch.bmm(q_nope.transpose(0, 1).to(dtype), w_k.to(dtype))  # [H, N, R]
+    q_lat = batched_linear(q_nope.transpose(0, 1).to(dtype), w_k.to(dtype).transpose(1, 2))  # [H, N, R]
     o_lat = torch.empty(heads, n, rank, dtype=dtype, device=q_nope.device)
     mla_attend_triton(q_lat.transpose(0, 1), q_rope.to(dtype), latent_pages, page_table, cached_lens, cu_seqlens,
                       scale, out=o_lat.transpose(0, 1))
-    return torch.bmm(o_lat, w_v.transpose(1, 2).to(dtype)).transpose(0, 1).to(q_nope.dtype)  # [H, N, Dv] viewed
+    return batched_linear(o_lat, w_v.to(dtype)).transpose(0, 1).to(q_nope.dtype)  # [H, N, Dv] viewed
