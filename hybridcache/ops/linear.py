@@ -60,7 +60,8 @@ from .triton_support import runs_triton
 GEMV_ROWS = 1
 # MLA's absorbed key and value products at one query row (cuBLAS's batched GEMMs, nvjet kernels at about 14% of the
 # copy bandwidth in the batch-1 step, H100: benchmarks/gpu/bs1_kernels.sh) as `gemv_triton`'s batched launch, under
-# the same GEMV_ROWS rule. Off until timed (benchmarks/gpu/gemv_steps.sh with SETTING=BATCHED_GEMV)
+# the same GEMV_ROWS rule. Off until timed: `FAMILIES=kimi_linear SETTING=BATCHED_GEMV VALUES="False True" bash
+# benchmarks/gpu/gemv_steps.sh`
 BATCHED_GEMV = False
 
 
