@@ -13,6 +13,7 @@ import torch
 
 from hybridcache import LLM, SamplingParams, SpeculativeConfig
 from hybridcache.models.layers import experts
+from hybridcache.ops import linear
 from hybridcache.ops.mamba2 import triton_verify as mamba2_verify
 from hybridcache.ops.triton_support import HAS_TRITON, interpreting, kernels_on_cpu
 from tests.models import helpers as nemotron
@@ -102,6 +103,7 @@ def test_kernels_give_the_torch_paths_tokens(checkpoint, mode, launched, monkeyp
     # FOLD_SORTED_FROM tokens: tests/ops/test_moe_triton.py), so the sorted kernels run it too
     monkeypatch.setattr(experts, "FOLD_SORTED_FROM", 0)
     monkeypatch.setattr(mamba2_verify, "HEADS_FROM", 2)
+    monkeypatch.setattr(linear, "BATCHED_GEMV", True)  # MLA's absorbed products at one row, off by default
     torch_paths = run(path, mode, kernels=False)
     assert not launched
     assert run(path, mode, kernels=True) == torch_paths
