@@ -148,8 +148,9 @@ def gemv_triton(
 def bmm_rows_triton(x: Tensor, weight: Tensor) -> Tensor:
     """`torch.bmm(x, weight.transpose(1, 2))` for x [B, M, K] with M <= MAX_ROWS, weight [B, N, K] -> [B, M, N]
     in x's dtype, one launch on a grid (output blocks, B); fp32 accumulation, rounded once, as `gemv_triton`.
-    x needs a unit last stride; weight either unit stride (a view of a [B, K, N] tensor transposed takes a
-    tile of BATCHED_TILE columns by rows, its rows read whole)."""
+    x is read in place where its last stride is 1; the weight where its rows are contiguous (read as
+    `gemv_triton` reads them) or its columns are (a transposed view of a [B, K, N] tensor, read in [BATCHED_TILE,
+    BATCHED_TILE] tiles); other layouts are copied first."""
     if x.dim() != 3 or weight.dim() != 3 or x.shape[0] != weight.shape[0] or x.shape[2] != weight.shape[2]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [B, M, K] and [B, N, K]")
     B, M, K = x.shape
