@@ -107,6 +107,13 @@ gluon_asm = compile_launch(double_launch(captured_launches)[0]).asm
 results["gluon"] = "ld.global.v4" in gluon_asm["ptx"] and "cubin" in gluon_asm
 results["sass-counts-past-64k"] = sass_counts(compile_launch(launches[0]))["instructions"] > 4096
 results["mamba2_verify-stepwise"] = compiles_launches(lambda: engine_calls.mamba2(4, closed_form=False))
+from hybridcache.ops.kda import triton_verify as kda_triton_verify
+kda_triton_verify.CLOSED_FORM = True  # KDA's first launch in closed form (off by default)
+with captured_launches() as launches:
+    engine_calls.kda(4)
+kda_triton_verify.CLOSED_FORM = False
+results["kda_verify-closed"] = launches[0].kernel.__name__ == "_kda_verify_closed_kernel" \
+    and "cubin" in compile_launch(launches[0]).asm
 with captured_launches() as launches:  # the heads form (triton_verify_heads) and its fold spill nothing
     engine_calls.mamba2(4, heads=True)
 results["mamba2_verify-heads"] = len(launches) == 2 and all(ptxas_report(compile_launch(la))[1] == 0 for la in launches)
@@ -190,7 +197,8 @@ CASES = ["pdl-entry", "rms_norm-plain", "rms_norm-plain-add", "rms_norm-group", 
          "paged_attention-splits1", "paged_attention-splits4", "mla_attention", "mla_attention-verify-default",
          "conv_shift",
          "slot_rows-read", "slot_rows-write", "relu2", "silu_mul", "sigmoid_gated_add", "sigmoid_mul", "ngram",
-         "ngram-append", "gdn_verify", "kda_verify", "gluon", "sass-counts-past-64k", "mamba2_verify",
+         "ngram-append", "gdn_verify", "kda_verify", "kda_verify-closed", "gluon", "sass-counts-past-64k",
+         "mamba2_verify",
          "mamba2_verify-stepwise",
          "mamba2_verify-heads",
          "router-kimi_linear", "router-qwen3_next", "moe_sorted-shared4-logit", "moe_sorted-shared1",

@@ -23,6 +23,7 @@ from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 from tests.ops.test_delta_rule_verify_triton import (  # noqa: E402
     DEVICE, H, HV, LIVE, NAN, SLOTS, check_outputs, check_roles, copies,
     gdn_pools, gdn_run, gdn_written, kda_pools, kda_run, kda_written, qk_inputs)
+from tests.ops.test_delta_rule_verify_triton import kda_form  # noqa: E402, F401 (a fixture)
 from tests.ops.delta_rule_cases import dtype_tol  # noqa: E402
 
 
@@ -138,7 +139,7 @@ def kda_gate_on(gate: KDARawGate, device: str) -> KDARawGate:
 
 @pytest.mark.parametrize("T,P,K,V,dtype", [(1, 3, 16, 8, torch.float32), (4, 4, 32, 40, torch.float32),
                                            (2, 3, 16, 8, torch.bfloat16), (4, 3, 16, 8, torch.bfloat16)])
-def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype):
+def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype, kda_form):
     """`gate=KDARawGate(...)` against g, beta = gate.values() passed in, rows with pend_n 0, 1, P - 1 and P:
     outputs, ssm and every pending role (pend_g and pend_beta, which the second launch computes from the raw
     gate, included) as the kernels with the precomputed gate and the naive reference write them, within the
@@ -168,7 +169,7 @@ def test_kda_verify_raw_gate_matches_precomputed(T, P, K, V, dtype):
     assert torch.equal(raw["pend_n"].cpu(), before["pend_n"])  # read only
 
 
-def test_kda_verify_reads_strided_inputs_in_place():
+def test_kda_verify_reads_strided_inputs_in_place(kda_form):
     """q, k, v as column slices of one conv output [B, T, 3HK] (as the KDA mixer passes them) and g, beta
     as slices of a wider tensor: the same writes and outputs, bit for bit, as contiguous copies."""
     T, P, K, V = 3, 3, 16, 16

@@ -28,6 +28,7 @@ if not triton_testable(torch.empty(0, device=DEVICE)):
     pytest.skip("needs CUDA, or TRITON_INTERPRET=1 for Triton's CPU interpreter", allow_module_level=True)
 
 from hybridcache.ops.gdn.triton_verify import gdn_verify_triton  # noqa: E402
+from hybridcache.ops.kda import triton_verify as kda_triton_verify  # noqa: E402
 from hybridcache.ops.kda.triton_verify import kda_verify_triton  # noqa: E402
 
 NAN = float("nan")
@@ -222,8 +223,15 @@ KDA_CASES = [  # T, P, K, V, dtype, l2norm in kernel
 ]
 
 
+@pytest.fixture(params=[False, True], ids=["stepwise", "closed"])
+def kda_form(request, monkeypatch) -> bool:
+    """KDA's first launch token by token, then in closed form (`kda/triton_verify_closed.py`, T > 1)."""
+    monkeypatch.setattr(kda_triton_verify, "CLOSED_FORM", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("T,P,K,V,dtype,norm", KDA_CASES)
-def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm):
+def test_kda_verify_matches_torch_and_naive(T, P, K, V, dtype, norm, kda_form):
     before = kda_pools(P, K, V, dtype)
     ref, torch_p, fast = copies(before), copies(before), copies(before, DEVICE)
     x = qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=T, norm_in_kernel=norm)
@@ -293,7 +301,7 @@ def test_gdn_steps_with_accepts_match_torch():
     assert sum(folds) >= 3, folds
 
 
-def test_kda_steps_with_accepts_match_torch():
+def test_kda_steps_with_accepts_match_torch(kda_form):
     T, P, K, V = 4, 3, 16, 8
     gen = torch.Generator().manual_seed(0)
     fresh = {
@@ -309,7 +317,7 @@ def test_kda_steps_with_accepts_match_torch():
              fresh, lambda i: delta_inputs(4, T, H, H, K, V, (H, K), seed=i), T, 5, seed=1)
 
 
-def test_kda_verify_takes_strong_decays():
+def test_kda_verify_takes_strong_decays(kda_form):
     """Decays of up to e^-40 a key row and token, pending and new (-280 over a row's 7 tokens: past fp32's
     range, so the rows' pending scale is folded into the tile on the way, and e^-40 of a padded row's scale
     meets rows that barely decay): outputs and the stored state match the naive reference, all finite."""
@@ -327,6 +335,31 @@ def test_kda_verify_takes_strong_decays():
     o = kda_run(kda_verify_triton, [t.to(DEVICE) for t in (q, k, v, g, beta)], fast, slots.to(DEVICE),
                 use_qk_l2norm_in_kernel=True)
     assert o.isfinite().all()
+    close(o.cpu()[LIVE], o_ref[LIVE], dtype_tol(dtype))
+    check_roles(fast, ref, before, kda_written(before, T), lambda r: dtype_tol(torch.float32))
+
+
+def test_kda_verify_with_keys_all_alike(kda_form):
+    """Every draft and new token of a row on one key, β = 1 and barely a decay: each token's u undoes most of the
+    one before, so the sequence's coupling is as strong as it gets (the closed form's (I + N)⁻¹ needs every
+    power of N up to the sequence's length; dropping N⁴ misses this reference)."""
+    T, P, K, V, dtype = 4, 3, 16, 16, torch.float32
+    before = kda_pools(P, K, V, dtype)
+    gen = torch.Generator().manual_seed(4)
+    key = torch.nn.functional.normalize(torch.randn(H, K, generator=gen), dim=-1)
+    for slot in SLOTS:
+        if slot >= 0:
+            before["pend_k"][slot] = key
+            before["pend_g"][slot] = -0.01
+            before["pend_beta"][slot] = 1.0
+    ref, fast = copies(before), copies(before, DEVICE)
+    q, k, v, g, beta = qk_inputs(len(SLOTS), T, H, K, V, (H, K), dtype, seed=5, norm_in_kernel=True)
+    k = key.expand_as(k).contiguous() * 3.0  # normalised in the kernel
+    g, beta = torch.full_like(g, -0.01), torch.ones_like(beta)
+    slots = torch.tensor(SLOTS)
+    o_ref = kda_run(naive_kda_verify, [q, k, v, g, beta], ref, slots, use_qk_l2norm_in_kernel=True)
+    o = kda_run(kda_verify_triton, [t.to(DEVICE) for t in (q, k, v, g, beta)], fast, slots.to(DEVICE),
+                use_qk_l2norm_in_kernel=True)
     close(o.cpu()[LIVE], o_ref[LIVE], dtype_tol(dtype))
     check_roles(fast, ref, before, kda_written(before, T), lambda r: dtype_tol(torch.float32))
 

@@ -11,9 +11,14 @@ from torch import Tensor
 from ..delta_rule_triton import kda_raw_gate, unit_last
 from ..delta_rule_verify_triton import key_l2norm, pending_row, state_tile, verify_tile_sizes, verify_warps
 from ..pdl_triton import pdl_entry, pdl_launch
+from . import triton_verify_closed as closed
 
 if TYPE_CHECKING:
     from .gate import KDARawGate
+
+# the first launch in closed form (`triton_verify_closed.py`) for verify steps of T > 1; off until timed
+# (benchmarks/tune_delta_rule.py --cases "kda verify T=4", ops_kda.py)
+CLOSED_FORM = False
 
 @triton.jit
 def _decay_rows(h, d, g):
@@ -264,10 +269,19 @@ def kda_verify_triton(
         *ssm.stride(), *pend_k.stride(), *pend_g.stride(), *pend_v.stride(), *pend_beta.stride(), pend_n.stride(0),
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
-    BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
-    nvb = triton.cdiv(V, BV)
-    _kda_verify_kernel[(B, H, nvb)](*args, **shapes, BK=BK, BV=BV, NVB=nvb, num_warps=num_warps or verify_warps(T),
-                                    **pdl_launch(q))
+    if CLOSED_FORM and T > 1:
+        BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device, closed.BLOCK_V)
+        BV = max(16, BV)  # a product's least width (columns past V masked)
+        nvb = triton.cdiv(V, BV)
+        closed._kda_verify_closed_kernel[(B, H, nvb)](
+            *args, **shapes, BK=BK, BV=BV, NVB=nvb, SEQ=max(8, triton.next_power_of_2(P + T)),
+            PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32", num_warps=num_warps or closed.NUM_WARPS,
+            **pdl_launch(q))
+    else:
+        BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device)
+        nvb = triton.cdiv(V, BV)
+        _kda_verify_kernel[(B, H, nvb)](*args, **shapes, BK=BK, BV=BV, NVB=nvb,
+                                        num_warps=num_warps or verify_warps(T), **pdl_launch(q))
     if T > 1:  # after the first launch has read the old entries
         _kda_pending_kernel[(B, H)](
             k, g, v, beta, A_log, dt_bias, pend_k, pend_g, pend_v, pend_beta, slots,
