@@ -21,8 +21,9 @@ reaches the stored state runs at fp32's accuracy (tf32x3).
 
 Compiled for sm_90 at 32 value columns x 4 warps (benchmarks/sm90_compile.py, session 60): 255 registers, 16 bytes
 spilled, and 152 barriers, 385 shared-memory stores and 433 loads in the SASS, against the token-by-token kernel's
-29 barriers: Triton moves each row's vectors between the tiles' layouts through shared memory. At 16 columns 44
-bytes spill, at 64 600. Not yet timed (benchmarks/gpu/kda_closed.sh).
+29 barriers. Triton lays the [16, K] tiles out with the 4 warps side by side along K (its TTGIR: warpsPerCTA [1,
+4]), so each row's two key reductions cross the warps through shared memory, and 63 layout changes remain. At 16
+columns 44 bytes spill, at 64 600. Not yet timed (benchmarks/gpu/kda_closed.sh).
 """
 from __future__ import annotations
 
