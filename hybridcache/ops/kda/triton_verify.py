@@ -16,9 +16,10 @@ from . import triton_verify_closed as closed
 if TYPE_CHECKING:
     from .gate import KDARawGate
 
-# the first launch in closed form (`triton_verify_closed.py`) for verify steps of T > 1; off until timed
-# (benchmarks/tune_delta_rule.py --cases "kda verify T=4", ops_kda.py)
+# the first launch in closed form (`triton_verify_closed.py`, its own kernel on this one's arguments) for verify
+# steps of T > 1; off until timed (benchmarks/gpu/kda_closed.sh)
 CLOSED_FORM = False
+
 
 @triton.jit
 def _decay_rows(h, d, g):
