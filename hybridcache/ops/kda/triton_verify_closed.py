@@ -19,11 +19,12 @@ tile. The u rows come from one product with the inverse of the unit lower-triang
 order 8 or less: (I + N)⁻¹ = (I − N)(I + N²)(I + N⁴)), so no step waits on the one before. Every product that
 reaches the stored state runs at fp32's accuracy (tf32x3).
 
-Compiled for sm_90 at 32 value columns x 4 warps (benchmarks/sm90_compile.py, session 60): 255 registers, 16 bytes
-spilled, and 152 barriers, 385 shared-memory stores and 433 loads in the SASS, against the token-by-token kernel's
+Compiled for sm_90 at 32 value columns x 4 warps (benchmarks/sm90_compile.py, session 60): 255 registers, no
+spills, and 112 barriers, 395 shared-memory stores and 436 loads in the SASS, against the token-by-token kernel's
 29 barriers. Triton lays the [16, K] tiles out with the 4 warps side by side along K (its TTGIR: warpsPerCTA [1,
-4]), so each row's two key reductions cross the warps through shared memory, and 63 layout changes remain. At 16
-columns 44 bytes spill, at 64 600. Not yet timed (benchmarks/gpu/kda_closed.sh).
+4]), so each row's key reduction crosses the warps through shared memory (one for k_r and q_r together: two
+apart, 152 barriers and 16 bytes spilled). At 16 columns 96 bytes spill, at 64 576. Not yet timed
+(benchmarks/gpu/kda_closed.sh).
 """
 from __future__ import annotations
 
@@ -117,9 +118,11 @@ def _kda_verify_closed_kernel(
         decay = tl.exp(g_r)
         e_gam = e_gam * decay
         decayed = decayed * decay[None, :]
-        kk_r = tl.sum(decayed * k_r[None, :], 1)  # [LP] by s < r
         decayed = tl.where(rows[:, None] == r, k_r[None, :], decayed)
-        qk_r = tl.sum(decayed * q_r[None, :], 1)  # by s <= r
+        # one reduction for both, [LP, 2] by s <= r: row r's own k_r·k_r is then dropped (s < r only)
+        both = tl.sum(decayed[:, None, :] * tl.join(k_r, q_r).permute(1, 0)[None, :, :], 2)
+        kk_r, qk_r = tl.split(both)
+        kk_r = tl.where(rows == r, 0.0, kk_r)
         between_t = tl.where(cols[None, :] == r, (b_r * kk_r)[:, None], between_t)
         between_t = tl.where(cols[None, :] == SEQ + r, qk_r[:, None], between_t)
         rows_p = tl.where(rows[:, None] == r, (e_gam * k_r)[None, :], rows_p)
