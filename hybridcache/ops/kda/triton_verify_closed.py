@@ -19,12 +19,12 @@ tile. The u rows come from one product with the inverse of the unit lower-triang
 order 8 or less: (I + N)⁻¹ = (I − N)(I + N²)(I + N⁴)), so no step waits on the one before. Every product that
 reaches the stored state runs at fp32's accuracy (tf32x3).
 
-Compiled for sm_90 at 32 value columns x 4 warps (benchmarks/sm90_compile.py, session 60): 255 registers, no
-spills, and 112 barriers, 395 shared-memory stores and 436 loads in the SASS, against the token-by-token kernel's
-29 barriers. Triton lays the [16, K] tiles out with the 4 warps side by side along K (its TTGIR: warpsPerCTA [1,
-4]), so each row's key reduction crosses the warps through shared memory (one for k_r and q_r together: two
-apart, 152 barriers and 16 bytes spilled). At 16 columns 96 bytes spill, at 64 576. Not yet timed
-(benchmarks/gpu/kda_closed.sh).
+Compiled for sm_90 at 32 value columns x 4 warps (benchmarks/sm90_compile.py, session 60): 235 registers, no
+spills, and 114 barriers, 237 shared-memory stores and 322 loads in the SASS, against the token-by-token kernel's
+29 barriers. Triton lays the row tiles out with the 4 warps side by side along K (its TTGIR: warpsPerCTA [1, 4]),
+so each row's key reduction crosses the warps through shared memory. Forms compiled on the way: the k_r and q_r
+reductions apart, 152 barriers and 16 bytes spilled; the decayed keys as 2·SEQ rows rather than SEQ, 255
+registers and 395 stores. Not yet timed (benchmarks/gpu/kda_closed.sh).
 """
 from __future__ import annotations
 
@@ -70,6 +70,12 @@ def _sequence_row(r, n, row, s, hd, kk, k_ok, vv, v_ok, neg_A, dt_bias,
 
 
 @triton.jit
+def _padded(x):
+    """x [SEQ, N] as the first SEQ rows of a [2·SEQ, N] tile, zeros below (a product's least inner size 16)."""
+    return tl.reshape(tl.join(x, tl.zeros_like(x)).permute(2, 0, 1), [2 * x.shape[0], x.shape[1]])
+
+
+@triton.jit
 def _kda_verify_closed_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, o_ptr,
     ssm_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr, n_ptr, slot_ptr,
@@ -103,9 +109,10 @@ def _kda_verify_closed_kernel(
     e_gam = tl.zeros([BK], dtype=tl.float32) + 1.0  # e^{Γ_r}
     e_gam_n = e_gam
     rows_p = tl.zeros([LP, BK], dtype=tl.float32)  # r: e^{Γ_r}⊙k_r; SEQ + r: e^{Γ_r}⊙q_r (q scaled)
-    decayed = tl.zeros([LP, BK], dtype=tl.float32)  # s < r (then s <= r): k_s⊙e^{Γ_r−Γ_s}
+    seq = tl.arange(0, SEQ)
+    decayed = tl.zeros([SEQ, BK], dtype=tl.float32)  # s < r (then s <= r): k_s⊙e^{Γ_r−Γ_s}
     decayed_n = decayed
-    between_t = tl.zeros([LP, LP], dtype=tl.float32)  # (s, r): β_r·Σ k_r·k_s·e^{..}, s < r; (s, SEQ + r): q_r's
+    between_t = tl.zeros([SEQ, LP], dtype=tl.float32)  # (s, r): β_r·Σ k_r·k_s·e^{..}, s < r; (s, SEQ + r): q_r's
     rhs = tl.zeros([LP, BV], dtype=tl.float32)  # r: β_r·v_r
     betas = tl.zeros([LP], dtype=tl.float32)
     for r in tl.static_range(SEQ):
@@ -118,11 +125,11 @@ def _kda_verify_closed_kernel(
         decay = tl.exp(g_r)
         e_gam = e_gam * decay
         decayed = decayed * decay[None, :]
-        decayed = tl.where(rows[:, None] == r, k_r[None, :], decayed)
-        # one reduction for both, [LP, 2] by s <= r: row r's own k_r·k_r is then dropped (s < r only)
+        decayed = tl.where(seq[:, None] == r, k_r[None, :], decayed)
+        # one reduction for both, [SEQ, 2] by s <= r: row r's own k_r·k_r is then dropped (s < r only)
         both = tl.sum(decayed[:, None, :] * tl.join(k_r, q_r).permute(1, 0)[None, :, :], 2)
         kk_r, qk_r = tl.split(both)
-        kk_r = tl.where(rows == r, 0.0, kk_r)
+        kk_r = tl.where(seq == r, 0.0, kk_r)
         between_t = tl.where(cols[None, :] == r, (b_r * kk_r)[:, None], between_t)
         between_t = tl.where(cols[None, :] == SEQ + r, qk_r[:, None], between_t)
         rows_p = tl.where(rows[:, None] == r, (e_gam * k_r)[None, :], rows_p)
@@ -135,7 +142,7 @@ def _kda_verify_closed_kernel(
     # (r, v): h₀ᵀ(e^{Γ_r}⊙k_r) on rows r, h₀ᵀ(e^{Γ_r}⊙q_r) on rows SEQ + r
     w = tl.dot(rows_p, h0, input_precision="tf32x3")
     rhs = tl.where(rows[:, None] < SEQ, rhs - betas[:, None] * w, 0.0)
-    between = tl.trans(between_t)  # (i, s)
+    between = tl.trans(_padded(between_t))  # (i, s)
     keys_side = (rows[:, None] < SEQ) & (cols[None, :] < SEQ)
     nil = tl.where(keys_side, between, 0.0)  # N: strictly lower, the u rows' coefficients
     eye = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0)
@@ -153,5 +160,5 @@ def _kda_verify_closed_kernel(
     o_rows = o_ptr + ((row * T + t[:, None]) * H + hd) * V + vv[None, :]
     tl.store(o_rows, tl.where(valid, o, 0.0).to(o_ptr.dtype.element_ty),
              mask=(t >= 0)[:, None] & (t < T)[:, None] & v_ok[None, :])
-    h_n = tl.dot(tl.trans(decayed_n), u, acc=e_gam_n[:, None] * h0, input_precision="tf32x3")
+    h_n = tl.dot(tl.trans(_padded(decayed_n)), u, acc=e_gam_n[:, None] * h0, input_precision="tf32x3")
     tl.store(ssm_tile, h_n, mask=tile & valid)
