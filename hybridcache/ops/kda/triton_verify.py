@@ -275,7 +275,7 @@ def kda_verify_triton(
         BV = max(16, BV)  # a product's least width (columns past V masked)
         nvb = triton.cdiv(V, BV)
         closed._kda_verify_closed_kernel[(B, H, nvb)](
-            *args, **shapes, BK=BK, BV=BV, NVB=nvb, SEQ=max(8, triton.next_power_of_2(P + T)),
+            *args, **shapes, BK=BK, BV=BV, NVB=nvb, SEQ=max(8, triton.next_power_of_2(P + T + 1)),
             PRECISION="tf32x3" if v.dtype == torch.float32 else "tf32", num_warps=num_warps or closed.NUM_WARPS,
             **pdl_launch(q))
     else:

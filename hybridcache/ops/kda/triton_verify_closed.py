@@ -19,12 +19,16 @@ tile. The u rows come from one product with the inverse of the unit lower-triang
 order 8 or less: (I + N)⁻¹ = (I − N)(I + N²)(I + N⁴)), so no step waits on the one before. Every product that
 reaches the stored state runs at fp32's accuracy (tf32x3).
 
-Compiled for sm_90 at 32 value columns x 4 warps (benchmarks/sm90_compile.py, session 60): 235 registers, no
-spills, and 114 barriers, 237 shared-memory stores and 322 loads in the SASS, against the token-by-token kernel's
+The key and query norms (`key_l2norm`'s KDA form) come out of the same reduction as the row's pairs
+(`_row_products`), so a row costs one reduction over the key rows.
+
+Compiled for sm_90 at 32 value columns x 4 warps (benchmarks/sm90_compile.py, session 60): 255 registers, 40 bytes
+spilled, and 82 barriers, 237 shared-memory stores and 290 loads in the SASS, against the token-by-token kernel's
 29 barriers. Triton lays the row tiles out with the 4 warps side by side along K (its TTGIR: warpsPerCTA [1, 4]),
-so each row's key reduction crosses the warps through shared memory. Forms compiled on the way: the k_r and q_r
-reductions apart, 152 barriers and 16 bytes spilled; the decayed keys as 2·SEQ rows rather than SEQ, 255
-registers and 395 stores. Not yet timed (benchmarks/gpu/kda_closed.sh).
+so each row's reduction crosses the warps through shared memory. Forms compiled on the way (barriers, spilled
+bytes): four reductions a row (the two norms, the k and q products), 152, 16; the k and q products in one,
+112, none; that with the decayed keys as SEQ rows rather than 2·SEQ, 114, none, 235 registers; the norms folded
+in but the k and q products apart, 138, 44. Not yet timed (benchmarks/gpu/kda_closed.sh).
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ..delta_rule_triton import kda_raw_gate
-from ..delta_rule_verify_triton import key_l2norm, pending_row, state_tile
+from ..delta_rule_verify_triton import pending_row, state_tile
 from ..pdl_triton import pdl_entry
 
 NUM_WARPS = 4
@@ -44,9 +48,10 @@ def _sequence_row(r, n, row, s, hd, kk, k_ok, vv, v_ok, neg_A, dt_bias,
                   q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, pk_ptr, pg_ptr, pv_ptr, pb_ptr,
                   s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git, s_gih, s_bib, s_bit, s_bih,
                   s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs, s_bp, s_bh,
-                  T: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr):
-    """Row r of the sequence in fp32: (k, g, q [BK], v [BV], β); a draft's q is 0, and a row past n + T is all
-    zeros (g = 0: no decay). Only the loads of the row's own kind are issued."""
+                  T: tl.constexpr, RAW_GATE: tl.constexpr):
+    """Row r of the sequence in fp32: (k, g, q [BK], v [BV], β), a new token's k and q as given (the loop
+    normalises them); a draft's q is 0, and a row past n + T is all zeros (g = 0: no decay). Only the loads of
+    the row's own kind are issued."""
     draft = r < n
     new = (r >= n) & (r < n + T)
     t = tl.maximum(r - n, 0)
@@ -63,10 +68,28 @@ def _sequence_row(r, n, row, s, hd, kk, k_ok, vv, v_ok, neg_A, dt_bias,
         g_new, b_new = kda_raw_gate(g_new, b_new, neg_A, dt_bias, beta_ptr.dtype.element_ty)
         g_new = tl.where(k_ok & new, g_new, 0.0)
         b_new = tl.where(new, b_new, 0.0)
-    if L2NORM:  # zeros stay zeros
-        k_new = key_l2norm(k_new, True)
-        q = key_l2norm(q, True)
     return tl.where(draft, k, k_new), tl.where(draft, g, g_new), q, tl.where(draft, v, v_new), tl.where(draft, b, b_new)
+
+
+@triton.jit
+def _row_products(decayed, k, q, seq, r, new, L2NORM: tl.constexpr):
+    """Row r's products with the decayed keys of rows s < r (`decayed` [SEQ, BK]), in one reduction over the key
+    rows, k and q [BK] as read: -> (‖k‖, ‖q‖ as `key_l2norm`'s KDA form divides by them (1 for a draft, or
+    without L2NORM), the k̂ column [SEQ] of Σ k̂_r·k_s·e^{..} for s < r, the q̂ column for s <= r (q̂ unscaled)).
+    The reduction's rows are the decayed keys, k at row r and q at row r + 1 (a row not yet used: SEQ > P + T),
+    against (k, q): k·k, k·q and q·q come out of it beside the pairs."""
+    probe = tl.where(seq[:, None] == r, k[None, :], decayed)
+    if L2NORM:
+        probe = tl.where(seq[:, None] == r + 1, q[None, :], probe)
+    on_k, on_q = tl.split(tl.sum(probe[:, None, :] * tl.join(k, q).permute(1, 0)[None, :, :], 2))  # [SEQ] each
+    k_norm = 1.0
+    q_norm = 1.0
+    if L2NORM:
+        k_norm = tl.where(new, tl.sqrt(tl.sum(tl.where(seq == r, on_k, 0.0), 0) + 1e-6), 1.0)
+        q_norm = tl.where(new, tl.sqrt(tl.sum(tl.where(seq == r + 1, on_q, 0.0), 0) + 1e-6), 1.0)
+    kk = tl.where(seq < r, on_k, 0.0) / k_norm
+    qk = tl.where(seq < r, on_q, tl.where(seq == r, on_q / k_norm, 0.0)) / q_norm
+    return k_norm, q_norm, kk, qk
 
 
 @triton.jit
@@ -91,7 +114,7 @@ def _kda_verify_closed_kernel(
     BK: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, L2NORM: tl.constexpr, RAW_GATE: tl.constexpr,
     SEQ: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
-    """As `triton_verify._kda_verify_kernel` (same arguments); SEQ (8 or 16) >= P + T rows a sequence. Tiles of
+    """As `triton_verify._kda_verify_kernel` (same arguments); SEQ (8 or 16) > P + T rows a sequence. Tiles of
     2·SEQ rows: row r a sequence row's key side, row SEQ + r its query side."""
     pdl_entry(PDL)
     row, hd, vb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
@@ -120,16 +143,15 @@ def _kda_verify_closed_kernel(
             r, n, row, s, hd, kk, k_ok, vv, v_ok, neg_A, dt_bias, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
             pk_ptr, pg_ptr, pv_ptr, pb_ptr, s_qb, s_qt, s_qh, s_kib, s_kit, s_kih, s_vib, s_vit, s_vih, s_gib, s_git,
             s_gih, s_bib, s_bit, s_bih, s_ks, s_kp, s_kh, s_kk, s_gs, s_gp, s_gh, s_gk, s_vs, s_vp, s_vh, s_vv, s_bs,
-            s_bp, s_bh, T, L2NORM, RAW_GATE)
-        q_r = q_r * scale
+            s_bp, s_bh, T, RAW_GATE)
         decay = tl.exp(g_r)
         e_gam = e_gam * decay
         decayed = decayed * decay[None, :]
+        k_norm, q_norm, kk_r, qk_r = _row_products(decayed, k_r, q_r, seq, r, (r >= n) & (r < n + T), L2NORM)
+        k_r = k_r / k_norm
+        q_r = q_r / q_norm * scale
+        qk_r = qk_r * scale
         decayed = tl.where(seq[:, None] == r, k_r[None, :], decayed)
-        # one reduction for both, [SEQ, 2] by s <= r: row r's own k_r·k_r is then dropped (s < r only)
-        both = tl.sum(decayed[:, None, :] * tl.join(k_r, q_r).permute(1, 0)[None, :, :], 2)
-        kk_r, qk_r = tl.split(both)
-        kk_r = tl.where(seq == r, 0.0, kk_r)
         between_t = tl.where(cols[None, :] == r, (b_r * kk_r)[:, None], between_t)
         between_t = tl.where(cols[None, :] == SEQ + r, qk_r[:, None], between_t)
         rows_p = tl.where(rows[:, None] == r, (e_gam * k_r)[None, :], rows_p)
