@@ -339,11 +339,11 @@ def test_kda_verify_takes_strong_decays(kda_form):
     check_roles(fast, ref, before, kda_written(before, T), lambda r: dtype_tol(torch.float32))
 
 
-@pytest.mark.parametrize("T,P", [(4, 3), (5, 6)])
+@pytest.mark.parametrize("T,P", [(4, 3), (5, 6), (5, 12)])
 def test_kda_verify_with_keys_all_alike(kda_form, T, P):
     """Every draft and new token of a row on one key, β = 1 and barely a decay: each token's u undoes most of the
     one before, so the sequence's coupling is as strong as it gets (the closed form's (I + N)⁻¹ needs every
-    power of N up to the sequence's length: dropping N⁴ misses this reference at 7 rows, N⁸ at 11)."""
+    power of N up to the sequence's length: dropping N⁴ misses this reference at 7 rows, N⁸ at 11, N¹⁶ at 17)."""
     K, V, dtype = 16, 16, torch.float32
     before = kda_pools(P, K, V, dtype)
     gen = torch.Generator().manual_seed(4)

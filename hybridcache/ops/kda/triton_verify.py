@@ -271,6 +271,7 @@ def kda_verify_triton(
     )
     shapes = dict(T=T, H=H, K=K, V=V, P=P, L2NORM=use_qk_l2norm_in_kernel, RAW_GATE=gate is not None)
     if CLOSED_FORM and T > 1:
+        assert P + T < 64, f"the closed form takes sequences of up to 63 rows, have {P} drafts + {T} tokens"
         BK, BV = verify_tile_sizes(K, V, block_v, B * H, q.device, closed.BLOCK_V)
         BV = max(16, BV)  # a product's least width (columns past V masked)
         nvb = triton.cdiv(V, BV)
