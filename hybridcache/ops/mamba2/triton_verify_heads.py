@@ -89,21 +89,15 @@ def _tokens_by_channel(ch, cb, xs_new, dtp, a, tt, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p, rd_s, rd_b, rd_h, rd_t,
-             rc_s, rc_b, rc_h, rc_t, jj, j_ok, pp, p_ok):
-    """A head's history in buffer `buf`, tokens jj [HIST_P] masked at j_ok: its cumsums and dts [HIST_P] and x
-    [BLOCK_P, HIST_P] as stored (every load masked, never multiplied by zero)."""
+def _weighted_history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p, rd_s, rd_b, rd_h, rd_t,
+                      rc_s, rc_b, rc_h, rc_t, jj, j_ok, count, pp, p_ok):
+    """A head's history in buffer `buf`, tokens jj [HIST_P] masked at `count`: c_last (the cumsum at count − 1, 0
+    with none) and its x weighted by w_j = e^{c_last − c_j}·dt_j, [BLOCK_P, HIST_P] fp32 (zeros past count;
+    every load masked, never multiplied by zero)."""
     c_hist = tl.load(rcum_ptr + sc * rc_s + buf * rc_b + head * rc_h + jj * rc_t, mask=j_ok, other=0.0)
     d_hist = tl.load(rdt_ptr + sc * rd_s + buf * rd_b + head * rd_h + jj * rd_t, mask=j_ok, other=0.0)
     xh = tl.load(rx_ptr + sc * rx_s + buf * rx_b + head * rx_h + jj[None, :] * rx_t + pp[:, None] * rx_p,
                  mask=p_ok[:, None] & j_ok[None, :], other=0.0)
-    return c_hist, d_hist, xh
-
-
-@triton.jit
-def _weighted_history(c_hist, d_hist, xh, jj, j_ok, count):
-    """From `_history`, masked at `count` tokens: c_last (the cumsum at count − 1, 0 with none) and x weighted by
-    w_j = e^{c_last − c_j}·dt_j, [BLOCK_P, HIST_P] fp32 (zeros past count)."""
     c_last = tl.sum(tl.where(jj == count - 1, c_hist.to(tl.float32), 0.0), 0)
     w = tl.where(j_ok, tl.exp(c_last - c_hist.to(tl.float32)) * d_hist.to(tl.float32), 0.0)
     return c_last, xh.to(tl.float32) * w[None, :]
@@ -172,11 +166,10 @@ def _heads_kernel(
     pt_ok = p_ok[:, None] & t_ok[None, :]
     for r in tl.range(0, RUN, num_stages=NUM_STAGES):
         head = group * REPS + run * RUN + r
-        tile = ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n
-        h = tl.load(tile, mask=tile_ok & valid, other=0.0)
-        c_hist, d_hist, xh = _history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
-                                      rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, pp, p_ok)
-        c_last, xw = _weighted_history(c_hist, d_hist, xh, jj, j_ok, count)
+        h = tl.load(ssm_ptr + sc * ss_s + head * ss_h + pp[:, None] * ss_p + nn[None, :] * ss_n,
+                    mask=tile_ok & valid, other=0.0)
+        c_last, xw = _weighted_history(rx_ptr, rdt_ptr, rcum_ptr, sc, buf, head, rx_s, rx_b, rx_h, rx_t, rx_p,
+                                       rd_s, rd_b, rd_h, rd_t, rc_s, rc_b, rc_h, rc_t, jj, j_ok, count, pp, p_ok)
         xs_new = tl.load(x_ptr + row * sx_b + tt[None, :] * sx_t + head * sx_h + pp[:, None] * sx_p, mask=pt_ok,
                          other=0.0)  # [BLOCK_P, TP]
         raw = tl.load(dt_ptr + row * sd_b + tt * sd_t + head * sd_h, mask=t_ok, other=0.0).to(tl.float32)
